@@ -1,0 +1,96 @@
+"""pyxccl: collective communication for CPU processes on one or many hosts.
+
+>>> import numpy as np, pyxccl                      # doctest: +SKIP
+>>> comm = pyxccl.init()                           # under `pyxccl run -n 4`, torchrun, mpirun, srun
+>>> x = np.arange(4, dtype=np.float32) * comm.rank
+>>> comm.allreduce(x)                              # in place, every rank gets the sum
+>>> comm.close()
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+
+from ._errors import (CommAbortedError, CommClosedError, CommError, CommTimeoutError, InvalidArgumentError,
+                      PeerLostError, ProtocolError, PyxcclError, RendezvousError, UnsupportedOpError)
+from .comm import Communicator, default_timeout
+from .engine import Work
+from .ops import ReduceOp
+
+__all__ = [
+    "init", "Communicator", "Work", "ReduceOp",
+    "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "CommClosedError", "RendezvousError",
+    "CommError", "CommTimeoutError", "PeerLostError", "ProtocolError", "CommAbortedError",
+]
+__version__ = "0.1.0"
+
+_open: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+def init(rank: int | None = None, size: int | None = None, store=None, *, init_method: str | None = None,
+         timeout: float | None = None, transport: str | None = None) -> Communicator:
+    """Join the job and return its world communicator.
+
+    With no arguments, rank and size come from the launcher's environment
+    (``pyxccl run``, torchrun, mpirun/mpiexec, srun) and the rendezvous from
+    ``MASTER_ADDR``/``MASTER_PORT``. Otherwise pass ``rank`` and ``size`` and
+    either a ``store`` (a :class:`pyxccl.rendezvous.Store`) or an
+    ``init_method``: ``"env://"``, ``"tcp://host:port"`` (rank 0 hosts the
+    store) or ``"file:///shared/dir"``. A process started without any of these
+    is a world of one.
+
+    ``timeout`` (s, default ``PYXCCL_TIMEOUT`` or 300) is the deadline of
+    set-up and of every later call; ``transport`` (default
+    ``PYXCCL_TRANSPORT`` or ``"auto"``) forces ``"tcp"`` or ``"shm"``.
+
+    >>> comm = pyxccl.init(rank=0, size=2, init_method="tcp://127.0.0.1:29500")   # doctest: +SKIP
+    """
+    from .launch_env import read_launch_env
+    from .mesh import Mesh, build_mesh
+    from .rendezvous import PrefixStore, create_store
+
+    timeout = default_timeout() if timeout is None else float(timeout)
+    transport = transport or os.environ.get("PYXCCL_TRANSPORT", "auto")
+    master = os.environ.get("MASTER_ADDR")
+    if rank is None or size is None:
+        info = read_launch_env()
+        if info is None:
+            if rank not in (None, 0) or size not in (None, 1):
+                raise InvalidArgumentError("pyxccl.init: pass both rank= and size=, or start the processes "
+                                           "with a launcher (pyxccl run, torchrun, mpirun, srun)", op="init")
+            rank, size = 0, 1
+        else:
+            rank = info.rank if rank is None else rank
+            size = info.world_size if size is None else size
+            master = info.master_addr or master
+    if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size):
+        raise InvalidArgumentError(f"pyxccl.init: rank={rank!r} and size={size!r} must be integers with "
+                                   f"0 <= rank < size", rank=rank, op="init")
+    owned = None
+    if size == 1 and store is None and init_method is None:
+        mesh = Mesh(0, 1)
+        from .topology import host_id
+        mesh.hosts = [host_id()]
+    else:
+        if store is None:
+            store = owned = create_store(init_method or "env://", rank=rank, world_size=size, timeout=timeout)
+            if init_method and init_method.startswith("tcp://"):
+                master = init_method[6:].rsplit(":", 1)[0]
+        # Every init() on one store gets its own key space, the same on every rank.
+        gen = store.add(f"pyxccl/init-count/{rank}", 1)
+        mesh = build_mesh(PrefixStore(f"pyxccl/{gen}", store), rank, size, transport=transport,
+                          master_addr=master, timeout=timeout)
+    comm = Communicator(mesh, list(range(size)), 0, timeout=timeout)
+    comm._store = owned
+    _open.add(comm)
+    return comm
+
+
+@atexit.register
+def _close_all() -> None:
+    for c in list(_open):
+        try:
+            c.close()
+        except Exception:  # noqa: BLE001  (best effort at exit)
+            pass

@@ -1,0 +1,54 @@
+"""Direct algorithms: every rank talks to the ranks it has data for, in one
+step (gather, scatter) or in n-1 pairwise steps (alltoall: in step k rank r
+sends to r+k and receives from r-k, so each step is a perfect matching)."""
+from __future__ import annotations
+
+from ..schedule import Copy, Recv, Schedule, Send, offsets
+from .registry import register
+
+
+@register("gather", "direct", default=True)
+def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
+    s = Schedule(rank, nranks)
+    if rank != root:
+        s.step(Send(root, "in", 0, counts[rank]))
+        return s
+    off = offsets(counts)
+    s.step(Copy("in", 0, "out", off[root], counts[root]),
+           *(Recv(p, "out", off[p], counts[p]) for p in range(nranks) if p != root))
+    return s
+
+
+@register("scatter", "direct", default=True)
+def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
+    s = Schedule(rank, nranks)
+    if rank != root:
+        s.step(Recv(root, "out", 0, counts[rank]))
+        return s
+    off = offsets(counts)
+    s.step(Copy("in", off[root], "out", 0, counts[root]),
+           *(Send(p, "in", off[p], counts[p]) for p in range(nranks) if p != root))
+    return s
+
+
+@register("alltoall", "pairwise", default=True)
+def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
+    s = Schedule(rank, nranks)
+    soff, roff = offsets(send_counts), offsets(recv_counts)
+    s.step(Copy("in", soff[rank], "out", roff[rank], send_counts[rank]))
+    for k in range(1, nranks):
+        dst, src = (rank + k) % nranks, (rank - k) % nranks
+        s.step(Send(dst, "in", soff[dst], send_counts[dst]),
+               Recv(src, "out", roff[src], recv_counts[src]))
+    return s
+
+
+@register("barrier", "dissemination", default=True)
+def barrier(rank: int, nranks: int) -> Schedule:
+    """ceil(log2 n) rounds of one-element messages to rank + 2^k (Hensgen et al.)."""
+    s = Schedule(rank, nranks, scratch=2)
+    k = 1
+    while k < nranks:
+        s.step(Send((rank + k) % nranks, "tmp", 0, 1), Recv((rank - k) % nranks, "tmp", 1, 1))
+        k <<= 1
+    return s

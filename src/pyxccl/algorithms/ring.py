@@ -1,0 +1,65 @@
+"""Ring algorithms (seeds: Ring AllReduce = Scatter-Reduce then AllGather).
+
+Ranks form a ring r -> r+1. The data is cut into n chunks; in each of n-1
+steps every rank passes one chunk to its right neighbour and takes one from
+its left, so every link carries (n-1)/n of the data per phase, whatever n is
+(no power-of-two restriction: chunk sizes differ by at most one element).
+"""
+from __future__ import annotations
+
+from ..schedule import Copy, Recv, Schedule, Send, offsets, split_counts
+from .registry import register
+
+
+def _reduce_scatter_phase(s: Schedule, counts, buf: str, last: int):
+    """n-1 steps after which ``buf``'s chunk ``last`` on this rank holds the full reduction."""
+    r, n = s.rank, s.nranks
+    off = offsets(counts)
+    right, left = (r + 1) % n, (r - 1) % n
+    for k in range(n - 1):
+        send_c = (last - k - 1) % n
+        recv_c = (last - k - 2) % n
+        s.step(Send(right, buf, off[send_c], counts[send_c]),
+               Recv(left, buf, off[recv_c], counts[recv_c], reduce=True))
+
+
+def _allgather_phase(s: Schedule, counts, buf: str, have: int):
+    """n-1 steps that spread every rank's chunk (this rank holds chunk ``have``)."""
+    r, n = s.rank, s.nranks
+    off = offsets(counts)
+    right, left = (r + 1) % n, (r - 1) % n
+    for k in range(n - 1):
+        send_c = (have - k) % n
+        recv_c = (have - k - 1) % n
+        s.step(Send(right, buf, off[send_c], counts[send_c]),
+               Recv(left, buf, off[recv_c], counts[recv_c]))
+
+
+@register("allreduce", "ring", default=True)
+def allreduce(rank: int, nranks: int, count: int) -> Schedule:
+    """Reduce-scatter then allgather around the ring: 2(n-1) steps, 2(n-1)/n of the data per rank."""
+    s = Schedule(rank, nranks)
+    s.step(Copy("in", 0, "out", 0, count))          # a no-op when in-place
+    counts = split_counts(count, nranks)
+    _reduce_scatter_phase(s, counts, "out", last=(rank + 1) % nranks)
+    _allgather_phase(s, counts, "out", have=(rank + 1) % nranks)
+    return s
+
+
+@register("reduce_scatter", "ring", default=True)
+def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
+    """Rank r ends with chunk r of the reduction; works on a scratch copy of the input."""
+    s = Schedule(rank, nranks, scratch=sum(counts))
+    off = offsets(counts)
+    s.step(Copy("in", 0, "tmp", 0, sum(counts)))
+    _reduce_scatter_phase(s, counts, "tmp", last=rank)
+    s.step(Copy("tmp", off[rank], "out", 0, counts[rank]))
+    return s
+
+
+@register("allgather", "ring", default=True)
+def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
+    s = Schedule(rank, nranks)
+    s.step(Copy("in", 0, "out", offsets(counts)[rank], counts[rank]))
+    _allgather_phase(s, counts, "out", have=rank)
+    return s

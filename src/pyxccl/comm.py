@@ -1,0 +1,580 @@
+"""The Communicator: the operator interface of the adaptation layer.
+
+Every call checks its arguments on the calling rank before any byte moves
+(raising InvalidArgumentError and leaving the communicator usable), then
+hands the work to the communicator's ordered engine.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import threading
+import time
+
+import numpy as np
+
+from . import algorithms
+from ._errors import (CommAbortedError, CommClosedError, CommError, InvalidArgumentError, PeerLostError,
+                      ProtocolError, UnsupportedOpError)
+from .dtypes import DTYPE_CODE, as_array, dtype_name
+from .engine import Engine, Work, annotate, run_schedule
+from .mailbox import RecvRequest
+from .ops import ReduceOp, as_op, op_error
+
+#: Collective codes carried (negated) in the tag of collective messages.
+_CODES = {name: i + 1 for i, name in enumerate((
+    "allreduce", "broadcast", "reduce", "allgather", "gather", "scatter", "reduce_scatter",
+    "alltoall", "barrier"))}
+_MAX_TAG = (1 << 31) - 1
+
+
+def default_timeout() -> float:
+    return float(os.environ.get("PYXCCL_TIMEOUT", 300))
+
+
+class _Check:
+    """Argument checks of one call, raising errors that name the rank and the operation."""
+
+    def __init__(self, comm: "Communicator", op: str):
+        self.comm, self.op = comm, op
+
+    def error(self, msg: str, cls=InvalidArgumentError) -> InvalidArgumentError:
+        return cls(f"rank {self.comm.rank}: {self.op}: {msg}", rank=self.comm.rank, op=self.op)
+
+    def array(self, obj, what: str, *, writable: bool) -> np.ndarray:
+        return as_array(obj, what=what, writable=writable, ctx=self.error)
+
+    def same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> None:
+        if a.dtype != b.dtype:
+            raise self.error(f"{what} has dtype {dtype_name(b.dtype)} but the input is "
+                             f"{dtype_name(a.dtype)}; pass buffers of one dtype")
+
+    def size(self, arr: np.ndarray, expected: int, what: str) -> None:
+        if arr.size != expected:
+            raise self.error(f"{what} has {arr.size} elements but this call needs {expected}")
+
+    def rank(self, r, what: str) -> int:
+        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or not 0 <= r < self.comm.size:
+            raise self.error(f"{what}={r!r} is not a rank of this communicator (0..{self.comm.size - 1})")
+        return int(r)
+
+    def tag(self, tag) -> int:
+        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= _MAX_TAG:
+            raise self.error(f"tag={tag!r} must be an integer in 0..{_MAX_TAG}")
+        return int(tag)
+
+    def op_for(self, op, dt: np.dtype) -> ReduceOp:
+        try:
+            op = as_op(op)
+        except ValueError as e:
+            raise self.error(str(e)) from None
+        why = op_error(op, dt)
+        if why:
+            raise self.error(why, UnsupportedOpError)
+        return op
+
+    def counts(self, counts, what: str, total: int | None = None) -> list[int]:
+        try:
+            counts = [int(c) for c in counts]
+        except (TypeError, ValueError):
+            raise self.error(f"{what} must be a sequence of {self.comm.size} integers") from None
+        if len(counts) != self.comm.size:
+            raise self.error(f"{what} has {len(counts)} entries; it needs one per rank ({self.comm.size})")
+        if any(c < 0 for c in counts):
+            raise self.error(f"{what} has a negative count: {counts}")
+        if total is not None and sum(counts) != total:
+            raise self.error(f"{what} adds up to {sum(counts)} elements but the buffer has {total}")
+        return counts
+
+    def algorithm(self, primitive: str, name):
+        name = name or self.comm._algo_env.get(primitive)
+        try:
+            return algorithms.lookup(primitive, name)
+        except KeyError:
+            raise self.error(f"no algorithm {name!r} for {primitive}; known: "
+                             + ", ".join(algorithms.algorithms(primitive))) from None
+
+
+class Communicator:
+    """A group of ranks that run collectives together (made by :func:`pyxccl.init` or :meth:`split`).
+
+    >>> comm = pyxccl.init()                      # doctest: +SKIP
+    >>> x = np.full(4, comm.rank, np.float32)
+    >>> comm.allreduce(x)                         # in place: every rank now holds the sum
+    >>> w = comm.allgather(x, async_op=True); w.wait()
+    """
+
+    def __init__(self, mesh, world_ranks: list[int], comm_id: int, *, timeout: float | None = None,
+                 parent: "Communicator | None" = None):
+        self._mesh = mesh
+        self._world_ranks = list(world_ranks)
+        self._world_to_comm = {w: i for i, w in enumerate(self._world_ranks)}
+        self._id = comm_id
+        self.rank = self._world_to_comm[mesh.rank]
+        self.size = len(self._world_ranks)
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        self._seq = 0
+        self._coll_seq = 0
+        self._splits = 0
+        self._closed = False
+        self._failed: BaseException | None = None
+        self._scratch = np.empty(0, np.uint8)
+        self._inflight: set[RecvRequest] = set()
+        self._lock = threading.Lock()
+        self._children: list[Communicator] = []
+        self._parent = parent
+        self._algo_env = _parse_algo_env(os.environ.get("PYXCCL_ALGO", ""))
+        self._engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
+        mesh.comms.add(self)
+
+    # --- description -----------------------------------------------------------
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("failed" if self._failed else "open")
+        return f"<pyxccl.Communicator rank {self.rank} of {self.size}, id {self._id:08x}, {state}>"
+
+    @property
+    def world_ranks(self) -> list[int]:
+        """The world rank of each rank of this communicator."""
+        return list(self._world_ranks)
+
+    def transport(self, peer: int) -> str:
+        """How data moves to ``peer``: "shm", "tcp" or "self"."""
+        return self._peer(peer).kind
+
+    @property
+    def host_ranks(self) -> list[int]:
+        """Ranks of this communicator on the same host as this rank (by host identity)."""
+        me = self._mesh.hosts[self._mesh.rank]
+        return [i for i, w in enumerate(self._world_ranks) if self._mesh.hosts[w] == me]
+
+    # --- plumbing ----------------------------------------------------------------
+    def _peer(self, r: int):
+        return self._mesh.peer(self._world_ranks[r])
+
+    def _from_world(self, w: int) -> int:
+        return self._world_to_comm.get(w, w)
+
+    def _track(self, req: RecvRequest) -> None:
+        with self._lock:
+            self._inflight.add(req)
+            failed = self._failed
+        if failed is not None:
+            req.fail(failed)
+
+    def _untrack(self, req: RecvRequest) -> None:
+        with self._lock:
+            self._inflight.discard(req)
+
+    def _abort(self, err: BaseException) -> None:
+        """Fail what is in flight and refuse later calls: after a lost peer or a broken collective."""
+        with self._lock:
+            if self._failed is None:
+                self._failed = err
+            reqs = list(self._inflight)
+        for r in reqs:
+            r.fail(err)
+        for c in list(self._children):
+            c._abort(err)
+
+    def _usable(self, op: str) -> None:
+        if self._closed:
+            raise CommClosedError(f"rank {self.rank}: {op} called on a closed communicator; "
+                                  f"make a new one with pyxccl.init()", rank=self.rank, op=op)
+        if self._failed is not None:
+            raise CommAbortedError(
+                f"rank {self.rank}: {op} refused: this communicator failed earlier ({self._failed}); "
+                f"close it and make a new one", cause=self._failed, rank=self.rank, op=op)
+
+    def _submit(self, op: str, fn, *, async_op: bool, timeout, collective: bool) -> Work | object:
+        self._usable(op)
+        self._seq += 1
+        seq = self._seq
+        deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
+        work = Work(op, seq, self.rank, deadline)
+
+        def guarded(w: Work):
+            self._usable(op)
+            try:
+                return fn(w, deadline)
+            except CommError as e:
+                e = annotate(e, op, seq, self.rank)
+                if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
+                        or (isinstance(e, PeerLostError) and not self._mesh.graceful(e.peer)):
+                    self._abort(e)   # a half-done collective leaves the ranks out of step
+                raise e from None
+        self._engine.submit(guarded, work, async_op=async_op)
+        if async_op:
+            return work
+        return work.result()
+
+    def _collective(self, op: str, build, bufs_fn, *, reduce_op=None, after=None, result=None,
+                    async_op=False, timeout=None):
+        """Queue one collective: ``build()`` gives the Schedule, ``bufs_fn(schedule)`` the buffers."""
+        self._coll_seq += 1
+        key = (self._id, -_CODES[op], self._coll_seq & 0xFFFFFFFF)
+
+        def fn(work: Work, deadline: float):
+            s = build()
+            bufs = bufs_fn()
+            if s.scratch:
+                bufs["tmp"] = self._tmp(s.scratch, next(iter(bufs.values())).dtype)
+            run_schedule(self, s, bufs, op=reduce_op, key=key, opname=op, seq=work.seq, deadline=deadline)
+            if after is not None:
+                after()
+            return result
+        return self._submit(op, fn, async_op=async_op, timeout=timeout, collective=True)
+
+    def _tmp(self, count: int, dt: np.dtype) -> np.ndarray:
+        nbytes = count * dt.itemsize
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes].view(dt)
+
+    # --- collectives --------------------------------------------------------------
+    def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None):
+        """Reduce ``tensor`` over all ranks; every rank gets the result (in place, or in ``out``).
+
+        >>> comm.allreduce(grad, op=pyxccl.ReduceOp.AVG)   # doctest: +SKIP
+        """
+        c = _Check(self, "allreduce")
+        buf = c.array(tensor, "tensor", writable=out is None)
+        dst = buf if out is None else c.array(out, "out", writable=True)
+        c.same_dtype(buf, dst, "out")
+        c.size(dst, buf.size, "out")
+        rop = c.op_for(op, buf.dtype)
+        _, build = c.algorithm("allreduce", algorithm)
+        after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG else None
+        return self._collective("allreduce", lambda: build(self.rank, self.size, count=buf.size),
+                                lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
+                                result=tensor if out is None else out, async_op=async_op, timeout=timeout)
+
+    def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
+        """Copy ``tensor`` of rank ``root`` into ``tensor`` of every rank."""
+        c = _Check(self, "broadcast")
+        root = c.rank(root, "root")
+        buf = c.array(tensor, "tensor", writable=self.rank != root)
+        _, build = c.algorithm("broadcast", algorithm)
+        return self._collective("broadcast", lambda: build(self.rank, self.size, count=buf.size, root=root),
+                                lambda: {"out": buf}, result=tensor, async_op=async_op, timeout=timeout)
+
+    def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
+               timeout=None):
+        """Reduce ``tensor`` over all ranks into rank ``root`` (in place there, or into ``out``).
+
+        The other ranks' buffers are left unchanged.
+        """
+        c = _Check(self, "reduce")
+        root = c.rank(root, "root")
+        is_root = self.rank == root
+        buf = c.array(tensor, "tensor", writable=is_root and out is None)
+        dst = buf
+        if is_root and out is not None:
+            dst = c.array(out, "out", writable=True)
+            c.same_dtype(buf, dst, "out")
+            c.size(dst, buf.size, "out")
+        rop = c.op_for(op, buf.dtype)
+        _, build = c.algorithm("reduce", algorithm)
+        after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG and is_root else None
+        return self._collective("reduce", lambda: build(self.rank, self.size, count=buf.size, root=root),
+                                lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
+                                result=(out if out is not None and is_root else tensor),
+                                async_op=async_op, timeout=timeout)
+
+    def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None):
+        """Concatenate every rank's ``sendbuf`` (in rank order) into ``recvbuf`` on every rank.
+
+        ``recvbuf`` needs ``size * len(sendbuf)`` elements; None allocates and returns a numpy array.
+        """
+        c = _Check(self, "allgather")
+        send = c.array(sendbuf, "sendbuf", writable=False)
+        return self._gatherv("allgather", c, sendbuf, recvbuf, [send.size] * self.size, algorithm, async_op,
+                             timeout)
+
+    def allgatherv(self, sendbuf, recvbuf, counts, *, async_op=False, algorithm=None, timeout=None):
+        """Like allgather, rank i contributing ``counts[i]`` elements."""
+        c = _Check(self, "allgatherv")
+        return self._gatherv("allgatherv", c, sendbuf, recvbuf, counts, algorithm, async_op, timeout)
+
+    def _gatherv(self, name, c, sendbuf, recvbuf, counts, algorithm, async_op, timeout):
+        send = c.array(sendbuf, "sendbuf", writable=False)
+        counts = c.counts(counts, "counts")
+        if counts[self.rank] != send.size:
+            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but sendbuf has {send.size} elements")
+        recvbuf = np.empty(sum(counts), send.dtype) if recvbuf is None else recvbuf
+        recv = c.array(recvbuf, "recvbuf", writable=True)
+        c.same_dtype(send, recv, "recvbuf")
+        c.size(recv, sum(counts), "recvbuf")
+        _, build = c.algorithm("allgather", algorithm)
+        return self._collective("allgather", lambda: build(self.rank, self.size, counts=counts),
+                                lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
+                                timeout=timeout)
+
+    def gather(self, sendbuf, recvbuf=None, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
+        """Concatenate every rank's ``sendbuf`` into ``recvbuf`` of rank ``root``.
+
+        Only the root needs ``recvbuf`` (None there allocates one); the others get None back.
+        """
+        c = _Check(self, "gather")
+        send = c.array(sendbuf, "sendbuf", writable=False)
+        return self._gatherv_root("gather", c, send, recvbuf, root, [send.size] * self.size, algorithm,
+                                  async_op, timeout)
+
+    def gatherv(self, sendbuf, recvbuf=None, counts=None, root: int = 0, *, async_op=False, algorithm=None,
+                timeout=None):
+        """Like gather, rank i contributing ``counts[i]`` elements (``counts`` needed at the root)."""
+        c = _Check(self, "gatherv")
+        send = c.array(sendbuf, "sendbuf", writable=False)
+        root = c.rank(root, "root")
+        if counts is None:
+            if self.rank == root:
+                raise c.error("the root needs counts (one per rank)")
+            counts = [0] * self.size
+            counts[self.rank] = send.size
+        return self._gatherv_root("gatherv", c, send, recvbuf, root, counts, algorithm, async_op, timeout)
+
+    def _gatherv_root(self, name, c, send, recvbuf, root, counts, algorithm, async_op, timeout):
+        root = c.rank(root, "root")
+        counts = c.counts(counts, "counts")
+        if counts[self.rank] != send.size:
+            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but sendbuf has {send.size} elements")
+        bufs = {"in": send}
+        if self.rank == root:
+            recvbuf = np.empty(sum(counts), send.dtype) if recvbuf is None else recvbuf
+            recv = c.array(recvbuf, "recvbuf", writable=True)
+            c.same_dtype(send, recv, "recvbuf")
+            c.size(recv, sum(counts), "recvbuf")
+            bufs["out"] = recv
+        else:
+            recvbuf = None
+        _, build = c.algorithm("gather", algorithm)
+        return self._collective("gather", lambda: build(self.rank, self.size, counts=counts, root=root),
+                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout)
+
+    def scatter(self, sendbuf, recvbuf, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
+        """Rank ``root`` cuts ``sendbuf`` into ``size`` equal parts; rank i receives part i in ``recvbuf``.
+
+        ``sendbuf`` is only read on the root (pass None elsewhere).
+        """
+        c = _Check(self, "scatter")
+        recv = c.array(recvbuf, "recvbuf", writable=True)
+        return self._scatterv("scatter", c, sendbuf, recv, recvbuf, root, [recv.size] * self.size, algorithm,
+                              async_op, timeout)
+
+    def scatterv(self, sendbuf, recvbuf, counts=None, root: int = 0, *, async_op=False, algorithm=None,
+                 timeout=None):
+        """Like scatter, rank i receiving ``counts[i]`` elements (``counts`` needed at the root)."""
+        c = _Check(self, "scatterv")
+        recv = c.array(recvbuf, "recvbuf", writable=True)
+        root = c.rank(root, "root")
+        if counts is None:
+            if self.rank == root:
+                raise c.error("the root needs counts (one per rank)")
+            counts = [0] * self.size
+            counts[self.rank] = recv.size
+        return self._scatterv("scatterv", c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout)
+
+    def _scatterv(self, name, c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout):
+        root = c.rank(root, "root")
+        counts = c.counts(counts, "counts")
+        if counts[self.rank] != recv.size:
+            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but recvbuf has {recv.size} elements")
+        bufs = {"out": recv}
+        if self.rank == root:
+            if sendbuf is None:
+                raise c.error("the root must pass sendbuf")
+            send = c.array(sendbuf, "sendbuf", writable=False)
+            c.same_dtype(send, recv, "recvbuf")
+            c.size(send, sum(counts), "sendbuf")
+            bufs = {"in": send, "out": recv}
+        _, build = c.algorithm("scatter", algorithm)
+        return self._collective("scatter", lambda: build(self.rank, self.size, counts=counts, root=root),
+                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout)
+
+    def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
+                       timeout=None):
+        """Reduce ``sendbuf`` (``size`` equal parts) over all ranks; rank i gets part i in ``recvbuf``."""
+        c = _Check(self, "reduce_scatter")
+        recv = c.array(recvbuf, "recvbuf", writable=True)
+        return self._reduce_scatterv("reduce_scatter", c, sendbuf, recv, recvbuf, [recv.size] * self.size, op,
+                                     algorithm, async_op, timeout)
+
+    def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
+                        timeout=None):
+        """Like reduce_scatter, rank i getting ``counts[i]`` elements."""
+        c = _Check(self, "reduce_scatterv")
+        recv = c.array(recvbuf, "recvbuf", writable=True)
+        return self._reduce_scatterv("reduce_scatterv", c, sendbuf, recv, recvbuf, counts, op, algorithm,
+                                     async_op, timeout)
+
+    def _reduce_scatterv(self, name, c, sendbuf, recv, recvbuf, counts, op, algorithm, async_op, timeout):
+        send = c.array(sendbuf, "sendbuf", writable=False)
+        c.same_dtype(send, recv, "recvbuf")
+        counts = c.counts(counts, "counts", total=send.size)
+        if counts[self.rank] != recv.size:
+            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but recvbuf has {recv.size} elements")
+        rop = c.op_for(op, send.dtype)
+        _, build = c.algorithm("reduce_scatter", algorithm)
+        after = (lambda: np.divide(recv, self.size, out=recv)) if rop is ReduceOp.AVG else None
+        return self._collective("reduce_scatter", lambda: build(self.rank, self.size, counts=counts),
+                                lambda: {"in": send, "out": recv}, reduce_op=rop, after=after, result=recvbuf,
+                                async_op=async_op, timeout=timeout)
+
+    def alltoall(self, sendbuf, recvbuf, *, async_op=False, algorithm=None, timeout=None):
+        """Rank i sends part j of ``sendbuf`` (``size`` equal parts) to rank j, which stores it as part i."""
+        c = _Check(self, "alltoall")
+        send = c.array(sendbuf, "sendbuf", writable=False)
+        if send.size % self.size:
+            raise c.error(f"sendbuf has {send.size} elements, not a multiple of the {self.size} ranks")
+        counts = [send.size // self.size] * self.size
+        return self._alltoallv("alltoall", c, send, recvbuf, counts, counts, algorithm, async_op, timeout)
+
+    def alltoallv(self, sendbuf, recvbuf, send_counts, recv_counts, *, async_op=False, algorithm=None,
+                  timeout=None):
+        """Rank i sends ``send_counts[j]`` elements to rank j and receives ``recv_counts[j]`` from it."""
+        c = _Check(self, "alltoallv")
+        send = c.array(sendbuf, "sendbuf", writable=False)
+        return self._alltoallv("alltoallv", c, send, recvbuf, send_counts, recv_counts, algorithm, async_op,
+                               timeout)
+
+    def _alltoallv(self, name, c, send, recvbuf, send_counts, recv_counts, algorithm, async_op, timeout):
+        recv = c.array(recvbuf, "recvbuf", writable=True)
+        c.same_dtype(send, recv, "recvbuf")
+        sc = c.counts(send_counts, "send_counts", total=send.size)
+        rc = c.counts(recv_counts, "recv_counts", total=recv.size)
+        if sc[self.rank] != rc[self.rank]:
+            raise c.error(f"this rank sends itself {sc[self.rank]} elements but expects {rc[self.rank]}")
+        if np.shares_memory(send, recv):
+            raise c.error("sendbuf and recvbuf overlap; alltoall needs separate buffers")
+        _, build = c.algorithm("alltoall", algorithm)
+        return self._collective("alltoall", lambda: build(self.rank, self.size, send_counts=sc, recv_counts=rc),
+                                lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
+                                timeout=timeout)
+
+    def barrier(self, *, async_op=False, timeout=None):
+        """Return once every rank has entered the barrier."""
+        c = _Check(self, "barrier")
+        _, build = c.algorithm("barrier", None)
+        return self._collective("barrier", lambda: build(self.rank, self.size),
+                                lambda: {"in": np.empty(0, np.uint8)}, async_op=async_op, timeout=timeout)
+
+    # --- point to point -----------------------------------------------------------
+    def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None) -> Work:
+        """Start sending ``tensor`` to rank ``dst``; don't modify it until the Work is done."""
+        return self._send("isend", tensor, dst, tag, timeout, async_op=True)
+
+    def send(self, tensor, dst: int, tag: int = 0, *, timeout=None) -> None:
+        """Send ``tensor`` to rank ``dst`` (matched by a recv with the same tag)."""
+        self._send("send", tensor, dst, tag, timeout, async_op=False)
+
+    def _send(self, name, tensor, dst, tag, timeout, async_op):
+        c = _Check(self, name)
+        buf = c.array(tensor, "tensor", writable=False)
+        dst, tag = c.rank(dst, "dst"), c.tag(tag)
+        key, dcode = (self._id, tag, 0), DTYPE_CODE[buf.dtype]
+
+        def fn(work, deadline):
+            self._peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
+        return self._submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
+
+    def irecv(self, tensor, src: int, tag: int = 0, *, timeout=None) -> Work:
+        """Start receiving into ``tensor`` from rank ``src``."""
+        return self._recv("irecv", tensor, src, tag, timeout, async_op=True)
+
+    def recv(self, tensor, src: int, tag: int = 0, *, timeout=None):
+        """Receive into ``tensor`` from rank ``src`` a message sent with the same tag; returns ``tensor``."""
+        return self._recv("recv", tensor, src, tag, timeout, async_op=False)
+
+    def _recv(self, name, tensor, src, tag, timeout, async_op):
+        c = _Check(self, name)
+        buf = c.array(tensor, "tensor", writable=True)
+        src, tag = c.rank(src, "src"), c.tag(tag)
+
+        def fn(work, deadline):
+            req = RecvRequest(self._world_ranks[src], (self._id, tag, 0), buf, None, name)
+            work._recvs.append(req)
+            work._cancel = self._mesh.mailbox.cancel
+            self._mesh.mailbox.post(req)
+            return tensor
+        return self._submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
+
+    # --- Python objects ------------------------------------------------------------
+    def broadcast_object(self, obj=None, root: int = 0, *, timeout=None):
+        """Return rank ``root``'s ``obj`` (pickled) on every rank.
+
+        Unpickling runs code chosen by the sender: use it within one trusted job only.
+        """
+        data = pickle.dumps(obj) if self.rank == root else b""
+        n = np.array([len(data)], np.int64)
+        self.broadcast(n, root, timeout=timeout)
+        buf = np.frombuffer(bytearray(data), np.uint8) if self.rank == root else np.empty(int(n[0]), np.uint8)
+        self.broadcast(buf, root, timeout=timeout)
+        return obj if self.rank == root else pickle.loads(buf.tobytes())
+
+    def allgather_object(self, obj, *, timeout=None) -> list:
+        """Return the list of every rank's ``obj`` (pickled), in rank order."""
+        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        sizes = self.allgather(np.array([data.size], np.int64), timeout=timeout)
+        out = self.allgatherv(data, None, [int(s) for s in sizes], timeout=timeout)
+        off = np.concatenate([[0], np.cumsum(sizes)])
+        return [pickle.loads(out[off[i]:off[i + 1]].tobytes()) for i in range(self.size)]
+
+    # --- sub-communicators ------------------------------------------------------------
+    def split(self, color, key: int = 0, *, timeout=None) -> "Communicator | None":
+        """Partition the ranks by ``color``; order each part by (``key``, rank). Collective.
+
+        A rank passing ``color=None`` takes part but gets None back (MPI_UNDEFINED).
+
+        >>> tp = comm.split(color=comm.rank // 2)        # doctest: +SKIP
+        """
+        c = _Check(self, "split")
+        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
+            raise c.error(f"color={color!r} must be a non-negative integer or None")
+        if not isinstance(key, (int, np.integer)):
+            raise c.error(f"key={key!r} must be an integer")
+        infos = self.allgather_object((None if color is None else int(color), int(key)), timeout=timeout)
+        self._splits += 1
+        if color is None:
+            return None
+        members = sorted((k, r) for r, (col, k) in enumerate(infos) if col == color)
+        digest = hashlib.blake2b(f"{self._id}/{self._splits}/{color}".encode(), digest_size=4).digest()
+        child = Communicator(self._mesh, [self._world_ranks[r] for _, r in members],
+                             int.from_bytes(digest, "little"), timeout=self.timeout, parent=self)
+        self._children.append(child)
+        return child
+
+    def dup(self) -> "Communicator":
+        """A new communicator with the same ranks (collective), whose calls never mix with this one's."""
+        return self.split(0, self.rank)
+
+    # --- teardown ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the communicator. Closing the world communicator also closes every
+        communicator split from it and releases sockets, threads and shared memory."""
+        if self._closed:
+            return
+        for c in list(self._children):
+            c.close()
+        self._closed = True
+        self._engine.stop()
+        self._mesh.comms.discard(self)
+        if self._parent is None:
+            self._mesh.close()
+        else:
+            self._parent._children.remove(self)
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _parse_algo_env(spec: str) -> dict[str, str]:
+    """PYXCCL_ALGO="allreduce=ring,allgather=ring" -> {"allreduce": "ring", ...}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        prim, _, name = part.partition("=")
+        if name:
+            out[prim.strip()] = name.strip()
+    return out

@@ -1,0 +1,179 @@
+"""Matching incoming messages to posted receives, for all peers of one process mesh.
+
+A message is keyed by (communicator id, tag, seq): collectives use a negative
+tag (minus the primitive's code) and their sequence number on the
+communicator; point-to-point calls use the user's tag and seq 0. Messages with
+one key are matched in the order they were sent (MPI's non-overtaking rule).
+
+A message that arrives before its receive is posted is copied to the heap
+("unexpected"), so that a sender never waits for the receiver to call recv:
+this is what keeps send-send-recv-recv patterns from deadlocking. Transports
+deliver a message in one or more chunks, in order, from their receiver thread.
+"""
+from __future__ import annotations
+
+import threading
+from collections import defaultdict, deque
+
+import numpy as np
+
+from ._errors import PeerLostError, ProtocolError
+from .dtypes import CODE_DTYPE, DTYPE_CODE, dtype_name
+
+
+class RecvRequest:
+    """One posted receive: ``nbytes`` into ``dst`` (a flat typed array), copying or reducing."""
+    __slots__ = ("peer", "key", "dst", "raw", "nbytes", "reduce", "got", "event", "error", "op")
+
+    def __init__(self, peer: int, key, dst: np.ndarray, reduce=None, op: str = "recv"):
+        self.peer, self.key, self.dst, self.reduce, self.op = peer, key, dst, reduce, op
+        self.raw = dst.view(np.uint8)
+        self.nbytes = dst.nbytes
+        self.got = 0
+        self.event = threading.Event()
+        self.error: BaseException | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.event.is_set():
+            self.error = exc
+            self.event.set()
+
+    def put(self, off: int, src: np.ndarray) -> None:
+        """Take ``src`` (uint8) as bytes [off, off+len) of the message."""
+        n = src.nbytes
+        if self.reduce is None:
+            np.copyto(self.raw[off:off + n], src)
+        else:
+            dt = self.dst.dtype
+            a, b = off // dt.itemsize, (off + n) // dt.itemsize
+            self.reduce(self.dst[a:b], src.view(dt))
+        self.got += n
+        if self.got >= self.nbytes:
+            self.event.set()
+
+
+class _Unexpected:
+    __slots__ = ("buf", "got", "dtype_code", "nbytes")
+
+    def __init__(self, nbytes: int, dtype_code: int):
+        self.buf = np.empty(nbytes, np.uint8)
+        self.got, self.dtype_code, self.nbytes = 0, dtype_code, nbytes
+
+
+class Mailbox:
+    """Posted receives and unexpected messages of every peer of one mesh."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self._lock = threading.Lock()
+        self._posted: dict[tuple, deque] = defaultdict(deque)      # (peer, key) -> RecvRequests
+        self._unexpected: dict[tuple, deque] = defaultdict(deque)  # (peer, key) -> _Unexpected
+        self._current: dict[tuple, object] = {}   # (peer, key) -> message being filled
+        self._dead: dict[int, BaseException] = {}
+
+    # --- called by the engine -------------------------------------------------
+    def post(self, req: RecvRequest) -> None:
+        pk = (req.peer, req.key)
+        with self._lock:
+            q = self._unexpected.get(pk)
+            if q and q[0].got == q[0].nbytes:
+                msg = q.popleft()
+            elif req.peer in self._dead:
+                req.fail(self._dead[req.peer])
+                return
+            else:  # if a message is still arriving, _match_late hands it over when complete
+                self._posted[pk].append(req)
+                return
+        self._take(req, msg)
+
+    def cancel(self, req: RecvRequest) -> None:
+        with self._lock:
+            q = self._posted.get((req.peer, req.key))
+            if q and req in q:
+                q.remove(req)
+
+    def _take(self, req: RecvRequest, msg: _Unexpected) -> None:
+        err = self._check(req, msg.nbytes, msg.dtype_code)
+        if err:
+            req.fail(err)
+        else:
+            req.put(0, msg.buf)
+            if req.nbytes == 0:
+                req.event.set()
+
+    # --- called by transports' receiver threads ----------------------------------
+    def deliver(self, peer: int, key, dtype_code: int, total: int, off: int, src: np.ndarray) -> None:
+        """Chunk [off, off+len(src)) of a ``total``-byte message from ``peer``."""
+        pk = (peer, key)
+        with self._lock:
+            if off == 0:
+                q = self._posted.get(pk)
+                if q and not self._current.get(pk):
+                    target = q.popleft()
+                    err = self._check(target, total, dtype_code)
+                    if err:
+                        target.fail(err)
+                        target = _Unexpected(total, dtype_code)  # drain it, nobody will read it
+                else:
+                    target = _Unexpected(total, dtype_code)
+                    self._unexpected[pk].append(target)
+                if total > len(src):
+                    self._current[pk] = target
+            else:
+                target = self._current[pk]
+            if off + len(src) >= total:
+                self._current.pop(pk, None)
+        if isinstance(target, RecvRequest):
+            target.put(off, src)
+            if total == 0:
+                target.event.set()
+        else:
+            np.copyto(target.buf[off:off + len(src)], src)
+            target.got += len(src)
+            if target.got == target.nbytes:
+                self._match_late(pk)
+
+    def _match_late(self, pk) -> None:
+        """An unexpected message completed: hand it to a receive posted meanwhile."""
+        with self._lock:
+            q, u = self._posted.get(pk), self._unexpected.get(pk)
+            if not (q and u and u[0].got == u[0].nbytes):
+                return
+            req, msg = q.popleft(), u.popleft()
+        self._take(req, msg)
+
+    def _check(self, req: RecvRequest, total: int, dtype_code: int):
+        dt = req.dst.dtype
+        if dtype_code and dtype_code != DTYPE_CODE.get(dt):
+            theirs = CODE_DTYPE.get(dtype_code)
+            return ProtocolError(
+                f"rank {self.rank}: {req.op} got {dtype_name(theirs) if theirs else dtype_code} "
+                f"data from rank {req.peer} but its own buffer is {dtype_name(dt)}; "
+                f"every rank must pass buffers of the same dtype",
+                rank=self.rank, peer=req.peer, op=req.op)
+        if total != req.nbytes:
+            return ProtocolError(
+                f"rank {self.rank}: {req.op} got a {total}-byte message from rank {req.peer} "
+                f"where it expected {req.nbytes} bytes; the ranks passed different sizes or counts",
+                rank=self.rank, peer=req.peer, op=req.op)
+        return None
+
+    def peer_lost(self, peer: int, exc: BaseException) -> None:
+        """Fail every receive posted for ``peer``, now and later."""
+        with self._lock:
+            self._dead.setdefault(peer, exc)
+            reqs = [r for (p, _), q in self._posted.items() if p == peer for r in q]
+            for (p, k) in [pk for pk in self._posted if pk[0] == peer]:
+                del self._posted[(p, k)]
+        for r in reqs:
+            r.fail(exc)
+
+    def lost(self, peer: int) -> BaseException | None:
+        return self._dead.get(peer)
+
+
+def lost_error(rank: int, peer: int, why: str) -> PeerLostError:
+    return PeerLostError(
+        f"rank {rank}: lost rank {peer} ({why}); the job cannot go on without it: "
+        f"check that rank's output for its error, then restart the job",
+        rank=rank, peer=peer)

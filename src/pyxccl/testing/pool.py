@@ -1,0 +1,144 @@
+"""A pool of rank processes that stay up across tests.
+
+>>> with RankPool(4) as pool:                               # doctest: +SKIP
+...     sums = pool.run(allreduce_ones, transport="shm")    # allreduce_ones(comm) on every rank
+
+Each rank holds one world communicator per transport ("tcp", "shm"), made
+once. ``run(fn, *args)`` calls ``fn(comm, *args)`` on every rank (``fn`` must be
+importable: a module-level function) and returns the list of results, or
+raises :class:`RankError` with every failing rank's traceback. A call that
+does not finish within its deadline kills the pool (a hung collective can't
+be trusted to recover) and raises ``TimeoutError``.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+
+TRANSPORTS = ("tcp", "shm")
+
+
+class RankError(AssertionError):
+    """Some ranks raised; ``errors`` maps rank -> (exception or None, traceback text)."""
+
+    def __init__(self, errors: dict):
+        self.errors = errors
+        text = "\n".join(f"--- rank {r} ---\n{tb}" for r, (_, tb) in sorted(errors.items()))
+        super().__init__(f"{len(errors)} rank(s) failed:\n{text}")
+
+
+def _worker(rank: int, size: int, port: int, transports, conn, env) -> None:
+    os.environ.update(env)
+    import pyxccl
+    from pyxccl.rendezvous import PrefixStore, TCPStore
+
+    comms = {}
+    try:
+        for t in transports:
+            store = PrefixStore(f"pool/{t}", TCPStore("127.0.0.1", port, is_server=False, timeout=60))
+            comms[t] = pyxccl.init(rank, size, store=store, transport=t, timeout=60)
+        conn.send(("ready", None))
+    except BaseException as e:  # noqa: BLE001
+        conn.send(("err", (_picklable(e), traceback.format_exc())))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        fn, transport, args, kwargs = msg
+        try:
+            conn.send(("ok", fn(comms[transport], *args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001
+            conn.send(("err", (_picklable(e), traceback.format_exc())))
+    for c in comms.values():
+        c.close()
+
+
+def _picklable(e: BaseException):
+    import pickle
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class RankPool:
+    def __init__(self, size: int, *, transports=TRANSPORTS, env: dict | None = None, timeout: float = 60):
+        from pyxccl.rendezvous import TCPStore
+        self.size, self.transports = size, tuple(transports)
+        self._store = TCPStore("127.0.0.1", 0, is_server=True, timeout=timeout)
+        ctx = mp.get_context("spawn")
+        self._conns, self.procs = [], []
+        for r in range(size):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(r, size, self._store.port, self.transports, child,
+                                                  dict(env or {})), daemon=True, name=f"pyxccl-rank{r}")
+            p.start()
+            child.close()
+            self._conns.append(parent)
+            self.procs.append(p)
+        self.alive = True
+        self._collect("ready", timeout)
+
+    def run(self, fn, *args, transport: str = "tcp", timeout: float = 60, **kwargs) -> list:
+        """``fn(comm, *args, **kwargs)`` on every rank; the list of their results."""
+        if not self.alive:
+            raise RuntimeError("this RankPool was closed after a failure; make a new one")
+        for c in self._conns:
+            c.send((fn, transport, args, kwargs))
+        return self._collect(fn.__name__, timeout)
+
+    def _collect(self, what: str, timeout: float) -> list:
+        deadline = time.monotonic() + timeout
+        results, errors = [None] * self.size, {}
+        for r, c in enumerate(self._conns):
+            if not c.poll(max(0.0, deadline - time.monotonic())):
+                self.close(kill=True)
+                raise TimeoutError(f"rank {r} did not finish {what} within {timeout} s; pool killed")
+            try:
+                kind, val = c.recv()
+            except EOFError:
+                self.close(kill=True)
+                raise RankError({r: (None, f"rank {r} died during {what}")}) from None
+            if kind == "ok" or kind == "ready":
+                results[r] = val
+            else:
+                errors[r] = val
+        if errors:
+            if what == "ready":
+                self.close(kill=True)
+            raise RankError(errors)
+        return results
+
+    def close(self, kill: bool = False) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        for c in self._conns:
+            try:
+                if not kill:
+                    c.send(None)
+            except OSError:
+                pass
+        for p in self.procs:
+            if kill:
+                p.kill()
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for c in self._conns:
+            c.close()
+        self._store.close()
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,165 @@
+"""The transport interface, and the framing shared by the socket-based transports.
+
+A transport connects this process to one peer process. Its whole interface:
+
+- ``send(key, dtype_code, payload, deadline)``: send one message (a flat
+  uint8 numpy array), blocking until it no longer needs ``payload``; a message
+  is delivered even when the receiver has not posted its receive yet;
+- incoming messages go to ``mailbox.deliver(...)`` from the transport's own
+  thread; a lost connection goes to ``on_lost(peer, exc)``;
+- ``close()``: say goodbye and release everything.
+
+A new transport is one file implementing :class:`Peer`, plus passing
+``pyxccl.testing.conformance``.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from .._errors import CommTimeoutError, ProtocolError
+from ..mailbox import Mailbox, lost_error
+
+MAGIC = 0x7863          # "xc"
+# magic, kind, dtype code, comm id, tag, seq, total bytes, chunk offset, chunk bytes, aux
+HEADER = struct.Struct("<HBBIiIQQQQ")
+DATA, SHM_DATA, CREDIT, GOODBYE = 1, 2, 3, 4
+MAX_MESSAGE = 1 << 40
+
+
+class Peer(ABC):
+    """A connection to one peer rank (see the module docstring)."""
+
+    def __init__(self, rank: int, peer: int, mailbox: Mailbox, on_lost):
+        self.rank, self.peer, self.mailbox, self.on_lost = rank, peer, mailbox, on_lost
+        self.closed_by_peer = False
+
+    @abstractmethod
+    def send(self, key: tuple[int, int, int], dtype_code: int, payload: np.ndarray,
+             deadline: float) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__.removesuffix("Peer").lower()
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> bool:
+    """Fill ``view`` from ``sock``; False on a clean EOF before the first byte."""
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            if got == 0:
+                return False
+            raise ConnectionResetError("connection closed in the middle of a frame")
+        got += k
+    return True
+
+
+class StreamPeer(Peer):
+    """A peer over one connected stream socket, with a receiver thread.
+
+    Subclasses say how a DATA frame's payload travels (inline, or in shared
+    memory) by overriding ``send`` and ``_on_frame``.
+    """
+
+    def __init__(self, rank, peer, mailbox, on_lost, sock: socket.socket):
+        super().__init__(rank, peer, mailbox, on_lost)
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self._closing = False
+        self._hdr = bytearray(HEADER.size)
+        self._thread = threading.Thread(target=self._recv_loop, daemon=True,
+                                        name=f"pyxccl-recv-{rank}<-{peer}")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # --- sending ---------------------------------------------------------------
+    def _send_frames(self, bufs: list, deadline: float) -> None:
+        """Write ``bufs`` (bytes-like) as one unit; never interleaved with another thread's frame."""
+        with self._send_lock:
+            bufs = [memoryview(b).cast("B") for b in bufs]
+            while bufs:
+                try:
+                    k = self.sock.sendmsg(bufs)
+                except (BlockingIOError, socket.timeout):
+                    self._check_deadline(deadline)
+                    continue
+                except OSError as e:
+                    raise self._lost(f"send failed: {e}") from None
+                while bufs and k >= len(bufs[0]):
+                    k -= len(bufs[0])
+                    bufs.pop(0)
+                if bufs and k:
+                    bufs[0] = bufs[0][k:]
+
+    def _check_deadline(self, deadline: float) -> None:
+        lost = self.mailbox.lost(self.peer)
+        if lost is not None:
+            raise lost
+        if time.monotonic() > deadline:
+            raise CommTimeoutError(
+                f"rank {self.rank}: sending to rank {self.peer} made no progress before the deadline; "
+                f"that rank is stuck or not calling the same operation", rank=self.rank, peer=self.peer)
+
+    def header(self, kind, key=(0, 0, 0), dtype_code=0, total=0, off=0, n=0, aux=0) -> bytes:
+        return HEADER.pack(MAGIC, kind, dtype_code, key[0], key[1], key[2], total, off, n, aux)
+
+    # --- receiving -------------------------------------------------------------
+    def _recv_loop(self) -> None:
+        view = memoryview(self._hdr)
+        try:
+            while True:
+                if not recv_exact(self.sock, view):
+                    break
+                magic, kind, dcode, comm, tag, seq, total, off, n, aux = HEADER.unpack(self._hdr)
+                if magic != MAGIC or total > MAX_MESSAGE or off + n > total:
+                    raise ProtocolError(
+                        f"rank {self.rank}: malformed frame from rank {self.peer} "
+                        f"(magic {magic:#x}, {n} bytes at {off} of {total}); closing the connection",
+                        rank=self.rank, peer=self.peer)
+                if kind == GOODBYE:
+                    self.closed_by_peer = True
+                    break
+                self._on_frame(kind, dcode, (comm, tag, seq), total, off, n, aux)
+        except BaseException as e:  # noqa: BLE001  (the thread must report every failure)
+            if not self._closing:
+                err = e if isinstance(e, ProtocolError) else self._lost(f"connection error: {e}")
+                self.on_lost(self.peer, err)
+            return
+        if not self._closing:
+            why = "it closed its communicator" if self.closed_by_peer else "its process exited or was killed"
+            self.on_lost(self.peer, self._lost(why), graceful=self.closed_by_peer)
+
+    def _lost(self, why: str):
+        return lost_error(self.rank, self.peer, why)
+
+    def _on_frame(self, kind, dcode, key, total, off, n, aux) -> None:
+        raise ProtocolError(f"rank {self.rank}: unexpected frame kind {kind} from rank {self.peer}",
+                            rank=self.rank, peer=self.peer)
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            with self._send_lock:
+                self.sock.sendall(self.header(GOODBYE))
+        except OSError:
+            pass
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
