@@ -181,10 +181,13 @@ class Communicator:
         if self._closed:
             raise CommClosedError(f"rank {self.rank}: {op} called on a closed communicator; "
                                   f"make a new one with pyxccl.init()", rank=self.rank, op=op)
-        if self._failed is not None:
-            raise CommAbortedError(
-                f"rank {self.rank}: {op} refused: this communicator failed earlier ({self._failed}); "
-                f"close it and make a new one", cause=self._failed, rank=self.rank, op=op)
+        cause = self._failed
+        if cause is not None:
+            msg = (f"rank {self.rank}: {op} refused: this communicator failed earlier ({cause}); "
+                   f"close it and make a new one")
+            if isinstance(cause, PeerLostError):   # keep the root cause's type: callers catch that
+                raise PeerLostError(msg, rank=self.rank, peer=cause.peer, op=op)
+            raise CommAbortedError(msg, cause=cause, rank=self.rank, peer=cause.peer, op=op)
 
     def _submit(self, op: str, fn, *, async_op: bool, timeout, collective: bool) -> Work | object:
         self._usable(op)

@@ -30,7 +30,7 @@ class RankError(AssertionError):
 
 
 def _worker(rank: int, size: int, port: int, transports, conn, env) -> None:
-    os.environ.update(env)
+    os.environ.update(env, PYXCCL_POOL_STORE_PORT=str(port))
     import pyxccl
     from pyxccl.rendezvous import PrefixStore, TCPStore
 
@@ -86,15 +86,23 @@ class RankPool:
         self.alive = True
         self._collect("ready", timeout)
 
-    def run(self, fn, *args, transport: str = "tcp", timeout: float = 60, **kwargs) -> list:
-        """``fn(comm, *args, **kwargs)`` on every rank; the list of their results."""
+    def run(self, fn, *args, transport: str = "tcp", timeout: float = 60, expect_dead=(), **kwargs) -> list:
+        """``fn(comm, *args, **kwargs)`` on every rank; the list of their results.
+
+        Ranks in ``expect_dead`` may die during the call (their result is None);
+        the pool is closed afterwards, since it lost ranks.
+        """
         if not self.alive:
             raise RuntimeError("this RankPool was closed after a failure; make a new one")
         for c in self._conns:
             c.send((fn, transport, args, kwargs))
-        return self._collect(fn.__name__, timeout)
+        try:
+            return self._collect(fn.__name__, timeout, expect_dead)
+        finally:
+            if expect_dead:
+                self.close()
 
-    def _collect(self, what: str, timeout: float) -> list:
+    def _collect(self, what: str, timeout: float, expect_dead=()) -> list:
         deadline = time.monotonic() + timeout
         results, errors = [None] * self.size, {}
         for r, c in enumerate(self._conns):
@@ -104,6 +112,8 @@ class RankPool:
             try:
                 kind, val = c.recv()
             except EOFError:
+                if r in expect_dead:
+                    continue
                 self.close(kill=True)
                 raise RankError({r: (None, f"rank {r} died during {what}")}) from None
             if kind == "ok" or kind == "ready":

@@ -1,0 +1,359 @@
+"""Functions that run on every rank of a test pool: ``fn(comm, ...)``.
+
+Inputs are small integers so that every reduction is exact in every dtype,
+and every rank can compute every other rank's input, hence the numpy
+reference, locally. Each check returns a list of failure descriptions
+(empty when all is well) so one pool call covers many cases.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import pyxccl
+from pyxccl.dtypes import DTYPES, FLOATS, bfloat16
+from pyxccl.ops import ReduceOp, op_error
+
+UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
+         ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and, ReduceOp.BOR: np.bitwise_or,
+         ReduceOp.BXOR: np.bitwise_xor, ReduceOp.LAND: np.logical_and, ReduceOp.LOR: np.logical_or}
+BIG = (4 << 20) // 4 + 3          # > 4 MiB of float32, not a multiple of anything nice
+
+
+def data(rank: int, count: int, dt, op=ReduceOp.SUM, salt: int = 0) -> np.ndarray:
+    i = np.arange(count, dtype=np.int64)
+    if dt == np.bool_:
+        return ((i + rank + salt) % 3 == 0)
+    if op is ReduceOp.PROD:
+        vals = (i * 5 + rank + salt) % 2 + 1          # 1s and 2s: exact products
+    else:
+        vals = (i * 7 + rank * 3 + salt) % 5 + 1      # 1..5: exact sums up to 8 ranks in float16
+    return vals.astype(dt)
+
+
+def reference(op, n: int, count: int, dt, salt: int = 0) -> np.ndarray:
+    acc = data(0, count, dt, op, salt).copy()
+    for r in range(1, n):
+        UFUNC[op](acc, data(r, count, dt, op, salt), out=acc)
+    if op is ReduceOp.AVG:
+        np.divide(acc, n, out=acc)
+    return acc
+
+
+def valid_pairs(dtypes=DTYPES, ops=tuple(ReduceOp)):
+    return [(dt, op) for dt in dtypes for op in ops if op_error(op, np.dtype(dt)) is None]
+
+
+def _cmp(fails, what, got, exp):
+    if got.shape != exp.shape or got.dtype != exp.dtype or not np.array_equal(got, exp):
+        bad = np.flatnonzero(got != exp) if got.shape == exp.shape else []
+        fails.append(f"{what}: {len(bad)} wrong, first at {bad[:3]}: got {got[bad[:3]]} want {exp[bad[:3]]}"
+                     if len(bad) else f"{what}: got {got.dtype}{got.shape}, want {exp.dtype}{exp.shape}")
+
+
+def check_allreduce(comm, counts, pairs, algorithm=None):
+    fails = []
+    for count in counts:
+        for dt, op in pairs:
+            exp = reference(op, comm.size, count, dt)
+            x = data(comm.rank, count, dt, op)
+            comm.allreduce(x, op=op, algorithm=algorithm)
+            _cmp(fails, f"allreduce {op.name} {np.dtype(dt)} n={count} in-place", x, exp)
+            x = data(comm.rank, count, dt, op)
+            out = np.empty_like(x)
+            comm.allreduce(x, op=op, out=out)
+            _cmp(fails, f"allreduce {op.name} {np.dtype(dt)} n={count} out", out, exp)
+            _cmp(fails, "allreduce input untouched", x, data(comm.rank, count, dt, op))
+    return fails
+
+
+def check_reduce(comm, counts, pairs):
+    fails = []
+    for root in sorted({0, comm.size - 1}):
+        for count in counts:
+            for dt, op in pairs:
+                x = data(comm.rank, count, dt, op)
+                comm.reduce(x, root=root, op=op)
+                exp = reference(op, comm.size, count, dt) if comm.rank == root else data(comm.rank, count, dt, op)
+                _cmp(fails, f"reduce root={root} {op.name} {np.dtype(dt)} n={count}", x, exp)
+    return fails
+
+
+def check_reduce_scatter(comm, counts, pairs):
+    fails, n, r = [], comm.size, comm.rank
+    for count in counts:
+        for dt, op in pairs:
+            exp = reference(op, n, count * n, dt)
+            out = np.empty(count, dt)
+            comm.reduce_scatter(data(r, count * n, dt, op), out, op=op)
+            _cmp(fails, f"reduce_scatter {op.name} {np.dtype(dt)} n={count}", out, exp[r * count:(r + 1) * count])
+            vc = [(count + 3 * p) % 11 for p in range(n)]      # uneven, some zero
+            off = np.concatenate([[0], np.cumsum(vc)])
+            exp = reference(op, n, int(off[-1]), dt)
+            out = np.empty(vc[r], dt)
+            comm.reduce_scatterv(data(r, int(off[-1]), dt, op), out, vc, op=op)
+            _cmp(fails, f"reduce_scatterv {op.name} {np.dtype(dt)} {vc}", out, exp[off[r]:off[r + 1]])
+    return fails
+
+
+def check_movement(comm, counts, dtypes):
+    """broadcast, allgather(v), gather(v), scatter(v), alltoall(v): no arithmetic, every dtype."""
+    fails, n, r = [], comm.size, comm.rank
+    for count in counts:
+        for dt in dtypes:
+            tag = f"{np.dtype(dt)} n={count}"
+            everyone = [data(p, count, dt) for p in range(n)]
+            for root in sorted({0, n - 1}):
+                x = data(r, count, dt)
+                comm.broadcast(x, root=root)
+                _cmp(fails, f"broadcast root={root} {tag}", x, everyone[root])
+                g = comm.gather(everyone[r], np.empty(count * n, dt) if r == root else None, root=root)
+                if r == root:
+                    _cmp(fails, f"gather root={root} {tag}", g, np.concatenate(everyone))
+                out = np.empty(count, dt)
+                comm.scatter(np.concatenate(everyone) if r == root else None, out, root=root)
+                _cmp(fails, f"scatter root={root} {tag}", out, everyone[r])
+            got = comm.allgather(everyone[r], np.empty(count * n, dt))
+            _cmp(fails, f"allgather {tag}", got, np.concatenate(everyone))
+            vc = [(count + p) % 5 for p in range(n)]
+            parts = [data(p, vc[p], dt, salt=1) for p in range(n)]
+            _cmp(fails, f"allgatherv {tag}", comm.allgatherv(parts[r], None, vc), np.concatenate(parts))
+            g = comm.gatherv(parts[r], None, vc if r == 0 else None, root=0)
+            if r == 0:
+                _cmp(fails, f"gatherv {tag}", g, np.concatenate(parts))
+            out = np.empty(vc[r], dt)
+            comm.scatterv(np.concatenate(parts) if r == 0 else None, out, vc if r == 0 else None, root=0)
+            _cmp(fails, f"scatterv {tag}", out, parts[r])
+            send = np.concatenate([data(r * n + p, count, dt) for p in range(n)])
+            out = np.empty(count * n, dt)
+            comm.alltoall(send, out)
+            _cmp(fails, f"alltoall {tag}", out, np.concatenate([data(p * n + r, count, dt) for p in range(n)]))
+            sc = [(r + p + count) % 4 for p in range(n)]       # rank r sends (r+p+count)%4 to p
+            rc = [(p + r + count) % 4 for p in range(n)]
+            send = np.concatenate([data(1000 * r + p, sc[p], dt) for p in range(n)])
+            out = np.empty(sum(rc), dt)
+            comm.alltoallv(send, out, sc, rc)
+            _cmp(fails, f"alltoallv {tag}", out, np.concatenate([data(1000 * p + r, rc[p], dt) for p in range(n)]))
+    return fails
+
+
+def check_p2p(comm, counts):
+    fails, n, r = [], comm.size, comm.rank
+    for count in counts:
+        # a ring of isend/irecv in both directions with two tags, then blocking send/recv pairs
+        right, left = (r + 1) % n, (r - 1) % n
+        a, b = np.empty(count, np.float32), np.empty(count, np.float32)
+        wr = [comm.irecv(a, left, tag=1), comm.irecv(b, right, tag=2)]
+        ws = [comm.isend(data(r, count, np.float32), right, tag=1), comm.isend(data(r + 50, count, np.float32), left, tag=2)]
+        for w in ws + wr:
+            w.wait()
+        _cmp(fails, f"irecv from left n={count}", a, data(left, count, np.float32))
+        _cmp(fails, f"irecv from right n={count}", b, data(right + 50, count, np.float32))
+        if n > 1:
+            if r == 0:
+                for p in range(1, n):
+                    got = comm.recv(np.empty(count, np.int64), p, tag=7)
+                    _cmp(fails, f"recv from {p}", got, data(p, count, np.int64))
+            else:
+                comm.send(data(r, count, np.int64), 0, tag=7)
+    comm.barrier()
+    return fails
+
+
+def check_objects_and_split(comm):
+    fails, n, r = [], comm.size, comm.rank
+    if comm.allgather_object({"rank": r, "s": "x" * r}) != [{"rank": p, "s": "x" * p} for p in range(n)]:
+        fails.append("allgather_object")
+    if comm.broadcast_object(("hello", r) if r == n - 1 else None, root=n - 1) != ("hello", n - 1):
+        fails.append("broadcast_object")
+    sub = comm.split(r % 2, key=-r)
+    members = [p for p in range(n) if p % 2 == r % 2][::-1]
+    if sub.size != len(members) or sub.rank != members.index(r):
+        fails.append(f"split: rank {sub.rank} of {sub.size}, want {members.index(r)} of {len(members)}")
+    # parent and child at the same time: async on both, then wait
+    x, y = np.full(5, r, np.int64), np.ones(3, np.int64)
+    w1 = comm.allreduce(x, async_op=True)
+    w2 = sub.allreduce(y, async_op=True)
+    w1.wait()
+    w2.wait()
+    _cmp(fails, "parent allreduce next to child", x, np.full(5, n * (n - 1) // 2, np.int64))
+    _cmp(fails, "child allreduce", y, np.full(3, len(members), np.int64))
+    none = comm.split(None if r == 0 else 1)
+    if (none is None) != (r == 0):
+        fails.append("split with color None")
+    if none is not None:
+        none.close()
+    sub.close()
+    return fails
+
+
+def check_bad_inputs(comm):
+    """Each bad call raises on this rank before anything is sent; the communicator stays usable."""
+    import pyxccl as px
+    n, r = comm.size, comm.rank
+    f32 = np.zeros(4, np.float32)
+    ro = np.zeros(4, np.float32)
+    ro.flags.writeable = False
+    shared = np.zeros(2 * n, np.float32)
+    cases = [
+        ("allreduce", "dtype", lambda: comm.allreduce(np.zeros(4, np.complex64))),
+        ("allreduce", "out has dtype", lambda: comm.allreduce(f32, out=np.zeros(4, np.float64))),
+        ("allreduce", "not C-contiguous", lambda: comm.allreduce(np.zeros((4, 4), np.float32)[:, 1])),
+        ("allreduce", "read-only", lambda: comm.allreduce(ro)),
+        ("allreduce", "read-only", lambda: comm.allreduce(bytes(16))),
+        ("allreduce", "BXOR", lambda: comm.allreduce(f32, op=px.ReduceOp.BXOR)),
+        ("allreduce", "AVG needs a floating", lambda: comm.allreduce(np.zeros(4, np.int32), op="avg")),
+        ("allreduce", "unknown reduce op", lambda: comm.allreduce(f32, op="median")),
+        ("allreduce", "out has 3 elements", lambda: comm.allreduce(f32, out=np.zeros(3, np.float32))),
+        ("allreduce", "no algorithm", lambda: comm.allreduce(f32, algorithm="nonsense")),
+        ("broadcast", "root=", lambda: comm.broadcast(f32, root=n)),
+        ("broadcast", "root=", lambda: comm.broadcast(f32, root=-1)),
+        ("reduce", "root=", lambda: comm.reduce(f32, root=n + 3)),
+        ("allgather", "recvbuf has", lambda: comm.allgather(f32, np.zeros(4 * n + 1, np.float32))),
+        ("allgather", "recvbuf has dtype", lambda: comm.allgather(f32, np.zeros(4 * n, np.int32))),
+        ("allgatherv", "entries", lambda: comm.allgatherv(f32, None, [4] * (n + 1))),
+        ("allgatherv", "negative", lambda: comm.allgatherv(f32, None, [4] * (n - 1) + [-1]) if n > 1
+         else comm.allgatherv(f32, None, [-1])),
+        ("allgatherv", f"counts[{r}]", lambda: comm.allgatherv(f32, None, [5] * n)),
+        ("reduce_scatterv", "adds up", lambda: comm.reduce_scatterv(np.zeros(4 * n, np.float32),
+                                                                    np.zeros(4, np.float32), [4] * (n - 1) + [5])),
+        ("reduce_scatterv", "adds up", lambda: comm.reduce_scatterv(np.zeros(4 * n + 1, np.float32),
+                                                                    np.zeros(4, np.float32), [4] * n)),
+        ("alltoall", "recvbuf has dtype", lambda: comm.alltoall(np.zeros(4 * n, np.float32),
+                                                                np.zeros(4 * n, np.float64))),
+        ("alltoall", "overlap", lambda: comm.alltoall(shared, shared)),
+        ("alltoallv", "adds up", lambda: comm.alltoallv(f32, np.zeros(4, np.float32), [1] * n, [4] * n)),
+        ("scatter", "must pass sendbuf", lambda: comm.scatter(None, f32, root=r)),
+        ("gatherv", "needs counts", lambda: comm.gatherv(f32, None, None, root=r)),
+        ("send", "dst=", lambda: comm.send(f32, n)),
+        ("recv", "src=", lambda: comm.recv(f32, -2)),
+        ("send", "tag=", lambda: comm.send(f32, 0, tag=-5)),
+        ("allreduce", "not a numpy array", lambda: comm.allreduce([1.0, 2.0])),
+        ("split", "color", lambda: comm.split(-3)),
+    ]
+    if n > 1:
+        cases.append(("alltoall", "not a multiple", lambda: comm.alltoall(np.zeros(4 * n + 1, np.float32),
+                                                                        np.zeros(4 * n + 1, np.float32))))
+    fails = []
+    for op, phrase, call in cases:
+        try:
+            call()
+        except px.InvalidArgumentError as e:
+            msg = str(e)
+            if f"rank {r}" not in msg or op not in msg or phrase not in msg:
+                fails.append(f"{op}/{phrase}: message lacks rank, op or phrase: {msg}")
+        except Exception as e:  # noqa: BLE001
+            fails.append(f"{op}/{phrase}: raised {type(e).__name__}: {e}")
+        else:
+            fails.append(f"{op}/{phrase}: no error")
+        x = np.full(3, r, np.int64)                 # the communicator still works
+        comm.allreduce(x)
+        if not (x == n * (n - 1) // 2).all():
+            fails.append(f"allreduce after {op}/{phrase} gave {x}")
+    return fails
+
+
+def check_recv_timeout(comm):
+    """A receive nobody answers times out naming the peer; a p2p timeout leaves the communicator usable."""
+    import time
+
+    import pyxccl as px
+    fails, n, r = [], comm.size, comm.rank
+    if n > 1 and r == 0:
+        t = time.monotonic()
+        try:
+            comm.recv(np.empty(2, np.float32), 1, tag=99, timeout=0.5)
+            fails.append("recv returned")
+        except px.CommTimeoutError as e:
+            if e.peer != 1 or "rank 1" not in str(e) or "recv" not in str(e) or e.seq is None:
+                fails.append(f"timeout message: {e}")
+            if not 0.4 < time.monotonic() - t < 5:
+                fails.append(f"timeout after {time.monotonic() - t:.2f} s")
+    comm.barrier()
+    x = np.ones(2, np.float32)
+    comm.allreduce(x)
+    if not (x == n).all():
+        fails.append("allreduce after recv timeout")
+    return fails
+
+
+def idle_cpu(comm, sleep_s: float):
+    """Rank 0 waits for rank 1, which sleeps first: the CPU seconds rank 0's process burns meanwhile."""
+    import time
+    if comm.rank == 1:
+        time.sleep(sleep_s)
+        comm.send(np.ones(1, np.float32), 0)
+    cpu = time.process_time()
+    if comm.rank == 0:
+        comm.recv(np.empty(1, np.float32), 1)
+    cpu = time.process_time() - cpu
+    comm.barrier()
+    return cpu
+
+
+def timeout_in_collective(comm):
+    """Rank 0 enters an allreduce that rank 1 never calls: CommTimeoutError, then the comm refuses calls."""
+    import pyxccl as px
+    if comm.rank != 0:
+        return None
+    out = {}
+    try:
+        comm.allreduce(np.ones(10, np.float32), timeout=1.0)
+    except px.CommTimeoutError as e:
+        out["err"] = (type(e).__name__, e.peer, e.op, e.seq, str(e))
+    try:
+        comm.allreduce(np.ones(10, np.float32))
+    except px.CommAbortedError as e:
+        out["after"] = str(e)
+    return out
+
+
+def killed_mid_allreduce(comm, victim: int, kill_at: float):
+    """``victim`` SIGKILLs itself at wall time ``kill_at`` inside a loop of allreduces; the others report
+    what they raised and how long after ``kill_at``."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import pyxccl as px
+    if comm.rank == victim:
+        threading.Timer(max(0.0, kill_at - time.time()), lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    x = np.ones(1 << 20, np.float32)
+    try:
+        while True:
+            comm.allreduce(x)
+            x[:] = 1
+    except px.PyxcclError as e:
+        return type(e).__name__, e.peer, time.time() - kill_at, str(e)
+
+
+def divide_by_zero_on(comm, rank):
+    if comm.rank == rank:
+        return 1 // 0
+    return None
+
+
+def rank_of(comm):
+    return comm.rank
+
+
+def threads_after_close(comm):
+    """Threads a fresh world communicator leaves behind after close() (should be none)."""
+    import os
+    import threading
+    import time
+
+    import pyxccl
+    from pyxccl.rendezvous import PrefixStore, TCPStore
+
+    def ours():
+        return {t for t in threading.enumerate() if t.name.startswith("pyxccl")}
+    before = ours()
+    store = TCPStore("127.0.0.1", int(os.environ["PYXCCL_POOL_STORE_PORT"]), is_server=False)
+    fresh = pyxccl.init(comm.rank, comm.size, store=PrefixStore("fresh", store),
+                        transport=comm.transport((comm.rank + 1) % comm.size))
+    fresh.allreduce(np.ones(4, np.float32))
+    fresh.close()
+    store.close()
+    time.sleep(0.3)
+    return len(ours() - before)

@@ -1,0 +1,58 @@
+"""Every primitive against a numpy reference: world sizes 1, 2, 3, 4, 5, 8, both
+transports, every dtype and every reduce op that applies to it."""
+import numpy as np
+import pytest
+
+import rankfns as rf
+from conftest import SIZES
+from pyxccl.dtypes import DTYPES
+from pyxccl.ops import ReduceOp
+
+COUNTS = (0, 1, 7, 1000)
+pytestmark = pytest.mark.timeout(300)
+
+
+def _ok(results):
+    fails = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
+    assert not fails, "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_allreduce_every_op_and_dtype(pools, transport, n):
+    _ok(pools(n).run(rf.check_allreduce, COUNTS, rf.valid_pairs(), transport=transport, timeout=200))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_allreduce_large(pools, transport, n):
+    pairs = rf.valid_pairs((np.float32, np.int64), (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.BXOR, ReduceOp.AVG))
+    _ok(pools(n).run(rf.check_allreduce, (rf.BIG,), pairs, transport=transport))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce(pools, transport, n):
+    _ok(pools(n).run(rf.check_reduce, COUNTS, rf.valid_pairs(), transport=transport, timeout=200))
+    _ok(pools(n).run(rf.check_reduce, (rf.BIG,), rf.valid_pairs((np.float32,), (ReduceOp.SUM,)),
+                     transport=transport))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce_scatter(pools, transport, n):
+    _ok(pools(n).run(rf.check_reduce_scatter, COUNTS, rf.valid_pairs(), transport=transport, timeout=200))
+    _ok(pools(n).run(rf.check_reduce_scatter, (rf.BIG // n,), rf.valid_pairs((np.float32,), (ReduceOp.SUM,)),
+                     transport=transport))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_data_movement(pools, transport, n):
+    _ok(pools(n).run(rf.check_movement, COUNTS, DTYPES, transport=transport, timeout=200))
+    _ok(pools(n).run(rf.check_movement, (rf.BIG // n,), (np.float32,), transport=transport))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_point_to_point(pools, transport, n):
+    _ok(pools(n).run(rf.check_p2p, COUNTS + (rf.BIG,), transport=transport))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_objects_and_split(pools, transport, n):
+    _ok(pools(n).run(rf.check_objects_and_split, transport=transport))

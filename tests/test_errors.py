@@ -1,0 +1,75 @@
+"""Bad input, deadlines, lost peers, idle CPU: what happens when things go wrong."""
+import glob
+import time
+
+import pytest
+
+import rankfns as rf
+from conftest import SIZES
+from pyxccl.testing import RankError, RankPool
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_bad_inputs_are_refused_and_comm_stays_usable(pools, transport, n):
+    results = pools(n).run(rf.check_bad_inputs, transport=transport)
+    fails = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
+    assert not fails, "\n".join(fails)
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_recv_timeout_names_peer(pools, transport, n):
+    results = pools(n).run(rf.check_recv_timeout, transport=transport)
+    assert results == [[]] * n
+
+
+def test_idle_wait_does_not_burn_cpu(pools, transport):
+    # 4 ranks on 2 cores: rank 0 waits 2 s for rank 1 and must use under 5% of a core meanwhile
+    cpu = pools(4).run(rf.idle_cpu, 2.0, transport=transport)
+    assert cpu[0] < 0.1, f"rank 0 used {cpu[0]:.3f} CPU s while waiting 2 s"
+
+
+def test_collective_timeout_names_op_seq_and_peer(transport):
+    with RankPool(2, transports=(transport,)) as pool:
+        res = pool.run(rf.timeout_in_collective, transport=transport)[0]
+    name, peer, op, seq, msg = res["err"]
+    assert (name, peer, op) == ("CommTimeoutError", 1, "allreduce")
+    assert seq is not None and f"#{seq}" in msg and "rank 1" in msg and "rank 0" in msg
+    assert "failed earlier" in res["after"]
+
+
+def _shm_entries():
+    return set(glob.glob("/dev/shm/*"))
+
+
+@pytest.mark.parametrize("transport_", ("tcp", "shm"))
+def test_sigkill_mid_allreduce_raises_peer_lost_on_every_other_rank(transport_):
+    before = _shm_entries()
+    pool = RankPool(4, transports=(transport_,))
+    victim = 2
+    try:
+        out = pool.run(rf.killed_mid_allreduce, victim, time.time() + 1.0, transport=transport_,
+                       expect_dead=(victim,))
+    finally:
+        pool.close()
+    for r, res in enumerate(out):
+        if r == victim:
+            assert res is None
+            continue
+        name, peer, delay, msg = res
+        assert name == "PeerLostError", msg
+        assert peer == victim and f"rank {victim}" in msg, msg
+        assert delay < 10, f"rank {r} noticed after {delay:.1f} s"
+    assert [p.exitcode for i, p in enumerate(pool.procs) if i != victim] == [0, 0, 0]
+    assert _shm_entries() <= before, _shm_entries() - before
+
+
+def test_rank_error_carries_tracebacks(pools):
+    with pytest.raises(RankError, match="ZeroDivisionError"):
+        pools(2).run(rf.divide_by_zero_on, 1)
+    assert pools(2).run(rf.rank_of) == [0, 1]      # the pool survives a failing function
+
+
+def test_no_leftover_threads_after_close(transport):
+    with RankPool(2, transports=(transport,)) as pool:
+        counts = pool.run(rf.threads_after_close, transport=transport)
+    assert counts == [0, 0], counts
