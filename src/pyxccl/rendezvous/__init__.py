@@ -29,7 +29,7 @@ def create_store(url: str | None, *, rank: int, world_size: int, timeout: float)
                 rank=rank, op="init")
         return TCPStore(host, int(port), is_server=rank == 0, timeout=timeout, world_size=world_size)
     if u.scheme == "tcp":
-        if not u.hostname or not u.port:
+        if not u.hostname or u.port is None:
             raise InvalidArgumentError(f"rank {rank}: {url!r} needs a host and a port: tcp://host:port",
                                        rank=rank, op="init")
         return TCPStore(u.hostname, u.port, is_server=rank == 0, timeout=timeout, world_size=world_size)
