@@ -357,3 +357,50 @@ def threads_after_close(comm):
     store.close()
     time.sleep(0.3)
     return len(ours() - before)
+
+
+def check_buffer_kinds(comm):
+    """bytearray, array.array and memoryview work in place, like numpy arrays."""
+    import array
+    fails, n, r = [], comm.size, comm.rank
+    ba = bytearray([r + 1] * 8)
+    comm.allreduce(ba, op="max")
+    if list(ba) != [n] * 8:
+        fails.append(f"bytearray allreduce: {list(ba)}")
+    arr = array.array("d", [float(r)] * 5)
+    comm.allreduce(arr)
+    if list(arr) != [n * (n - 1) / 2] * 5:
+        fails.append(f"array.array allreduce: {list(arr)}")
+    mv = memoryview(bytearray(4 * n)).cast("i")
+    comm.allgather(np.array([r * 10], np.int32), mv)
+    if list(mv) != [p * 10 for p in range(n)]:
+        fails.append(f"memoryview allgather: {list(mv)}")
+    return fails
+
+
+def check_torch_tensors(comm):
+    """torch CPU tensors (float32, bfloat16, int64): zero-copy, in place."""
+    import torch
+    fails, n, r = [], comm.size, comm.rank
+    for dt in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+        t = torch.full((3, 4), r + 1, dtype=dt) if dt != torch.bool else torch.tensor([r == 0] * 4)
+        ptr = t.data_ptr()
+        out = comm.allreduce(t, op="max")
+        want = torch.full((3, 4), n, dtype=dt) if dt != torch.bool else torch.tensor([True] * 4)
+        if out is not t or t.data_ptr() != ptr or not torch.equal(t, want):
+            fails.append(f"torch {dt} allreduce: {t}")
+    g = torch.empty(2 * n, dtype=torch.float32)
+    comm.allgather(torch.tensor([r, -r], dtype=torch.float32), g)
+    if g.tolist() != [v for p in range(n) for v in (p, -p)]:
+        fails.append(f"torch allgather: {g}")
+    w = torch.ones(4, requires_grad=True)
+    comm.allreduce(w.detach())
+    if w.detach().tolist() != [n] * 4:
+        fails.append("allreduce through .detach() of a leaf tensor")
+    try:
+        comm.allreduce(torch.ones(4, 4).t())
+        fails.append("non-contiguous tensor accepted")
+    except Exception as e:  # noqa: BLE001
+        if "non-contiguous" not in str(e):
+            fails.append(f"non-contiguous tensor: {e}")
+    return fails
