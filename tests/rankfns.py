@@ -355,6 +355,12 @@ def threads_after_close(comm):
     fresh.allreduce(np.ones(4, np.float32))
     fresh.close()
     store.close()
+    try:
+        fresh.allreduce(np.ones(4, np.float32))
+        return "allreduce after close did not raise"
+    except pyxccl.CommClosedError as e:
+        if f"rank {comm.rank}" not in str(e) or "closed" not in str(e):
+            return f"bad message: {e}"
     time.sleep(0.3)
     return len(ours() - before)
 

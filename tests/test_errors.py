@@ -69,7 +69,7 @@ def test_rank_error_carries_tracebacks(pools):
     assert pools(2).run(rf.rank_of) == [0, 1]      # the pool survives a failing function
 
 
-def test_no_leftover_threads_after_close(transport):
+def test_close_leaves_no_threads_and_later_calls_raise(transport):
     with RankPool(2, transports=(transport,)) as pool:
         counts = pool.run(rf.threads_after_close, transport=transport)
     assert counts == [0, 0], counts

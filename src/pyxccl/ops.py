@@ -63,14 +63,6 @@ def reducer(op: ReduceOp):
     uf = _UFUNC[op]
 
     def reduce_into(dst, src):
-        uf(dst, src, out=dst)
+        with np.errstate(all="ignore"):   # overflow wraps (ints) or saturates to inf, as in NCCL and MPI
+            uf(dst, src, out=dst)
     return reduce_into
-
-
-def reducer3(op: ReduceOp):
-    """``f(dst, a, b)``: dst = a (op) b."""
-    uf = _UFUNC[op]
-
-    def reduce3(dst, a, b):
-        uf(a, b, out=dst)
-    return reduce3
