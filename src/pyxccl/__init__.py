@@ -42,7 +42,9 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
 
     ``timeout`` (s, default ``PYXCCL_TIMEOUT`` or 300) is the deadline of
     set-up and of every later call; ``transport`` (default
-    ``PYXCCL_TRANSPORT`` or ``"auto"``) forces ``"tcp"`` or ``"shm"``.
+    ``PYXCCL_TRANSPORT`` or ``"auto"``) forces ``"tcp"`` or ``"shm"``. The
+    first init on a host measures its links (well under a second) and caches
+    the figures the tuner chooses algorithms with.
 
     >>> comm = pyxccl.init(rank=0, size=2, init_method="tcp://127.0.0.1:29500")   # doctest: +SKIP
     """
@@ -50,6 +52,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
     from .mesh import Mesh, build_mesh
     from .rendezvous import PrefixStore, create_store
 
+    _setup_logging()
     timeout = default_timeout() if timeout is None else float(timeout)
     transport = transport or os.environ.get("PYXCCL_TRANSPORT", "auto")
     master = os.environ.get("MASTER_ADDR")
@@ -83,8 +86,24 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
                           master_addr=master, timeout=timeout)
     comm = Communicator(mesh, list(range(size)), 0, timeout=timeout)
     comm._store = owned
+    if size > 1 and os.environ.get("PYXCCL_TUNE", "1") != "0":
+        comm._tune()
     _open.add(comm)
     return comm
+
+
+def _setup_logging() -> None:
+    """PYXCCL_DEBUG=INFO (or WARN, DEBUG) logs set-up and algorithm choices to stderr, like NCCL_DEBUG."""
+    import logging
+    import socket
+    level = os.environ.get("PYXCCL_DEBUG", "").upper()
+    log = logging.getLogger("pyxccl")
+    if not level or log.handlers:
+        return
+    h = logging.StreamHandler()
+    h.setFormatter(logging.Formatter(f"{socket.gethostname()}:{os.getpid()} [pyxccl] %(levelname)s %(message)s"))
+    log.addHandler(h)
+    log.setLevel({"WARN": "WARNING", "TRACE": "DEBUG"}.get(level, level))
 
 
 @atexit.register

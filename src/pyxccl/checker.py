@@ -18,6 +18,7 @@ from collections import deque
 import numpy as np
 
 from . import algorithms
+from .algorithms import registry
 from .schedule import Copy, Recv, Send, offsets
 
 MIXED = -1      # an element combining different input indices: always wrong
@@ -102,7 +103,8 @@ def _races(step) -> list[str]:
     return out
 
 
-def simulate(primitive: str, name: str, nranks: int, count: int, root: int = 0, inplace: bool = False):
+def simulate(primitive: str, name: str, nranks: int, count: int, root: int = 0, inplace: bool = False,
+             hosts=None):
     """Run ``name``'s schedules for every rank; return the final buffers and causal knowledge.
 
     ``inplace``: "in" and "out" are one buffer, as in ``allreduce(x)`` and ``reduce(x)``."""
@@ -110,7 +112,7 @@ def simulate(primitive: str, name: str, nranks: int, count: int, root: int = 0, 
     scheds, bufs = [], []
     for r in range(nranks):
         kw, n_in, n_out = _args(primitive, nranks, r, count, root)
-        s = build(r, nranks, **kw)
+        s = registry.build(build, r, nranks, hosts=hosts, **kw)
         if s.rank != r or s.nranks != nranks:
             raise CheckError(f"{name}: the schedule of rank {r} says rank {s.rank} of {s.nranks}")
         b = {"in": _Buf(n_in, nranks).input(r), "out": _Buf(n_out, nranks), "tmp": _Buf(s.scratch, nranks)}
@@ -199,17 +201,17 @@ def _apply(dst: _Buf, off: int, c, i, reduce: bool) -> None:
         dst.i[sl] = i
 
 
-def check(primitive: str, name: str, nranks: int, count: int, root: int = 0):
+def check(primitive: str, name: str, nranks: int, count: int, root: int = 0, hosts=None):
     """Raise CheckError unless every rank ends with exactly the promised contributions.
 
     Returns the schedules (for tests that also look at steps and bytes)."""
     if primitive in ("allreduce", "reduce"):
-        _check(primitive, name, nranks, count, root, inplace=True)
-    return _check(primitive, name, nranks, count, root, inplace=False)
+        _check(primitive, name, nranks, count, root, True, hosts)
+    return _check(primitive, name, nranks, count, root, False, hosts)
 
 
-def _check(primitive, name, nranks, count, root, inplace):
-    bufs, know, scheds = simulate(primitive, name, nranks, count, root, inplace)
+def _check(primitive, name, nranks, count, root, inplace, hosts):
+    bufs, know, scheds = simulate(primitive, name, nranks, count, root, inplace, hosts)
     if primitive == "barrier":
         for r in range(nranks):
             if len(know[r]) != nranks:

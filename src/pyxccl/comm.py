@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from . import algorithms
+from .algorithms import registry
 from ._errors import (CommAbortedError, CommClosedError, CommError, InvalidArgumentError, PeerLostError,
                       ProtocolError, UnsupportedOpError)
 from .dtypes import DTYPE_CODE, as_array, dtype_name
@@ -87,13 +88,20 @@ class _Check:
             raise self.error(f"{what} adds up to {sum(counts)} elements but the buffer has {total}")
         return counts
 
-    def algorithm(self, primitive: str, name):
-        name = name or self.comm._algo_env.get(primitive)
+    def algorithm(self, primitive: str, name, nbytes: int = 0, itemsize: int = 4):
+        """The builder to use, as ``f(**args) -> Schedule`` for this rank: the one named by the
+        call or PYXCCL_ALGO, else the tuner's choice for this size."""
+        comm = self.comm
+        name = name or comm._algo_env.get(primitive)
+        if name is None and comm._tuner is not None:
+            name = comm._tuner.choose(primitive, nbytes, itemsize)
         try:
-            return algorithms.lookup(primitive, name)
+            name, builder = algorithms.lookup(primitive, name)
         except KeyError:
             raise self.error(f"no algorithm {name!r} for {primitive}; known: "
                              + ", ".join(algorithms.algorithms(primitive))) from None
+        comm.last_algorithm = name
+        return lambda **args: registry.build(builder, comm.rank, comm.size, hosts=comm._hosts, **args)
 
 
 class Communicator:
@@ -124,9 +132,44 @@ class Communicator:
         self._lock = threading.Lock()
         self._children: list[Communicator] = []
         self._parent = parent
+        self._store = None      # the rendezvous store init() made, closed with the world
         self._algo_env = _parse_algo_env(os.environ.get("PYXCCL_ALGO", ""))
+        host_index = {h: i for i, h in enumerate(dict.fromkeys(mesh.hosts[w] for w in self._world_ranks))}
+        self._hosts = [host_index[mesh.hosts[w]] for w in self._world_ranks]
+        self._tuner = None
+        self.last_algorithm: str | None = None
         self._engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         mesh.comms.add(self)
+        if mesh.machine is not None:
+            self._make_tuner()
+
+    def link_class(self, a: int, b: int) -> str:
+        """Link class between ranks ``a`` and ``b``: "self", "shm", "tcp_local" (one host) or "tcp"."""
+        if a == b:
+            return "self"
+        wa, wb = self._world_ranks[a], self._world_ranks[b]
+        kind = self._mesh.peer(wb).kind if wa == self._mesh.rank else (
+            self._mesh.peer(wa).kind if wb == self._mesh.rank else self._mesh.kind_between(wa, wb))
+        if kind == "shm":
+            return "shm"
+        return "tcp_local" if self._hosts[a] == self._hosts[b] else "tcp"
+
+    def _make_tuner(self) -> None:
+        from .tuning import Tuner
+        cls = [[self.link_class(a, b) for b in range(self.size)] for a in range(self.size)]
+        self._tuner = Tuner(self.size, self._hosts, lambda a, b: cls[a][b], self._mesh.machine,
+                            [self._mesh.cores[w] for w in self._world_ranks])
+
+    def _tune(self) -> None:
+        """Measure (or load) the link figures and start choosing algorithms by cost. Collective."""
+        from .tuning.probe import measure
+        first = {}
+        for p in range(self.size):
+            k = self.link_class(0, p)
+            if k != "self":
+                first.setdefault(k, p)
+        self._mesh.machine = measure(self, first)
+        self._make_tuner()
 
     # --- description -----------------------------------------------------------
     def __repr__(self) -> str:
@@ -246,9 +289,9 @@ class Communicator:
         c.same_dtype(buf, dst, "out")
         c.size(dst, buf.size, "out")
         rop = c.op_for(op, buf.dtype)
-        _, build = c.algorithm("allreduce", algorithm)
+        build = c.algorithm("allreduce", algorithm, buf.nbytes, buf.itemsize)
         after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG else None
-        return self._collective("allreduce", lambda: build(self.rank, self.size, count=buf.size),
+        return self._collective("allreduce", lambda: build(count=buf.size),
                                 lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
                                 result=tensor if out is None else out, async_op=async_op, timeout=timeout)
 
@@ -257,8 +300,8 @@ class Communicator:
         c = _Check(self, "broadcast")
         root = c.rank(root, "root")
         buf = c.array(tensor, "tensor", writable=self.rank != root)
-        _, build = c.algorithm("broadcast", algorithm)
-        return self._collective("broadcast", lambda: build(self.rank, self.size, count=buf.size, root=root),
+        build = c.algorithm("broadcast", algorithm, buf.nbytes, buf.itemsize)
+        return self._collective("broadcast", lambda: build(count=buf.size, root=root),
                                 lambda: {"out": buf}, result=tensor, async_op=async_op, timeout=timeout)
 
     def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
@@ -277,9 +320,9 @@ class Communicator:
             c.same_dtype(buf, dst, "out")
             c.size(dst, buf.size, "out")
         rop = c.op_for(op, buf.dtype)
-        _, build = c.algorithm("reduce", algorithm)
+        build = c.algorithm("reduce", algorithm, buf.nbytes, buf.itemsize)
         after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG and is_root else None
-        return self._collective("reduce", lambda: build(self.rank, self.size, count=buf.size, root=root),
+        return self._collective("reduce", lambda: build(count=buf.size, root=root),
                                 lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
                                 result=(out if out is not None and is_root else tensor),
                                 async_op=async_op, timeout=timeout)
@@ -308,8 +351,8 @@ class Communicator:
         recv = c.array(recvbuf, "recvbuf", writable=True)
         c.same_dtype(send, recv, "recvbuf")
         c.size(recv, sum(counts), "recvbuf")
-        _, build = c.algorithm("allgather", algorithm)
-        return self._collective("allgather", lambda: build(self.rank, self.size, counts=counts),
+        build = c.algorithm("allgather", algorithm, recv.nbytes, recv.itemsize)
+        return self._collective("allgather", lambda: build(counts=counts),
                                 lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
                                 timeout=timeout)
 
@@ -350,8 +393,8 @@ class Communicator:
             bufs["out"] = recv
         else:
             recvbuf = None
-        _, build = c.algorithm("gather", algorithm)
-        return self._collective("gather", lambda: build(self.rank, self.size, counts=counts, root=root),
+        build = c.algorithm("gather", algorithm, send.nbytes * self.size, send.itemsize)
+        return self._collective("gather", lambda: build(counts=counts, root=root),
                                 lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout)
 
     def scatter(self, sendbuf, recvbuf, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
@@ -390,8 +433,8 @@ class Communicator:
             c.same_dtype(send, recv, "recvbuf")
             c.size(send, sum(counts), "sendbuf")
             bufs = {"in": send, "out": recv}
-        _, build = c.algorithm("scatter", algorithm)
-        return self._collective("scatter", lambda: build(self.rank, self.size, counts=counts, root=root),
+        build = c.algorithm("scatter", algorithm, recv.nbytes * self.size, recv.itemsize)
+        return self._collective("scatter", lambda: build(counts=counts, root=root),
                                 lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout)
 
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
@@ -417,9 +460,9 @@ class Communicator:
         if counts[self.rank] != recv.size:
             raise c.error(f"counts[{self.rank}]={counts[self.rank]} but recvbuf has {recv.size} elements")
         rop = c.op_for(op, send.dtype)
-        _, build = c.algorithm("reduce_scatter", algorithm)
+        build = c.algorithm("reduce_scatter", algorithm, send.nbytes, send.itemsize)
         after = (lambda: np.divide(recv, self.size, out=recv)) if rop is ReduceOp.AVG else None
-        return self._collective("reduce_scatter", lambda: build(self.rank, self.size, counts=counts),
+        return self._collective("reduce_scatter", lambda: build(counts=counts),
                                 lambda: {"in": send, "out": recv}, reduce_op=rop, after=after, result=recvbuf,
                                 async_op=async_op, timeout=timeout)
 
@@ -449,16 +492,16 @@ class Communicator:
             raise c.error(f"this rank sends itself {sc[self.rank]} elements but expects {rc[self.rank]}")
         if np.shares_memory(send, recv):
             raise c.error("sendbuf and recvbuf overlap; alltoall needs separate buffers")
-        _, build = c.algorithm("alltoall", algorithm)
-        return self._collective("alltoall", lambda: build(self.rank, self.size, send_counts=sc, recv_counts=rc),
+        build = c.algorithm("alltoall", algorithm, send.nbytes, send.itemsize)
+        return self._collective("alltoall", lambda: build(send_counts=sc, recv_counts=rc),
                                 lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
                                 timeout=timeout)
 
     def barrier(self, *, async_op=False, timeout=None):
         """Return once every rank has entered the barrier."""
         c = _Check(self, "barrier")
-        _, build = c.algorithm("barrier", None)
-        return self._collective("barrier", lambda: build(self.rank, self.size),
+        build = c.algorithm("barrier", None)
+        return self._collective("barrier", lambda: build(),
                                 lambda: {"in": np.empty(0, np.uint8)}, async_op=async_op, timeout=timeout)
 
     # --- point to point -----------------------------------------------------------
@@ -563,6 +606,8 @@ class Communicator:
         self._mesh.comms.discard(self)
         if self._parent is None:
             self._mesh.close()
+            if self._store is not None:
+                self._store.close()
         else:
             self._parent._children.remove(self)
 

@@ -2,6 +2,8 @@
 writable buffer-protocol objects) into flat numpy views, zero-copy, and check them."""
 from __future__ import annotations
 
+import sys
+
 import ml_dtypes
 import numpy as np
 
@@ -19,16 +21,9 @@ DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
 CODE_DTYPE = {c: d for d, c in DTYPE_CODE.items()}
 FLOATS = frozenset(DTYPES[:4])
 
-_torch = None
-
-
 def _torch_module():
-    """torch if it is already imported by the user (never import it ourselves: it is slow)."""
-    global _torch
-    if _torch is None:
-        import sys
-        _torch = sys.modules.get("torch", False)
-    return _torch or None
+    """torch if the user already imported it (never import it ourselves: it is slow)."""
+    return sys.modules.get("torch")
 
 
 def dtype_name(dt: np.dtype) -> str:

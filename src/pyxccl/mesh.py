@@ -48,12 +48,19 @@ class Mesh:
         self.mailbox = Mailbox(rank)
         self.peers: dict[int, object] = {rank: SelfPeer(rank, self.mailbox)}
         self.hosts: list[str] = []
+        self.cores: list[int] = [len(os.sched_getaffinity(0))]
+        self.kinds: list[list[str]] = []    # transport kind between every pair of world ranks
+        self.machine = None                 # link figures, once measured (tuning.probe)
         self.comms: set = set()
         self._graceful: set[int] = set()
         self._closed = False
 
     def peer(self, world_rank: int):
         return self.peers[world_rank]
+
+    def kind_between(self, a: int, b: int) -> str:
+        """The transport two other ranks use between them (same rule as for this rank's peers)."""
+        return self.kinds[a][b] if self.kinds else "tcp"
 
     def graceful(self, peer) -> bool:
         return peer in self._graceful
@@ -96,18 +103,25 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
     unix_l.bind(unix_name)
     unix_l.listen(max(16, size))
     store.set(f"addr/{rank}", json.dumps({"host": me, "tcp": [addr, tcp_l.getsockname()[1]],
-                                          "unix": unix_name[1:], "pid": os.getpid()}).encode())
+                                          "unix": unix_name[1:], "pid": os.getpid(),
+                                          "cores": len(os.sched_getaffinity(0))}).encode())
     infos = [json.loads(store.get(f"addr/{r}", timeout=max(0.1, deadline - time.monotonic())))
              for r in range(size)]
     mesh.hosts = [i["host"] for i in infos]
+    mesh.cores = [i["cores"] for i in infos]
+
+    def kind(a: int, b: int) -> str:
+        if a == b:
+            return "self"
+        return "shm" if mesh.hosts[a] == mesh.hosts[b] and transport != "tcp" else "tcp"
+    mesh.kinds = [[kind(a, b) for b in range(size)] for a in range(size)]
 
     def kind_for(p: int) -> str:
-        same = mesh.hosts[p] == me
-        if transport == "shm" and not same:
+        if transport == "shm" and mesh.hosts[p] != me:
             raise RendezvousError(
                 f"rank {rank}: PYXCCL_TRANSPORT=shm but rank {p} is on host {mesh.hosts[p]!r} and this rank "
                 f"on {me!r}; use PYXCCL_TRANSPORT=auto or tcp across hosts", rank=rank, peer=p, op="init")
-        return "shm" if same and transport != "tcp" else "tcp"
+        return mesh.kinds[rank][p]
 
     peer_cls = {"shm": ShmPeer, "tcp": TcpPeer}
     errors: list[BaseException] = []

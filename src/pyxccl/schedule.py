@@ -76,3 +76,24 @@ def offsets(counts: list[int]) -> list[int]:
     for c in counts:
         out.append(out[-1] + c)
     return out
+
+
+def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple[str, int]]) -> None:
+    """Append ``sub`` (a schedule among ``group``, in group ranks) to ``into`` (in communicator ranks).
+
+    ``bufs`` maps each buffer name of ``sub`` to (buffer name, element offset) of ``into``:
+    that is how a hierarchical algorithm runs an inner algorithm on part of its buffers.
+    """
+    def mv(name: str, off: int) -> tuple[str, int]:
+        b, base = bufs[name]
+        return b, base + off
+    for step in sub.steps:
+        ops = []
+        for o in step:
+            if type(o) is Copy:
+                (sb, so), (db, do) = mv(o.src, o.src_off), mv(o.dst, o.dst_off)
+                ops.append(Copy(sb, so, db, do, o.count, o.reduce))
+            else:
+                b, off = mv(o.buf, o.off)
+                ops.append(o._replace(peer=group[o.peer], buf=b, off=off))
+        into.step(*ops)

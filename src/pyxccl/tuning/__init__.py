@@ -1,0 +1,7 @@
+"""Choosing an algorithm: a cost model evaluated on the schedules themselves
+(cost.py), link figures measured on this machine (probe.py), and the argmin
+with its explanation (select.py)."""
+from .cost import Estimate, Link, Machine, estimate
+from .select import Tuner
+
+__all__ = ["Estimate", "Link", "Machine", "estimate", "Tuner"]

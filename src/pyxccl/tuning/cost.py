@@ -1,0 +1,107 @@
+"""The alpha-beta-gamma cost model, run over schedules as a small event simulation.
+
+Each message costs ``alpha`` (latency) plus ``bytes * beta`` of its link
+class; a rank's sends in one step share its outgoing link (they go one after
+the other); a receive that reduces costs ``bytes * gamma`` more, a local copy
+``bytes * copy``. A step ends when its sends are out and its receives are in;
+the receive of a message can't complete before the sender's step sent it.
+On a host with more ranks than cores, every CPU-bound cost (copies,
+reductions, shared-memory transfers) stretches by ranks/cores.
+
+The model's answer for a collective is the time of the slowest rank.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..schedule import Copy, Recv, Schedule, Send
+
+
+@dataclass(frozen=True)
+class Link:
+    alpha: float      # seconds per message
+    beta: float       # seconds per byte
+
+
+@dataclass
+class Machine:
+    """What one host's links and cores can do (measured by probe.py or read from a file)."""
+    links: dict[str, Link] = field(default_factory=dict)
+    gamma: float = 2e-10         # seconds per byte reduced
+    copy: float = 1.5e-10        # seconds per byte copied locally
+    cores: int = 1
+
+    def to_json(self) -> dict:
+        return {"links": {k: [v.alpha, v.beta] for k, v in self.links.items()}, "gamma": self.gamma,
+                "copy": self.copy, "cores": self.cores}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Machine":
+        return cls({k: Link(*v) for k, v in d["links"].items()}, d["gamma"], d["copy"], d["cores"])
+
+
+#: Used until something is measured: shared memory, TCP on one host, TCP between hosts.
+DEFAULT = Machine({"shm": Link(20e-6, 1 / 4e9), "tcp_local": Link(40e-6, 1 / 2e9),
+                   "tcp": Link(60e-6, 1 / 1.1e9)}, cores=1)
+
+
+@dataclass
+class Estimate:
+    time: float           # seconds, slowest rank
+    steps: int            # most steps of any rank
+    bytes_sent: int       # most bytes sent by any rank
+
+
+def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, stretch: list[float]) -> Estimate:
+    """Model the run of ``scheds`` (one per rank).
+
+    ``klass(a, b)`` is the link class between ranks a and b; ``stretch[r]`` the
+    CPU oversubscription factor of rank r's host (>= 1).
+    """
+    n = len(scheds)
+    clock = [0.0] * n
+    chan: dict[tuple[int, int], deque] = {}
+    pc, entered, got, sent = [0] * n, [False] * n, [0] * n, [0] * n
+    out_done = [0.0] * n
+    progress = True
+    while progress:
+        progress = False
+        for r in range(n):
+            steps = scheds[r].steps
+            while pc[r] < len(steps):
+                step, f = steps[pc[r]], stretch[r]
+                if not entered[r]:
+                    t = clock[r]
+                    for o in step:
+                        if type(o) is Copy:
+                            t += o.count * itemsize * (machine.gamma if o.reduce else machine.copy) * f
+                    clock[r] = t
+                    for o in step:
+                        if type(o) is Send:
+                            link = machine.links[klass(r, o.peer)]
+                            nb = o.count * itemsize
+                            t += nb * link.beta * (f if klass(r, o.peer) == "shm" else 1.0)
+                            sent[r] += nb
+                            chan.setdefault((r, o.peer), deque()).append(t + link.alpha)
+                    out_done[r], entered[r], got[r] = t, True, 0
+                    progress = True
+                recvs = [o for o in step if type(o) is Recv]
+                while got[r] < len(recvs):
+                    o = recvs[got[r]]
+                    q = chan.get((o.peer, r))
+                    if not q:
+                        break
+                    arrive = q.popleft()
+                    done = max(clock[r], arrive)
+                    if o.reduce:
+                        done += o.count * itemsize * machine.gamma * f
+                    out_done[r] = max(out_done[r], done)
+                    got[r] += 1
+                    progress = True
+                if got[r] < len(recvs):
+                    break
+                clock[r] = out_done[r]
+                pc[r] += 1
+                entered[r] = False
+    return Estimate(max(clock, default=0.0), max((len(s.steps) for s in scheds), default=0), max(sent, default=0))
