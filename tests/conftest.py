@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.dirname(__file__))   # rank processes import rankfns 
 
 from pyxccl.testing import RankPool  # noqa: E402
 
-SIZES = (1, 2, 3, 4, 5, 8)
+SIZES = (1, 2, 3, 4, 5, 8)          # the core sweep; algorithm runs use 1..9
 
 
 class Pools:

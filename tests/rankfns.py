@@ -410,3 +410,69 @@ def check_torch_tensors(comm):
         if "non-contiguous" not in str(e):
             fails.append(f"non-contiguous tensor: {e}")
     return fails
+
+
+def check_forced(comm, primitive, names, counts, pairs):
+    """Run ``primitive`` with each algorithm in ``names`` forced; compare with numpy."""
+    fails, n, r = [], comm.size, comm.rank
+    movement_dtypes = sorted({np.dtype(dt) for dt, _ in pairs}, key=str)
+    for name in names:
+        for count in counts:
+            if primitive == "allreduce":
+                for dt, op in pairs:
+                    x = data(r, count, dt, op)
+                    comm.allreduce(x, op=op, algorithm=name)
+                    _cmp(fails, f"allreduce[{name}] {op.name} {np.dtype(dt)} n={count}", x,
+                         reference(op, n, count, dt))
+            elif primitive == "reduce":
+                for dt, op in pairs:
+                    x = data(r, count, dt, op)
+                    root = count % n
+                    comm.reduce(x, root=root, op=op, algorithm=name)
+                    exp = reference(op, n, count, dt) if r == root else data(r, count, dt, op)
+                    _cmp(fails, f"reduce[{name}] root={root} {op.name} {np.dtype(dt)} n={count}", x, exp)
+            elif primitive == "reduce_scatter":
+                for dt, op in pairs:
+                    out = np.empty(count, dt)
+                    comm.reduce_scatter(data(r, count * n, dt, op), out, op=op, algorithm=name)
+                    _cmp(fails, f"reduce_scatter[{name}] {op.name} {np.dtype(dt)} n={count}", out,
+                         reference(op, n, count * n, dt)[r * count:(r + 1) * count])
+            elif primitive == "barrier":
+                comm.barrier()
+            else:
+                for dt in movement_dtypes:
+                    _movement_forced(comm, primitive, name, count, dt, fails)
+    return fails
+
+
+def _movement_forced(comm, primitive, name, count, dt, fails):
+    n, r = comm.size, comm.rank
+    everyone = [data(p, count, dt) for p in range(n)]
+    root = (count + 1) % n
+    tag = f"{primitive}[{name}] {dt} n={count}"
+    if primitive == "broadcast":
+        x = data(r, count, dt)
+        comm.broadcast(x, root=root, algorithm=name)
+        _cmp(fails, tag, x, everyone[root])
+    elif primitive == "allgather":
+        _cmp(fails, tag, comm.allgather(everyone[r], algorithm=name), np.concatenate(everyone))
+        vc = [(count + p) % 5 for p in range(n)]
+        parts = [data(p, vc[p], dt, salt=1) for p in range(n)]
+        _cmp(fails, tag + " v", comm.allgatherv(parts[r], None, vc, algorithm=name), np.concatenate(parts))
+    elif primitive == "gather":
+        g = comm.gather(everyone[r], None, root=root, algorithm=name)
+        if r == root:
+            _cmp(fails, tag, g, np.concatenate(everyone))
+    elif primitive == "scatter":
+        out = np.empty(count, dt)
+        comm.scatter(np.concatenate(everyone) if r == root else None, out, root=root, algorithm=name)
+        _cmp(fails, tag, out, everyone[r])
+    elif primitive == "alltoall":
+        send = np.concatenate([data(r * n + p, count, dt) for p in range(n)])
+        out = np.empty(count * n, dt)
+        comm.alltoall(send, out, algorithm=name)
+        _cmp(fails, tag, out, np.concatenate([data(p * n + r, count, dt) for p in range(n)]))
+
+
+def link_classes(comm):
+    return [comm.link_class(comm.rank, p) for p in range(comm.size)]

@@ -66,3 +66,19 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@command("info", "print the topology, the measured link figures and the tuner's choices")
+def _info(p: argparse.ArgumentParser):
+    p.add_argument("-n", "--nproc", type=int, default=None,
+                   help="start this many local ranks and report on them (default: the launcher's ranks)")
+
+    def go(a) -> int:
+        import os
+        if a.nproc and "RANK" not in os.environ:
+            from .launcher import run
+            return run(a.nproc, [sys.executable, "-m", "pyxccl", "info"])
+        from .info import report
+        report()
+        return 0
+    return go

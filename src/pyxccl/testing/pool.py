@@ -69,7 +69,9 @@ def _picklable(e: BaseException):
 
 
 class RankPool:
-    def __init__(self, size: int, *, transports=TRANSPORTS, env: dict | None = None, timeout: float = 60):
+    def __init__(self, size: int, *, transports=TRANSPORTS, env: dict | None = None, timeout: float = 60,
+                 hosts: list[str] | None = None):
+        """``hosts``: a host identity per rank (PYXCCL_HOST_ID), to emulate several hosts on one machine."""
         from pyxccl.rendezvous import TCPStore
         self.size, self.transports = size, tuple(transports)
         self._store = TCPStore("127.0.0.1", 0, is_server=True, timeout=timeout)
@@ -77,8 +79,9 @@ class RankPool:
         self._conns, self.procs = [], []
         for r in range(size):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker, args=(r, size, self._store.port, self.transports, child,
-                                                  dict(env or {})), daemon=True, name=f"pyxccl-rank{r}")
+            rank_env = dict(env or {}, **({"PYXCCL_HOST_ID": str(hosts[r])} if hosts else {}))
+            p = ctx.Process(target=_worker, args=(r, size, self._store.port, self.transports, child, rank_env),
+                            daemon=True, name=f"pyxccl-rank{r}")
             p.start()
             child.close()
             self._conns.append(parent)

@@ -24,6 +24,10 @@ class Link:
     beta: float       # seconds per byte
 
 
+#: Figures of link classes nobody measured yet: shared memory, TCP on one host, TCP between hosts.
+DEFAULT_LINKS = {"shm": Link(20e-6, 1 / 4e9), "tcp_local": Link(40e-6, 1 / 2e9), "tcp": Link(60e-6, 1 / 1.1e9)}
+
+
 @dataclass
 class Machine:
     """What one host's links and cores can do (measured by probe.py or read from a file)."""
@@ -31,6 +35,10 @@ class Machine:
     gamma: float = 2e-10         # seconds per byte reduced
     copy: float = 1.5e-10        # seconds per byte copied locally
     cores: int = 1
+
+    def link(self, klass: str) -> Link:
+        """Measured figures of ``klass``, else the defaults."""
+        return self.links.get(klass) or DEFAULT_LINKS[klass]
 
     def to_json(self) -> dict:
         return {"links": {k: [v.alpha, v.beta] for k, v in self.links.items()}, "gamma": self.gamma,
@@ -41,9 +49,6 @@ class Machine:
         return cls({k: Link(*v) for k, v in d["links"].items()}, d["gamma"], d["copy"], d["cores"])
 
 
-#: Used until something is measured: shared memory, TCP on one host, TCP between hosts.
-DEFAULT = Machine({"shm": Link(20e-6, 1 / 4e9), "tcp_local": Link(40e-6, 1 / 2e9),
-                   "tcp": Link(60e-6, 1 / 1.1e9)}, cores=1)
 
 
 @dataclass
@@ -79,7 +84,7 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
                     clock[r] = t
                     for o in step:
                         if type(o) is Send:
-                            link = machine.links[klass(r, o.peer)]
+                            link = machine.link(klass(r, o.peer))
                             nb = o.count * itemsize
                             t += nb * link.beta * (f if klass(r, o.peer) == "shm" else 1.0)
                             sent[r] += nb

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from .cost import DEFAULT, Link, Machine
+from .cost import Link, Machine
 
 _PINGS, _BW_BYTES, _BW_REPS = 20, 4 << 20, 3
 _TAG = 0x7FFF0000          # a p2p tag users are unlikely to pick
@@ -63,23 +63,27 @@ def _pingpong(comm, peer: int, lead: bool) -> Link:
 def measure(comm, classes: dict[str, int]) -> Machine:
     """Collective: rank 0 probes one peer of each class in ``classes`` (class -> peer rank);
     returns the same Machine on every rank."""
-    cached = None
+    known, complete = None, False
     if comm.rank == 0:
         try:
             with open(cache_path()) as f:
-                cached = Machine.from_json(json.load(f))
-            if not set(classes) <= set(cached.links):
-                cached = None
+                known = Machine.from_json(json.load(f))
+            complete = set(classes) <= set(known.links)
         except (OSError, ValueError, KeyError, TypeError):
-            cached = None
-    cached = comm.broadcast_object(cached.to_json() if cached else None, root=0)
-    if cached is not None:
-        m = Machine.from_json(cached)
-        m.cores = len(os.sched_getaffinity(0))
-        return m
-    gamma, copy = local_figures() if comm.rank == 0 else (0.0, 0.0)
-    links = dict(DEFAULT.links)
+            known = None
+    known_json, complete = comm.broadcast_object((known.to_json() if known else None, complete), root=0)
+    known = Machine.from_json(known_json) if known_json else None     # the same on every rank
+    if complete:
+        known.cores = len(os.sched_getaffinity(0))
+        return known
+    if known is not None:
+        gamma, copy = known.gamma, known.copy
+    else:
+        gamma, copy = local_figures() if comm.rank == 0 else (0.0, 0.0)
+    links = dict(known.links) if known else {}       # keep classes measured by earlier jobs
     for klass, peer in sorted(classes.items()):
+        if klass in links:
+            continue
         if comm.rank in (0, peer):
             links[klass] = _pingpong(comm, peer if comm.rank == 0 else 0, comm.rank == 0)
     comm.barrier()

@@ -1,0 +1,63 @@
+"""`pyxccl info`: what this job looks like to pyxccl, and what the tuner would pick."""
+from __future__ import annotations
+
+import os
+
+import pyxccl
+
+from . import algorithms
+from .algorithms.registry import _DEFAULT
+
+PRIMITIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+_ABBREV = {"self": "  - ", "shm": " shm", "tcp_local": "tcpL", "tcp": " tcp"}
+SIZES = [8 << (2 * i) for i in range(13)] + [256 << 20]     # 8 B, 32 B, ... 128 MiB, 256 MiB
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
+
+
+def report() -> None:
+    comm = pyxccl.init()
+    rows = comm.allgather_object((os.uname().nodename, comm._mesh.hosts[comm._mesh.rank], os.getpid(),
+                                  comm._mesh.cores[comm._mesh.rank], _numa_node()))
+    if comm.rank == 0:
+        print(f"pyxccl {pyxccl.__version__}: {comm.size} ranks on {len(set(comm._hosts))} host(s)")
+        print(f"{'rank':>4}  {'host':<20}{'pid':>8}{'cores':>6}{'numa':>5}  transport to each rank")
+        for r, (node, _, pid, cores, numa) in enumerate(rows):
+            kinds = " ".join(_ABBREV[comm.link_class(r, p)] for p in range(comm.size))
+            print(f"{r:>4}  {node:<20}{pid:>8}{cores:>6}{numa:>5}  {kinds}")
+        m = comm._mesh.machine
+        if m is not None:
+            print("\nmeasured link figures (alpha = latency per message, beta as bandwidth):")
+            for k, link in sorted(m.links.items()):
+                print(f"  {k:<10} alpha {link.alpha * 1e6:8.1f} us   {1 / link.beta / 1e9:6.2f} GB/s")
+            print(f"  reduce {1 / m.gamma / 1e9:.2f} GB/s, copy {1 / m.copy / 1e9:.2f} GB/s, {m.cores} cores")
+        if comm._tuner is not None:
+            print("\nalgorithm the tuner picks (size = nccl-tests convention, float32):")
+            print(f"{'size':>6}  " + "".join(f"{p:<19}" for p in PRIMITIVES))
+            for size in SIZES:
+                names = [comm._tuner.choose(p, size, 4) for p in PRIMITIVES]
+                print(f"{_size(size):>6}  " + "".join(f"{nm:<19}" for nm in names))
+        else:
+            print("\none rank: no algorithm choice to make; defaults: "
+                  + ", ".join(f"{p}={_DEFAULT[p]}" for p in PRIMITIVES))
+        print("\nregistered algorithms: " + "; ".join(f"{p}: {', '.join(algorithms.algorithms(p))}"
+                                                       for p in PRIMITIVES + ("barrier",)))
+    comm.close()
+
+
+def _numa_node() -> int:
+    """NUMA node of this process's first CPU (-1 if the kernel does not say)."""
+    cpu = min(os.sched_getaffinity(0))
+    base = "/sys/devices/system/node"
+    try:
+        for d in os.listdir(base):
+            if d.startswith("node") and os.path.exists(f"{base}/{d}/cpu{cpu}"):
+                return int(d[4:])
+    except OSError:
+        pass
+    return -1
