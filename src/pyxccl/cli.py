@@ -82,3 +82,10 @@ def _info(p: argparse.ArgumentParser):
         report()
         return 0
     return go
+
+
+@command("bench", "nccl-tests style benchmark of the collectives on local ranks")
+def _bench(p: argparse.ArgumentParser):
+    from .bench import add_arguments, main
+    add_arguments(p)
+    return main
