@@ -22,12 +22,13 @@ def _size(n: int) -> str:
 
 def report() -> None:
     comm = pyxccl.init()
-    rows = comm.allgather_object((os.uname().nodename, comm._mesh.hosts[comm._mesh.rank], os.getpid(),
-                                  comm._mesh.cores[comm._mesh.rank], _numa_node()))
+    mesh = comm._mesh
+    rows = comm.allgather_object((os.uname().nodename, os.getpid()))
     if comm.rank == 0:
         print(f"pyxccl {pyxccl.__version__}: {comm.size} ranks on {len(set(comm._hosts))} host(s)")
         print(f"{'rank':>4}  {'host':<20}{'pid':>8}{'cores':>6}{'numa':>5}  transport to each rank")
-        for r, (node, _, pid, cores, numa) in enumerate(rows):
+        for r, (node, pid) in enumerate(rows):
+            cores, numa = mesh.cores[comm.world_ranks[r]], mesh.numa[comm.world_ranks[r]]
             kinds = " ".join(_ABBREV[comm.link_class(r, p)] for p in range(comm.size))
             print(f"{r:>4}  {node:<20}{pid:>8}{cores:>6}{numa:>5}  {kinds}")
         m = comm._mesh.machine
@@ -48,16 +49,3 @@ def report() -> None:
         print("\nregistered algorithms: " + "; ".join(f"{p}: {', '.join(algorithms.algorithms(p))}"
                                                        for p in PRIMITIVES + ("barrier",)))
     comm.close()
-
-
-def _numa_node() -> int:
-    """NUMA node of this process's first CPU (-1 if the kernel does not say)."""
-    cpu = min(os.sched_getaffinity(0))
-    base = "/sys/devices/system/node"
-    try:
-        for d in os.listdir(base):
-            if d.startswith("node") and os.path.exists(f"{base}/{d}/cpu{cpu}"):
-                return int(d[4:])
-    except OSError:
-        pass
-    return -1

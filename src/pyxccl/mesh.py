@@ -20,7 +20,7 @@ import time
 
 from ._errors import InvalidArgumentError, RendezvousError
 from .mailbox import Mailbox
-from .topology import host_id, local_address
+from .topology import host_id, local_address, numa_node
 from .transport.shm import ShmPeer
 from .transport.tcp import TcpPeer
 
@@ -49,6 +49,7 @@ class Mesh:
         self.peers: dict[int, object] = {rank: SelfPeer(rank, self.mailbox)}
         self.hosts: list[str] = []
         self.cores: list[int] = [len(os.sched_getaffinity(0))]
+        self.numa: list[int] = [numa_node()]
         self.kinds: list[list[str]] = []    # transport kind between every pair of world ranks
         self.machine = None                 # link figures, once measured (tuning.probe)
         self.comms: set = set()
@@ -104,11 +105,12 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
     unix_l.listen(max(16, size))
     store.set(f"addr/{rank}", json.dumps({"host": me, "tcp": [addr, tcp_l.getsockname()[1]],
                                           "unix": unix_name[1:], "pid": os.getpid(),
-                                          "cores": len(os.sched_getaffinity(0))}).encode())
+                                          "cores": len(os.sched_getaffinity(0)), "numa": numa_node()}).encode())
     infos = [json.loads(store.get(f"addr/{r}", timeout=max(0.1, deadline - time.monotonic())))
              for r in range(size)]
     mesh.hosts = [i["host"] for i in infos]
     mesh.cores = [i["cores"] for i in infos]
+    mesh.numa = [i["numa"] for i in infos]
 
     def kind(a: int, b: int) -> str:
         if a == b:

@@ -37,3 +37,16 @@ def local_address(master_addr: str | None) -> str:
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def numa_node() -> int:
+    """NUMA node of this process's first allowed CPU (-1 if the kernel does not say)."""
+    cpu = min(os.sched_getaffinity(0))
+    base = "/sys/devices/system/node"
+    try:
+        for d in os.listdir(base):
+            if d.startswith("node") and os.path.exists(f"{base}/{d}/cpu{cpu}"):
+                return int(d[4:])
+    except OSError:
+        pass
+    return -1
