@@ -476,3 +476,13 @@ def _movement_forced(comm, primitive, name, count, dt, fails):
 
 def link_classes(comm):
     return [comm.link_class(comm.rank, p) for p in range(comm.size)]
+
+
+def idle_cpu_in_collective(comm, sleep_s: float):
+    """Every rank but the last enters an allreduce; the last sleeps first. CPU seconds of rank 0."""
+    import time
+    if comm.rank == comm.size - 1:
+        time.sleep(sleep_s)
+    cpu = time.process_time()
+    comm.allreduce(np.ones(4, np.float32))
+    return time.process_time() - cpu, comm.last_algorithm

@@ -28,6 +28,13 @@ def test_idle_wait_does_not_burn_cpu(pools, transport):
     assert cpu[0] < 0.1, f"rank 0 used {cpu[0]:.3f} CPU s while waiting 2 s"
 
 
+def test_idle_wait_in_a_collective_does_not_burn_cpu(pools, transport):
+    # the shared-memory fast path spins briefly, then sleeps on a futex
+    out = pools(4).run(rf.idle_cpu_in_collective, 2.0, transport=transport)
+    cpu, algo = out[0]
+    assert cpu < 0.1, f"rank 0 used {cpu:.3f} CPU s in a 2 s wait ({algo})"
+
+
 def test_collective_timeout_names_op_seq_and_peer(transport):
     with RankPool(2, transports=(transport,)) as pool:
         res = pool.run(rf.timeout_in_collective, transport=transport)[0]

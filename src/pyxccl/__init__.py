@@ -86,6 +86,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
                           master_addr=master, timeout=timeout)
     comm = Communicator(mesh, list(range(size)), 0, timeout=timeout)
     comm._store = owned
+    comm._setup_segment()
     if size > 1 and os.environ.get("PYXCCL_TUNE", "1") != "0":
         comm._tune()
     _open.add(comm)

@@ -19,9 +19,10 @@ from .algorithms import registry
 from ._errors import (CommAbortedError, CommClosedError, CommError, InvalidArgumentError, PeerLostError,
                       ProtocolError, UnsupportedOpError)
 from .dtypes import DTYPE_CODE, as_array, dtype_name
+from . import fastpath
 from .engine import Engine, Work, annotate, run_schedule
 from .mailbox import RecvRequest
-from .ops import ReduceOp, as_op, op_error
+from .ops import ReduceOp, as_op, op_error, reducer
 
 #: Collective codes carried (negated) in the tag of collective messages.
 _CODES = {name: i + 1 for i, name in enumerate((
@@ -137,6 +138,7 @@ class Communicator:
         host_index = {h: i for i, h in enumerate(dict.fromkeys(mesh.hosts[w] for w in self._world_ranks))}
         self._hosts = [host_index[mesh.hosts[w]] for w in self._world_ranks]
         self._tuner = None
+        self._seg = None        # shared segment of the one-host fast path (_setup_segment)
         self.last_algorithm: str | None = None
         self._engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         mesh.comms.add(self)
@@ -158,7 +160,37 @@ class Communicator:
         from .tuning import Tuner
         cls = [[self.link_class(a, b) for b in range(self.size)] for a in range(self.size)]
         self._tuner = Tuner(self.size, self._hosts, lambda a, b: cls[a][b], self._mesh.machine,
-                            [self._mesh.cores[w] for w in self._world_ranks])
+                            [self._mesh.cores[w] for w in self._world_ranks],
+                            fast_area=self._seg.area if self._seg is not None else 0)
+
+    def _setup_segment(self) -> None:
+        """Collective: give a one-host communicator its shared segment (the fast path)."""
+        if self.size < 2 or len(set(self._hosts)) > 1 or any(
+                self.link_class(0, p) != "shm" for p in range(1, self.size)):
+            return
+        from .transport.segment import HostSegment
+        area = int(os.environ.get("PYXCCL_SHM_AREA_BYTES", 2 << 20))
+        seg = HostSegment(0, self.size, area) if self.rank == 0 else None
+        where = self.broadcast_object((os.getpid(), seg.fd) if seg else None)
+        try:
+            if seg is None:
+                seg = HostSegment.open(self.rank, self.size, area, *where)
+            ok = True
+        except OSError:     # /proc/<pid>/fd not openable here (ptrace rules): no fast path
+            ok = False
+        if all(self.allgather_object(ok)):
+            def check_alive(p, comm=self):
+                if comm._failed is not None:
+                    raise comm._failed
+                lost = comm._mesh.mailbox.lost(comm._world_ranks[p])
+                if lost is not None:
+                    raise lost
+            seg.check_alive = check_alive
+            self._seg = seg
+            if self._tuner is not None:
+                self._make_tuner()      # now with the fast path among the candidates
+        elif seg is not None:
+            seg.close()
 
     def _tune(self) -> None:
         """Measure (or load) the link figures and start choosing algorithms by cost. Collective."""
@@ -255,12 +287,23 @@ class Communicator:
         return work.result()
 
     def _collective(self, op: str, build, bufs_fn, *, reduce_op=None, after=None, result=None,
-                    async_op=False, timeout=None):
-        """Queue one collective: ``build()`` gives the Schedule, ``bufs_fn(schedule)`` the buffers."""
+                    async_op=False, timeout=None, fast=None):
+        """Queue one collective: ``build()`` gives the Schedule, ``bufs_fn()`` the buffers.
+
+        ``fast(reduce_fn)`` runs the call on the host segment instead, when the chosen algorithm
+        is "shm" and this communicator has a segment (all its ranks on one host)."""
         self._coll_seq += 1
         key = (self._id, -_CODES[op], self._coll_seq & 0xFFFFFFFF)
+        # last_algorithm: what _Check.algorithm just chose for this very call
+        seg = self._seg if fast is not None and self.last_algorithm == "shm" else None
 
         def fn(work: Work, deadline: float):
+            if seg is not None:
+                seg.deadline, seg.who = deadline, f"{op} (#{work.seq} on this communicator)"
+                fast(reducer(reduce_op) if reduce_op is not None else None)
+                if after is not None:
+                    after()
+                return result
             s = build()
             bufs = bufs_fn()
             if s.scratch:
@@ -293,6 +336,7 @@ class Communicator:
         after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG else None
         return self._collective("allreduce", lambda: build(count=buf.size),
                                 lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
+                                fast=lambda red: fastpath.allreduce(self._seg, buf, dst, red),
                                 result=tensor if out is None else out, async_op=async_op, timeout=timeout)
 
     def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
@@ -302,7 +346,8 @@ class Communicator:
         buf = c.array(tensor, "tensor", writable=self.rank != root)
         build = c.algorithm("broadcast", algorithm, buf.nbytes, buf.itemsize)
         return self._collective("broadcast", lambda: build(count=buf.size, root=root),
-                                lambda: {"out": buf}, result=tensor, async_op=async_op, timeout=timeout)
+                                lambda: {"out": buf}, fast=lambda _: fastpath.broadcast(self._seg, buf, root),
+                                result=tensor, async_op=async_op, timeout=timeout)
 
     def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
                timeout=None):
@@ -324,6 +369,7 @@ class Communicator:
         after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG and is_root else None
         return self._collective("reduce", lambda: build(count=buf.size, root=root),
                                 lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
+                                fast=lambda red: fastpath.allreduce(self._seg, buf, dst, red, root=root),
                                 result=(out if out is not None and is_root else tensor),
                                 async_op=async_op, timeout=timeout)
 
@@ -354,6 +400,7 @@ class Communicator:
         build = c.algorithm("allgather", algorithm, recv.nbytes, recv.itemsize)
         return self._collective("allgather", lambda: build(counts=counts),
                                 lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
+                                fast=lambda _: fastpath.allgather(self._seg, send, recv, counts),
                                 timeout=timeout)
 
     def gather(self, sendbuf, recvbuf=None, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
@@ -394,8 +441,11 @@ class Communicator:
         else:
             recvbuf = None
         build = c.algorithm("gather", algorithm, send.nbytes * self.size, send.itemsize)
+        fast = None
+        if name == "gather":       # gatherv: only the root knows every count, and the fast path needs them all
+            fast = lambda _: fastpath.allgather(self._seg, send, bufs.get("out"), counts, root=root)  # noqa: E731
         return self._collective("gather", lambda: build(counts=counts, root=root),
-                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout)
+                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout, fast=fast)
 
     def scatter(self, sendbuf, recvbuf, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Rank ``root`` cuts ``sendbuf`` into ``size`` equal parts; rank i receives part i in ``recvbuf``.
@@ -434,8 +484,14 @@ class Communicator:
             c.size(send, sum(counts), "sendbuf")
             bufs = {"in": send, "out": recv}
         build = c.algorithm("scatter", algorithm, recv.nbytes * self.size, recv.itemsize)
+        fast = None
+        if name == "scatter":      # scatterv: only the root knows every count
+            rc = [0] * self.size
+            rc[root] = counts[self.rank]
+            fast = lambda _: fastpath.alltoall(self._seg, bufs.get("in"), recv, counts, rc,  # noqa: E731
+                                               most=counts[root], root=root)
         return self._collective("scatter", lambda: build(counts=counts, root=root),
-                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout)
+                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout, fast=fast)
 
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                        timeout=None):
@@ -464,6 +520,7 @@ class Communicator:
         after = (lambda: np.divide(recv, self.size, out=recv)) if rop is ReduceOp.AVG else None
         return self._collective("reduce_scatter", lambda: build(counts=counts),
                                 lambda: {"in": send, "out": recv}, reduce_op=rop, after=after, result=recvbuf,
+                                fast=lambda red: fastpath.reduce_scatter(self._seg, send, recv, red, counts),
                                 async_op=async_op, timeout=timeout)
 
     def alltoall(self, sendbuf, recvbuf, *, async_op=False, algorithm=None, timeout=None):
@@ -493,16 +550,20 @@ class Communicator:
         if np.shares_memory(send, recv):
             raise c.error("sendbuf and recvbuf overlap; alltoall needs separate buffers")
         build = c.algorithm("alltoall", algorithm, send.nbytes, send.itemsize)
+        fast = None
+        if name == "alltoall":     # alltoallv: a rank does not know the others' block sizes
+            fast = lambda _: fastpath.alltoall(self._seg, send, recv, sc, rc, most=sc[0])  # noqa: E731
         return self._collective("alltoall", lambda: build(send_counts=sc, recv_counts=rc),
                                 lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
-                                timeout=timeout)
+                                timeout=timeout, fast=fast)
 
     def barrier(self, *, async_op=False, timeout=None):
         """Return once every rank has entered the barrier."""
         c = _Check(self, "barrier")
         build = c.algorithm("barrier", None)
         return self._collective("barrier", lambda: build(),
-                                lambda: {"in": np.empty(0, np.uint8)}, async_op=async_op, timeout=timeout)
+                                lambda: {"in": np.empty(0, np.uint8)}, async_op=async_op, timeout=timeout,
+                                fast=lambda _: fastpath.barrier(self._seg))
 
     # --- point to point -----------------------------------------------------------
     def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None) -> Work:
@@ -587,6 +648,7 @@ class Communicator:
         child = Communicator(self._mesh, [self._world_ranks[r] for _, r in members],
                              int.from_bytes(digest, "little"), timeout=self.timeout, parent=self)
         self._children.append(child)
+        child._setup_segment()
         return child
 
     def dup(self) -> "Communicator":
@@ -603,6 +665,8 @@ class Communicator:
             c.close()
         self._closed = True
         self._engine.stop()
+        if self._seg is not None:
+            self._seg.close()
         self._mesh.comms.discard(self)
         if self._parent is None:
             self._mesh.close()

@@ -35,7 +35,8 @@ def report() -> None:
         if m is not None:
             print("\nmeasured link figures (alpha = latency per message, beta as bandwidth):")
             for k, link in sorted(m.links.items()):
-                print(f"  {k:<10} alpha {link.alpha * 1e6:8.1f} us   {1 / link.beta / 1e9:6.2f} GB/s")
+                bw = f"{1 / link.beta / 1e9:6.2f} GB/s" if link.beta else "(copies, below)"
+                print(f"  {k:<10} alpha {link.alpha * 1e6:8.1f} us   {bw}")
             print(f"  reduce {1 / m.gamma / 1e9:.2f} GB/s, copy {1 / m.copy / 1e9:.2f} GB/s, {m.cores} cores")
         if comm._tuner is not None:
             print("\nalgorithm the tuner picks (size = nccl-tests convention, float32):")

@@ -25,7 +25,8 @@ class Link:
 
 
 #: Figures of link classes nobody measured yet: shared memory, TCP on one host, TCP between hosts.
-DEFAULT_LINKS = {"shm": Link(20e-6, 1 / 4e9), "tcp_local": Link(40e-6, 1 / 2e9), "tcp": Link(60e-6, 1 / 1.1e9)}
+DEFAULT_LINKS = {"shm": Link(20e-6, 1 / 4e9), "tcp_local": Link(40e-6, 1 / 2e9), "tcp": Link(60e-6, 1 / 1.1e9),
+                 "seg": Link(5e-6, 1 / 8e9)}
 
 
 @dataclass
@@ -110,3 +111,32 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
                 pc[r] += 1
                 entered[r] = False
     return Estimate(max(clock, default=0.0), max((len(s.steps) for s in scheds), default=0), max(sent, default=0))
+
+
+def fast_estimate(primitive: str, n: int, nbytes: int, machine: Machine, stretch: float, area: int,
+                  oneshot: int) -> Estimate:
+    """The one-host fast path (fastpath.py), which moves data by rounds on a shared segment:
+    ``alpha`` of link class "seg" per round, copies at ``copy``, reductions at ``gamma``,
+    CPU costs stretched when the host has more ranks than cores."""
+    a = machine.link("seg").alpha
+    c, g = machine.copy * stretch, machine.gamma * stretch
+    B, per_rank = nbytes, nbytes / n
+
+    def rounds(span):
+        return max(1, -(-int(span) // area)) if span else 0
+    if primitive in ("allreduce", "reduce"):
+        if B <= oneshot:
+            t = rounds(B) * a + 2 * B * c + (n - 1) * B * g
+        else:
+            t = 2 * rounds(B) * a + 2 * B * c + (n - 1) * per_rank * g
+    elif primitive == "reduce_scatter":
+        t = rounds(B) * a + B * c + per_rank * c + (n - 1) * per_rank * g
+    elif primitive in ("allgather", "gather"):
+        t = rounds(per_rank) * a + per_rank * c + B * c
+    elif primitive in ("alltoall", "scatter"):
+        t = rounds(B) * a + 2 * B * c
+    elif primitive == "broadcast":
+        t = rounds(B) * a + 2 * B * c
+    else:
+        t = a
+    return Estimate(t, max(1, rounds(B)), int(B))

@@ -60,9 +60,25 @@ def _pingpong(comm, peer: int, lead: bool) -> Link:
     return Link(alpha, beta)
 
 
+def _rounds(comm) -> Link:
+    """Latency of one round of the shared-segment fast path (a barrier on it)."""
+    from ..fastpath import barrier
+    seg = comm._seg
+    seg.deadline = time.monotonic() + comm.timeout
+    for _ in range(5):
+        barrier(seg)
+    t = time.perf_counter()
+    for _ in range(50):
+        barrier(seg)
+    alpha = (time.perf_counter() - t) / 50
+    return Link(alpha, 0.0)
+
+
 def measure(comm, classes: dict[str, int]) -> Machine:
     """Collective: rank 0 probes one peer of each class in ``classes`` (class -> peer rank);
     returns the same Machine on every rank."""
+    if comm._seg is not None:
+        classes = dict(classes, seg=-1)      # measured below, with every rank taking part
     known, complete = None, False
     if comm.rank == 0:
         try:
@@ -82,10 +98,12 @@ def measure(comm, classes: dict[str, int]) -> Machine:
         gamma, copy = local_figures() if comm.rank == 0 else (0.0, 0.0)
     links = dict(known.links) if known else {}       # keep classes measured by earlier jobs
     for klass, peer in sorted(classes.items()):
-        if klass in links:
+        if klass in links or klass == "seg":
             continue
         if comm.rank in (0, peer):
             links[klass] = _pingpong(comm, peer if comm.rank == 0 else 0, comm.rank == 0)
+    if comm._seg is not None and "seg" not in links:
+        links["seg"] = _rounds(comm)
     comm.barrier()
     m = Machine(links, gamma, copy, len(os.sched_getaffinity(0)))
     d = comm.broadcast_object(m.to_json(), root=0)

@@ -7,7 +7,7 @@ import logging
 
 from .. import algorithms
 from ..algorithms import registry
-from .cost import Estimate, Machine, estimate
+from .cost import Estimate, Machine, estimate, fast_estimate
 
 log = logging.getLogger("pyxccl")
 
@@ -29,14 +29,23 @@ def representative_args(primitive: str, n: int, count: int) -> dict:
 
 
 class Tuner:
-    def __init__(self, nranks: int, hosts: list[int], klass, machine: Machine, cores: list[int]):
+    def __init__(self, nranks: int, hosts: list[int], klass, machine: Machine, cores: list[int],
+                 fast_area: int = 0):
+        """``fast_area``: bytes per rank area of the one-host fast path (0: no fast path here)."""
         self.n, self.hosts, self.klass, self.machine = nranks, hosts, klass, machine
+        self.fast_area = fast_area
         per_host = {h: hosts.count(h) for h in set(hosts)}
         self.stretch = [max(1.0, per_host[hosts[r]] / max(1, cores[r])) for r in range(nranks)]
         self._cache: dict[tuple, str] = {}
 
     def model(self, primitive: str, name: str, nbytes: int, itemsize: int = 4) -> Estimate | None:
         """The model's estimate for ``name`` (None if the algorithm can't run this call)."""
+        if name == "shm":
+            if not self.fast_area:
+                return None
+            from ..fastpath import ONESHOT_BYTES
+            return fast_estimate(primitive, self.n, nbytes, self.machine, max(self.stretch), self.fast_area,
+                                 ONESHOT_BYTES)
         builder = registry.lookup(primitive, name)[1]
         args = representative_args(primitive, self.n, nbytes // itemsize)
         try:
