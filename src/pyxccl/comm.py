@@ -427,6 +427,8 @@ class Communicator:
         return self._gatherv_root("gatherv", c, send, recvbuf, root, counts, algorithm, async_op, timeout)
 
     def _gatherv_root(self, name, c, send, recvbuf, root, counts, algorithm, async_op, timeout):
+        if name == "gatherv":     # only the root knows every count: the tree algorithms need them all
+            algorithm = algorithm or "direct"
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts")
         if counts[self.rank] != send.size:
@@ -471,6 +473,8 @@ class Communicator:
         return self._scatterv("scatterv", c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout)
 
     def _scatterv(self, name, c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout):
+        if name == "scatterv":    # only the root knows every count
+            algorithm = algorithm or "direct"
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts")
         if counts[self.rank] != recv.size:
@@ -541,6 +545,8 @@ class Communicator:
                                timeout)
 
     def _alltoallv(self, name, c, send, recvbuf, send_counts, recv_counts, algorithm, async_op, timeout):
+        if name == "alltoallv":   # a rank knows only its own blocks: no algorithm that forwards others'
+            algorithm = algorithm or "pairwise"
         recv = c.array(recvbuf, "recvbuf", writable=True)
         c.same_dtype(send, recv, "recvbuf")
         sc = c.counts(send_counts, "send_counts", total=send.size)

@@ -7,7 +7,7 @@ send into its accumulator before passing it to its parent.
 """
 from __future__ import annotations
 
-from ..schedule import Copy, Recv, Schedule, Send
+from ..schedule import Copy, Recv, Schedule, Send, offsets
 from .registry import register
 
 
@@ -42,4 +42,63 @@ def reduce(rank: int, nranks: int, count: int, root: int) -> Schedule:
             break
         if vr + bit < nranks:
             s.step(Recv((rank + bit) % nranks, acc, 0, count, reduce=True))
+    return s
+
+
+def _subtree(vr: int, n: int) -> int:
+    """One past the last virtual rank in vr's binomial subtree."""
+    low = vr & -vr if vr else 1 << max(0, (n - 1).bit_length())
+    return min(vr + low, n)
+
+
+@register("gather", "binomial")
+def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
+    """Blocks climb the binomial tree: ceil(log2 n) steps; a rank gathers its subtree's blocks in
+    "tmp" (in virtual-rank order), the root puts them in rank order at the end."""
+    n = nranks
+    vr = (rank - root) % n
+    vcounts = [counts[(v + root) % n] for v in range(n)]
+    voff = offsets(vcounts)
+    end = _subtree(vr, n)
+    base = voff[vr]
+    s = Schedule(rank, n, scratch=voff[end] - base)
+    s.step(Copy("in", 0, "tmp", 0, counts[rank]))
+    bit = 1
+    while vr + bit < end if vr else bit < n:
+        child = vr + bit
+        cend = _subtree(child, n)
+        s.step(Recv((child + root) % n, "tmp", voff[child] - base, voff[cend] - voff[child]))
+        bit <<= 1
+    if vr:
+        s.step(Send((vr - (vr & -vr) + root) % n, "tmp", 0, voff[end] - base))
+    else:
+        off = offsets(counts)
+        s.step(*(Copy("tmp", voff[v], "out", off[(v + root) % n], vcounts[v]) for v in range(n)))
+    return s
+
+
+@register("scatter", "binomial")
+def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
+    """The gather tree run backwards: each rank receives its subtree's blocks, keeps its own."""
+    n = nranks
+    vr = (rank - root) % n
+    vcounts = [counts[(v + root) % n] for v in range(n)]
+    voff = offsets(vcounts)
+    end = _subtree(vr, n)
+    base = voff[vr]
+    s = Schedule(rank, n, scratch=voff[end] - base)
+    if vr:
+        s.step(Recv((vr - (vr & -vr) + root) % n, "tmp", 0, voff[end] - base))
+    else:
+        off = offsets(counts)
+        s.step(*(Copy("in", off[(v + root) % n], "tmp", voff[v], vcounts[v]) for v in range(n)))
+    bits = []
+    bit = 1
+    while (vr + bit < end) if vr else bit < n:
+        bits.append(bit)
+        bit <<= 1
+    for bit in reversed(bits):                          # farthest subtree first: it has the most to do
+        child = vr + bit
+        s.step(Send((child + root) % n, "tmp", voff[child] - base, voff[_subtree(child, n)] - voff[child]))
+    s.step(Copy("tmp", 0, "out", 0, counts[rank]))
     return s

@@ -1,0 +1,100 @@
+"""Allreduce through trees: a binomial tree (reduce to rank 0, then broadcast),
+a flat "master" tree (everyone to rank 0 and back: the parameter-server shape
+of the seeds), and NCCL's double binary tree."""
+from __future__ import annotations
+
+from ..schedule import Copy, Recv, Schedule, Send, embed, split_counts
+from .registry import lookup, register
+
+
+@register("allreduce", "tree")
+def allreduce_tree(rank: int, nranks: int, count: int) -> Schedule:
+    """Binomial reduce to rank 0, then binomial broadcast: 2 ceil(log2 n) steps, the whole
+    vector on every link: good for small messages."""
+    red = lookup("reduce", "binomial")[1](rank, nranks, count=count, root=0)
+    bc = lookup("broadcast", "binomial")[1](rank, nranks, count=count, root=0)
+    s = Schedule(rank, nranks, scratch=red.scratch)
+    ident = list(range(nranks))
+    embed(s, red, ident, {"in": ("in", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
+    embed(s, bc, ident, {"out": ("out", 0)})
+    return s
+
+
+@register("allreduce", "reduce_broadcast")
+def allreduce_master(rank: int, nranks: int, count: int) -> Schedule:
+    """Every rank sends its vector to rank 0, which reduces them in rank order and sends the
+    result back: 2 steps, but rank 0's link carries 2(n-1) vectors."""
+    s = Schedule(rank, nranks, scratch=count * nranks if rank == 0 else 0)
+    if rank != 0:
+        s.step(Send(0, "in", 0, count))
+        s.step(Recv(0, "out", 0, count))
+        return s
+    s.step(Copy("in", 0, "tmp", 0, count), *(Recv(p, "tmp", p * count, count) for p in range(1, nranks)))
+    s.step(Copy("tmp", 0, "out", 0, count),
+           *(Copy("tmp", p * count, "out", 0, count, reduce=True) for p in range(1, nranks)))
+    s.step(*(Send(p, "out", 0, count) for p in range(1, nranks)))
+    return s
+
+
+@register("allreduce", "direct")
+def allreduce_direct(rank: int, nranks: int, count: int) -> Schedule:
+    """All pairs: rank j receives chunk j from everyone and reduces it (in rank order), then sends
+    the reduced chunk to everyone: 2 steps, 2(n-1)/n of the data per rank, n-1 messages a step."""
+    counts = split_counts(count, nranks)
+    off = [sum(counts[:i]) for i in range(nranks + 1)]
+    mine = counts[rank]
+    s = Schedule(rank, nranks, scratch=mine * nranks)
+    s.step(Copy("in", 0, "out", 0, count))
+    s.step(Copy("out", off[rank], "tmp", rank * mine, mine),
+           *(Send(p, "out", off[p], counts[p]) for p in range(nranks) if p != rank),
+           *(Recv(p, "tmp", p * mine, mine) for p in range(nranks) if p != rank))
+    s.step(Copy("tmp", 0, "out", off[rank], mine),
+           *(Copy("tmp", p * mine, "out", off[rank], mine, reduce=True) for p in range(1, nranks)))
+    s.step(*(Send(p, "out", off[rank], mine) for p in range(nranks) if p != rank),
+           *(Recv(p, "out", off[p], counts[p]) for p in range(nranks) if p != rank))
+    return s
+
+
+def _binary_tree(lo: int, hi: int, parent: int, out: dict) -> None:
+    """In-order binary tree over ranks [lo, hi): out[r] = (parent, [children])."""
+    if lo >= hi:
+        return
+    mid = (lo + hi) // 2
+    out[mid] = (parent, [])
+    if parent >= 0:
+        out[parent][1].append(mid)
+    _binary_tree(lo, mid, mid, out)
+    _binary_tree(mid + 1, hi, mid, out)
+
+
+def _tree_phase(s: Schedule, rank: int, tree: dict, off: int, count: int, slot: int) -> None:
+    """Reduce [off, off+count) of "out" up ``tree`` to its root, then broadcast it back down."""
+    parent, children = tree[rank]
+    if children:
+        s.step(*(Recv(c, "tmp", slot + i * count, count) for i, c in enumerate(children)))
+        s.step(*(Copy("tmp", slot + i * count, "out", off, count, reduce=True) for i in range(len(children))))
+    if parent >= 0:
+        s.step(Send(parent, "out", off, count))
+        s.step(Recv(parent, "out", off, count))
+    if children:
+        s.step(*(Send(c, "out", off, count) for c in children))
+
+
+@register("allreduce", "double_binary_tree")
+def allreduce_double_tree(rank: int, nranks: int, count: int) -> Schedule:
+    """NCCL's double binary tree: two binary trees, the second the first shifted by one rank, so
+    that a leaf of one is an inner node of the other; each carries half of the data up (reduce)
+    and back down (broadcast). log-depth latency with both link directions of every rank in use.
+
+    The halves run one after the other here: interleaving the two trees' steps can deadlock
+    (a rank waiting for its child in one tree while that child waits for it in the other)."""
+    t0: dict = {}
+    _binary_tree(0, nranks, -1, t0)
+    t1 = {(r + 1) % nranks: ((p + 1) % nranks if p >= 0 else -1, [(c + 1) % nranks for c in ch])
+          for r, (p, ch) in t0.items()}
+    halves = split_counts(count, 2)
+    s = Schedule(rank, nranks, scratch=2 * max(halves))
+    s.step(Copy("in", 0, "out", 0, count))
+    _tree_phase(s, rank, t0, 0, halves[0], 0)
+    _tree_phase(s, rank, t1, halves[0], halves[1], 0)
+    return s
