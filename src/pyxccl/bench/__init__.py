@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -25,22 +26,47 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--check", action="store_true", help="exit non-zero if any result is wrong")
     p.add_argument("--json", default=None, help="write the rows to this file")
+    p.add_argument("--vs", default="", help="also run the sweep with these libraries: gloo,mpi")
+    p.add_argument("--rounds", type=int, default=1, help="with --vs: repeat the sweeps, report the median")
+    p.add_argument("--plot", default=None, help="with --vs: draw busbw against size into this PNG")
+    p.add_argument("--sizes", default=None, help=argparse.SUPPRESS)     # exact sizes, for --vs runs
+    p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
 
 
 def main(a) -> int:
-    if "RANK" not in os.environ and (a.nproc or os.cpu_count() or 1) > 1:
+    prims = M.PRIMITIVES if a.collective == "all" else tuple(a.collective.split(","))
+    if any(p not in M.PRIMITIVES for p in prims):
+        raise SystemExit(f"pyxccl bench: unknown collective {a.collective!r}; use one of {', '.join(M.PRIMITIVES)}")
+    sizes = ([int(s) for s in a.sizes.split(",")] if a.sizes else
+             M.sweep(M.parse_size(a.minbytes), M.parse_size(a.maxbytes), a.stepfactor))
+    n = a.nproc or os.cpu_count() or 1
+    if "RANK" not in os.environ and a.vs:
+        from .compare import compare
+        return compare(a, n, prims, sizes)
+    if "RANK" not in os.environ and n > 1:
         from ..launcher import run
-        return run(a.nproc or os.cpu_count(), [sys.executable, "-m", "pyxccl", "bench", *sys.argv[2:]])
+        return run(n, [sys.executable, "-m", "pyxccl", "bench", *sys.argv[2:]])
     import pyxccl
     from .runner import run_pyxccl
     comm = pyxccl.init()
-    prims = M.PRIMITIVES if a.collective == "all" else (a.collective,)
-    if any(p not in M.PRIMITIVES for p in prims):
-        raise SystemExit(f"pyxccl bench: unknown collective {a.collective!r}; use one of {', '.join(M.PRIMITIVES)}")
-    sizes = M.sweep(M.parse_size(a.minbytes), M.parse_size(a.maxbytes), a.stepfactor)
-    rows = run_pyxccl(comm, prims, sizes, dtype=a.dtype, op=a.op, algo=a.algo, iters=a.iters, warmup=a.warmup)
+    progress = None
+    if comm.rank == 0 and not a.quiet and len(prims) * len(sizes) > 4:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=len(prims) * len(sizes), desc="pyxccl bench", unit="size", leave=False,
+                       file=sys.stderr)
+            progress = bar.update
+        except ImportError:
+            pass
+    rows = run_pyxccl(comm, prims, sizes, dtype=a.dtype, op=a.op, algo=a.algo, iters=a.iters, warmup=a.warmup,
+                      progress=progress)
     wrong = 0
-    if comm.rank == 0:
+    if comm.rank == 0 and a.quiet:
+        wrong = sum(p["wrong"] for r in rows for p in (r["out_of_place"], r["in_place"]) if p)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(rows, f)
+    elif comm.rank == 0:
         print(f"# pyxccl {pyxccl.__version__} bench: {comm.size} ranks, transport "
               f"{'/'.join(sorted({comm.transport(p) for p in range(comm.size) if p != comm.rank}) or ['self'])}")
         current = None

@@ -1,0 +1,126 @@
+"""The peers' side of `pyxccl bench --vs`: the same sweep, buffers and timing
+with Gloo (torch.distributed) and MPI (mpi4py), each started the way its users
+start it, writing its rows as JSON for the comparison table.
+
+    python -m pyxccl.bench.peers gloo OUT.json PRIMS SIZES DTYPE   (under pyxccl run)
+    mpiexec -n N python -m pyxccl.bench.peers mpi OUT.json PRIMS SIZES DTYPE
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from . import methodology as M
+from .runner import Case, time_case
+
+
+class _GlooComm:
+    """Just what time_case needs, on torch.distributed."""
+
+    def __init__(self):
+        import os
+
+        import torch
+        import torch.distributed as dist
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        self.torch, self.dist = torch, dist
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def barrier(self):
+        self.dist.barrier()
+
+    def allreduce(self, arr, op="sum"):
+        t = self.torch.from_numpy(arr)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX if op == "max" else self.dist.ReduceOp.SUM)
+
+    def call(self, c: Case):
+        d, T = self.dist, self.torch.from_numpy
+        p = c.prim
+        if p == "allreduce":
+            d.all_reduce(T(c.send))
+            if c.recv is not c.send:
+                np.copyto(c.recv, c.send)
+        elif p == "broadcast":
+            d.broadcast(T(c.send), src=0)
+        elif p == "reduce":
+            d.reduce(T(c.send), dst=0)
+            if self.rank == 0 and c.recv is not c.send:
+                np.copyto(c.recv, c.send)
+        elif p == "allgather":
+            d.all_gather_into_tensor(T(c.recv), T(c.send))
+        elif p == "reduce_scatter":
+            d.reduce_scatter_tensor(T(c.recv), T(c.send))
+        elif p == "alltoall":
+            d.all_to_all_single(T(c.recv), T(c.send))
+        elif p == "gather":
+            out = list(T(c.recv).chunk(self.size)) if self.rank == 0 else None
+            d.gather(T(c.send), out, dst=0)
+        elif p == "scatter":
+            src = list(T(c.send).chunk(self.size)) if self.rank == 0 else None
+            d.scatter(T(c.recv), src, src=0)
+
+    def close(self):
+        self.dist.destroy_process_group()
+
+
+class _MpiComm:
+    def __init__(self):
+        from mpi4py import MPI
+        self.MPI, self.c = MPI, MPI.COMM_WORLD
+        self.rank, self.size = self.c.Get_rank(), self.c.Get_size()
+
+    def barrier(self):
+        self.c.Barrier()
+
+    def allreduce(self, arr, op="sum"):
+        self.c.Allreduce(self.MPI.IN_PLACE, arr, op=self.MPI.MAX if op == "max" else self.MPI.SUM)
+
+    def call(self, c: Case):
+        MPI, comm, p = self.MPI, self.c, c.prim
+        if p == "allreduce":
+            comm.Allreduce(MPI.IN_PLACE if c.recv is c.send else c.send, c.recv, op=MPI.SUM)
+        elif p == "broadcast":
+            comm.Bcast(c.send, root=0)
+        elif p == "reduce":
+            if self.rank == 0:
+                comm.Reduce(MPI.IN_PLACE if c.recv is c.send else c.send, c.recv, op=MPI.SUM, root=0)
+            else:
+                comm.Reduce(c.send, None, op=MPI.SUM, root=0)
+        elif p == "allgather":
+            comm.Allgather(c.send, c.recv)
+        elif p == "reduce_scatter":
+            comm.Reduce_scatter_block(c.send, c.recv, op=MPI.SUM)
+        elif p == "alltoall":
+            comm.Alltoall(c.send, c.recv)
+        elif p == "gather":
+            comm.Gather(c.send, c.recv if self.rank == 0 else None, root=0)
+        elif p == "scatter":
+            comm.Scatter(c.send if self.rank == 0 else None, c.recv, root=0)
+
+    def close(self):
+        pass
+
+
+def run(lib: str, out: str, prims: list[str], sizes: list[int], dtype: str) -> None:
+    comm = _GlooComm() if lib == "gloo" else _MpiComm()
+    rows = []
+    for prim in prims:
+        for nbytes in sizes:
+            # torch reduces in place: measure it that way, with no copy of ours in its time
+            inplace = lib == "gloo" and prim in ("allreduce", "reduce")
+            case = Case(prim, nbytes, dtype, comm.rank, comm.size, inplace=inplace)
+            times, wrong = time_case(comm, case, comm.call)
+            rows.append(dict(lib=lib, op=prim, n=comm.size, size=case.nbytes, count=case.total, type=dtype,
+                             out_of_place=dict(M.summarize(times, case.nbytes, prim, comm.size), wrong=wrong)))
+    if comm.rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    comm.close()
+
+
+if __name__ == "__main__":
+    lib, out, prims, sizes, dtype = sys.argv[1:6]
+    run(lib, out, prims.split(","), [int(s) for s in sizes.split(",")], dtype)
