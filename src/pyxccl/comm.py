@@ -178,7 +178,13 @@ class Communicator:
             ok = True
         except OSError:     # /proc/<pid>/fd not openable here (ptrace rules): no fast path
             ok = False
-        if all(self.allgather_object(ok)):
+        cma = False
+        if ok:
+            from .transport.cma import works
+            cma = self.rank == 0 or works(int(seg.posts[0, 0]), int(seg.posts[0, 1]))
+        oks = self.allgather_object((ok, cma))
+        if all(o for o, _ in oks):
+            seg.cma = all(c for _, c in oks) and os.environ.get("PYXCCL_CMA", "1") != "0"
             def check_alive(p, comm=self):
                 if comm._failed is not None:
                     raise comm._failed

@@ -16,6 +16,19 @@ import numpy as np
 from .schedule import offsets, split_counts
 
 ONESHOT_BYTES = 64 << 10       # up to this, every rank reduces everything (one round, least latency)
+CMA_BYTES = 256 << 10          # from this size, data moves by single-copy reads when the kernel allows
+
+
+def _single_copy(seg, nbytes: int) -> bool:
+    return seg.cma and nbytes >= CMA_BYTES
+
+
+def _finish(seg, wait_for) -> None:
+    """A last round so that no rank returns (and lets its buffer change) while others still read it."""
+    seg.begin()
+    seg.publish()
+    for p in wait_for:
+        seg.wait(p)
 
 
 def _pieces(count: int, per: int):
@@ -86,6 +99,19 @@ def reduce_scatter(seg, inp, out, reduce, counts):
 def allgather(seg, inp, out, counts, root=None):
     """Every rank (or only ``root``: gather) gets every rank's block."""
     dt, L, me = inp.dtype, seg.n, seg.rank
+    if _single_copy(seg, max(counts, default=0) * dt.itemsize):
+        off = offsets(counts)
+        seg.begin()
+        seg.post(inp)
+        seg.publish()
+        if root is None or me == root:
+            np.copyto(out[off[me]:off[me + 1]], inp)
+            for p in range(L):
+                if p != me:
+                    seg.wait(p)
+                    seg.read(p, out[off[p]:off[p + 1]])
+        _finish(seg, range(L) if root is None else [root] if me != root else [])
+        return
     per = seg.area // dt.itemsize
     off = offsets(counts)
     for a in range(0, max(counts, default=0), per):
@@ -107,8 +133,21 @@ def alltoall(seg, inp, out, send_counts, recv_counts, most: int, root=None):
     only its own receive counts. ``most``: the largest block of any rank (the same on all ranks,
     so that all run the same number of rounds)."""
     dt, L, me = out.dtype, seg.n, seg.rank
-    per = max(1, seg.area // dt.itemsize // L)
     soff, roff = offsets(send_counts), offsets(recv_counts)
+    if _single_copy(seg, most * dt.itemsize):
+        seg.begin()
+        if root is None or me == root:
+            seg.post(inp)
+        seg.publish()
+        for p in ([root] if root is not None else range(L)):
+            if p == me:
+                np.copyto(out[roff[p]:roff[p + 1]], inp[soff[me]:soff[me + 1]])
+            elif recv_counts[p]:
+                seg.wait(p)
+                seg.read(p, out[roff[p]:roff[p + 1]], offset=me * most * dt.itemsize)   # equal blocks
+        _finish(seg, range(L) if root is None else ([p for p in range(L) if p != me] if me == root else []))
+        return
+    per = max(1, seg.area // dt.itemsize // L)
     for a in range(0, most, per):
         area = seg.begin()
         if root is None or me == root:
@@ -125,6 +164,16 @@ def alltoall(seg, inp, out, send_counts, recv_counts, most: int, root=None):
 
 def broadcast(seg, buf, root):
     dt, me = buf.dtype, seg.rank
+    if _single_copy(seg, buf.nbytes):
+        seg.begin()
+        if me == root:
+            seg.post(buf)
+        seg.publish()
+        if me != root:
+            seg.wait(root)
+            seg.read(root, buf)
+        _finish(seg, [p for p in range(seg.n) if p != me] if me == root else [])
+        return
     per = seg.area // dt.itemsize
     for a, b in _pieces(buf.size, per):
         area = seg.begin()

@@ -46,7 +46,8 @@ class HostSegment:
         self.rank, self.n = rank, nranks
         self.area = area_bytes - area_bytes % _LINE
         self.line = _LINE * ((4 * (nranks + 1) + _LINE - 1) // _LINE)    # counter + a sleep flag per rank
-        head = self.line * nranks
+        ctl_bytes = self.line * nranks
+        head = ctl_bytes + 32 * nranks            # + per rank: pid, address, bytes of a posted buffer
         size = head + 2 * nranks * self.area
         if fd is None:      # we make it
             fd = os.memfd_create("pyxccl-segment", os.MFD_CLOEXEC)
@@ -58,9 +59,13 @@ class HostSegment:
         if self.fd is None:
             os.close(fd)
         buf = np.frombuffer(self._map, np.uint8)
-        self.ctl = buf[:head].view(np.uint32).reshape(nranks, self.line // 4)  # [r,0] counter, [r,1+w] w sleeps
+        self.ctl = buf[:ctl_bytes].view(np.uint32).reshape(nranks, self.line // 4)  # [r,0] counter, [r,1+w] sleeps
+        self.posts = buf[ctl_bytes:head].view(np.uint64).reshape(nranks, 4)   # [r] = pid, address, bytes, -
+        self.posts[rank, 0] = os.getpid()
+        self.cma = False          # single-copy reads between the ranks work (set by the communicator)
         self.data = buf[head:].reshape(2, nranks, self.area)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self.posts[rank, 1] = self._base          # something the others may try to read (cma.works)
         self.round = 0
         self.spin = 50e-6 if nranks <= os.cpu_count() else 0.0      # oversubscribed: never spin
         self.deadline = 0.0
@@ -97,6 +102,17 @@ class HostSegment:
         if line[1:1 + self.n].any():
             _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + self.rank * self.line), _FUTEX_WAKE,
                           ctypes.c_int(self.n), None, None, 0)
+
+    def post(self, arr: np.ndarray) -> None:
+        """Let the others read ``arr`` (this round) straight from this process's memory."""
+        self.posts[self.rank, 1] = arr.ctypes.data
+        self.posts[self.rank, 2] = arr.nbytes
+
+    def read(self, p: int, dst: np.ndarray, offset: int = 0) -> None:
+        """Fill ``dst`` from rank ``p``'s posted buffer, ``offset`` bytes in (single copy)."""
+        from .cma import read
+        if dst.nbytes:
+            read(int(self.posts[p, 0]), dst.ctypes.data, int(self.posts[p, 1]) + offset, dst.nbytes)
 
     def area_of(self, p: int) -> np.ndarray:
         return self.data[self.round & 1, p]
