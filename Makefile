@@ -9,7 +9,7 @@ NPROC  ?= $(shell nproc)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[bench]'
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
@@ -19,8 +19,9 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# The main job: the benchmark of every collective on all local cores.
 run: install
-	$(VENV)/bin/pyxccl run -n 4 -- $(PY) -m pyxccl.demo
+	$(VENV)/bin/pyxccl bench -n $(NPROC) all -b 8 -e 64M -f 8
 
 test: install-test
 	$(PY) -m pytest -q

@@ -117,8 +117,12 @@ def _plot(table, libs, prims, n, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(prims), figsize=(4.2 * len(prims), 3.6), squeeze=False)
-    for ax, op in zip(axes[0], prims):
+    cols = min(4, len(prims))
+    rows = -(-len(prims) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(prims):]:
+        ax.set_visible(False)
+    for ax, op in zip(axes.flat, prims):
         for lib in libs:
             pts = sorted((k[2], v["busbw"]) for k, v in table.items() if k[0] == lib and k[1] == op)
             if pts:

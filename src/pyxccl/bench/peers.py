@@ -49,10 +49,10 @@ class _GlooComm:
             d.reduce(T(c.send), dst=0)
             if self.rank == 0 and c.recv is not c.send:
                 np.copyto(c.recv, c.send)
-        elif p == "allgather":
-            d.all_gather_into_tensor(T(c.recv), T(c.send))
+        elif p == "allgather":     # torch 2.13 renamed *_into_tensor / *_tensor to *_single
+            (getattr(d, "all_gather_single", None) or d.all_gather_into_tensor)(T(c.recv), T(c.send))
         elif p == "reduce_scatter":
-            d.reduce_scatter_tensor(T(c.recv), T(c.send))
+            (getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor)(T(c.recv), T(c.send))
         elif p == "alltoall":
             d.all_to_all_single(T(c.recv), T(c.send))
         elif p == "gather":

@@ -67,7 +67,9 @@ class HostSegment:
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         self.posts[rank, 1] = self._base          # something the others may try to read (cma.works)
         self.round = 0
-        self.spin = 50e-6 if nranks <= os.cpu_count() else 0.0      # oversubscribed: never spin
+        oversubscribed = nranks > len(os.sched_getaffinity(0))
+        self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 50)) * 1e-6
+        self.yields = int(os.environ.get("PYXCCL_YIELDS", 20)) if oversubscribed else 0
         self.deadline = 0.0
         self.who = "fast path"
 
@@ -125,6 +127,10 @@ class HostSegment:
             return
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < self.spin:
+            if _ge(int(ctl[p, 0]), target):
+                return
+        for _ in range(self.yields):          # more ranks than cores: let the one we wait for run
+            os.sched_yield()
             if _ge(int(ctl[p, 0]), target):
                 return
         addr = ctypes.c_void_p(self._base + p * self.line)
