@@ -7,6 +7,7 @@ tuner's pick (pyxccl bench methodology: median of per-iteration max over ranks)
 and prints time per algorithm, the tuner's pick and its ratio to the best.
 """
 import argparse
+import statistics
 
 import pyxccl
 from pyxccl import algorithms
@@ -20,6 +21,7 @@ def main():
     ap.add_argument("--max", default="64M")
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--prims", default="allreduce,allgather,reduce_scatter,broadcast,alltoall,reduce")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every measurement, interleaved; median")
     a = ap.parse_args()
     comm = pyxccl.init()
     sizes = M.sweep(M.parse_size(a.min), M.parse_size(a.max), a.factor)
@@ -30,14 +32,16 @@ def main():
             print(f"\n## {prim}, {comm.size} ranks (median us; * = best forced)")
             print(f"{'size':>9} " + "".join(f"{n[:16]:>17}" for n in names) + f"{'tuner pick':>22}{'ratio':>7}")
         for nbytes in sizes:
-            med = {}
-            for name in names + [None]:
-                case = Case(prim, nbytes, "float32", comm.rank, comm.size, inplace=False)
-                times, wrong = time_case(comm, case, lambda c: call_pyxccl(comm, c, "sum", name))
-                assert wrong == 0, (prim, name, nbytes, wrong)
-                med[name] = M.summarize(times, case.nbytes, prim, comm.size)["time_us"]
-                if name is None:
-                    pick = comm.last_algorithm
+            runs = {name: [] for name in names + [None]}
+            for _ in range(a.rounds):          # interleaved, so that machine noise hits all alike
+                for name in names + [None]:
+                    case = Case(prim, nbytes, "float32", comm.rank, comm.size, inplace=False)
+                    times, wrong = time_case(comm, case, lambda c: call_pyxccl(comm, c, "sum", name))
+                    assert wrong == 0, (prim, name, nbytes, wrong)
+                    runs[name].append(M.summarize(times, case.nbytes, prim, comm.size)["time_us"])
+                    if name is None:
+                        pick = comm.last_algorithm
+            med = {name: statistics.median(v) for name, v in runs.items()}
             best = min(names, key=lambda n: med[n])
             ratio = med[None] / med[best]
             worst = max(worst, ratio)

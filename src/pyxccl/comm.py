@@ -20,7 +20,7 @@ from ._errors import (CommAbortedError, CommClosedError, CommError, InvalidArgum
                       ProtocolError, UnsupportedOpError)
 from .dtypes import DTYPE_CODE, as_array, dtype_name
 from . import fastpath
-from .engine import Engine, Work, annotate, run_schedule
+from .engine import _QUEUED, Engine, Work, _Call, annotate, run_schedule
 from .mailbox import RecvRequest
 from .ops import ReduceOp, as_op, op_error, reducer
 
@@ -275,7 +275,6 @@ class Communicator:
         self._seq += 1
         seq = self._seq
         deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
-        work = Work(op, seq, self.rank, deadline)
 
         def guarded(w: Work):
             self._usable(op)
@@ -287,6 +286,17 @@ class Communicator:
                         or (isinstance(e, PeerLostError) and not self._mesh.graceful(e.peer)):
                     self._abort(e)   # a half-done collective leaves the ranks out of step
                 raise e from None
+        if not async_op:
+            call = _Call(seq)
+            out = self._engine.try_inline(guarded, call)
+            if out is not _QUEUED:
+                if call._recvs:             # a recv posted its request: wait for it like a Work would
+                    work = Work(op, seq, self.rank, deadline)
+                    work._recvs, work._cancel = call._recvs, call._cancel
+                    work._ran.set()
+                    work.wait()
+                return out
+        work = Work(op, seq, self.rank, deadline)
         self._engine.submit(guarded, work, async_op=async_op)
         if async_op:
             return work

@@ -95,6 +95,17 @@ class Work:
             f"the deadline with timeout= or PYXCCL_TIMEOUT", rank=self._rank, peer=peer, op=self.op, seq=self.seq)
 
 
+_QUEUED = object()
+
+
+class _Call:
+    """What an inline call's function sees of its Work: the sequence number."""
+    __slots__ = ("seq", "_recvs", "_cancel")
+
+    def __init__(self, seq: int):
+        self.seq, self._recvs, self._cancel = seq, [], None
+
+
 class Engine:
     """The ordered worker of one communicator."""
 
@@ -105,6 +116,20 @@ class Engine:
         self._pending = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+
+    def try_inline(self, fn, arg):
+        """Run ``fn(arg)`` now on this thread if nothing is queued or running; else return
+        ``_QUEUED`` without running it. The blocking hot path: no Work, no thread switch."""
+        with self._lock:
+            if self._pending:
+                return _QUEUED
+            self._pending = 1
+        try:
+            with self._exec:
+                return fn(arg)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
     def submit(self, fn, work: Work, *, async_op: bool) -> Work:
         with self._lock:
