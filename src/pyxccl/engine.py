@@ -43,6 +43,21 @@ class Work:
         self._ran.set()
         if exc is not None or not self._recvs:
             self._fire()
+            return
+        done, lock = set(), threading.Lock()
+
+        def one_done(req):
+            with lock:
+                if id(req) in done:
+                    return
+                done.add(id(req))
+                last = len(done) == len(self._recvs)
+            if last:
+                self._fire()
+        for r in self._recvs:
+            r.on_done = one_done
+            if r.event.is_set():        # it may have landed before on_done was set
+                one_done(r)
 
     def _fire(self) -> None:
         for cb in self._callbacks:

@@ -23,7 +23,7 @@ from .dtypes import CODE_DTYPE, DTYPE_CODE, dtype_name
 
 class RecvRequest:
     """One posted receive: ``nbytes`` into ``dst`` (a flat typed array), copying or reducing."""
-    __slots__ = ("peer", "key", "dst", "raw", "nbytes", "reduce", "got", "event", "error", "op")
+    __slots__ = ("peer", "key", "dst", "raw", "nbytes", "reduce", "got", "event", "error", "op", "on_done")
 
     def __init__(self, peer: int, key, dst: np.ndarray, reduce=None, op: str = "recv"):
         self.peer, self.key, self.dst, self.reduce, self.op = peer, key, dst, reduce, op
@@ -32,11 +32,18 @@ class RecvRequest:
         self.got = 0
         self.event = threading.Event()
         self.error: BaseException | None = None
+        self.on_done = None       # called once, from the completing thread
+
+    def complete(self) -> None:
+        if not self.event.is_set():
+            self.event.set()
+            if self.on_done is not None:
+                self.on_done(self)
 
     def fail(self, exc: BaseException) -> None:
         if not self.event.is_set():
             self.error = exc
-            self.event.set()
+            self.complete()
 
     def put(self, off: int, src: np.ndarray) -> None:
         """Take ``src`` (uint8) as bytes [off, off+len) of the message."""
@@ -49,7 +56,7 @@ class RecvRequest:
             self.reduce(self.dst[a:b], src.view(dt))
         self.got += n
         if self.got >= self.nbytes:
-            self.event.set()
+            self.complete()
 
 
 class _Unexpected:
@@ -99,7 +106,7 @@ class Mailbox:
         else:
             req.put(0, msg.buf)
             if req.nbytes == 0:
-                req.event.set()
+                req.complete()
 
     # --- called by transports' receiver threads ----------------------------------
     def deliver(self, peer: int, key, dtype_code: int, total: int, off: int, src: np.ndarray) -> None:
@@ -126,7 +133,7 @@ class Mailbox:
         if isinstance(target, RecvRequest):
             target.put(off, src)
             if total == 0:
-                target.event.set()
+                target.complete()
         else:
             np.copyto(target.buf[off:off + len(src)], src)
             target.got += len(src)

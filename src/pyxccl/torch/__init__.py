@@ -1,0 +1,185 @@
+"""pyxccl as a torch.distributed backend: ``import pyxccl.torch`` registers "pyxccl" for CPU.
+
+>>> import torch.distributed as dist, pyxccl.torch                    # doctest: +SKIP
+>>> dist.init_process_group("pyxccl")                  # under torchrun or pyxccl run
+>>> dist.init_process_group("cpu:pyxccl,cuda:nccl")    # per-device mapping
+
+Each torch process group becomes a pyxccl communicator (rendezvous through
+torch's own store); every call runs on the communicator's ordered worker and
+returns a torch Work built on a torch Future, so ``wait()``, ``is_completed()``
+and ``get_future().then(...)`` behave as torch's do, and pyxccl's errors
+(PeerLostError, CommTimeoutError, ...) surface from ``wait()``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+import pyxccl
+from pyxccl.ops import ReduceOp
+from pyxccl.rendezvous.torch_store import TorchStore
+
+__all__ = ["ProcessGroupPyxccl"]
+
+_OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD, dist.ReduceOp.MIN: ReduceOp.MIN,
+        dist.ReduceOp.MAX: ReduceOp.MAX, dist.ReduceOp.AVG: ReduceOp.AVG, dist.ReduceOp.BAND: ReduceOp.BAND,
+        dist.ReduceOp.BOR: ReduceOp.BOR, dist.ReduceOp.BXOR: ReduceOp.BXOR}
+
+
+def _op(torch_op) -> ReduceOp:
+    for k, v in _OPS.items():
+        if torch_op == k:
+            return v
+    raise pyxccl.UnsupportedOpError(f"pyxccl backend: reduce op {torch_op} is not supported; use SUM, PRODUCT, "
+                                    f"MIN, MAX, AVG, BAND, BOR or BXOR")
+
+
+
+class ProcessGroupPyxccl(dist.ProcessGroup):
+    """A torch ProcessGroup whose collectives run on a pyxccl Communicator."""
+
+    def __init__(self, store, rank: int, size: int, timeout):
+        super().__init__(rank, size)
+        secs = timeout.total_seconds() if timeout is not None else None
+        self.comm = pyxccl.init(rank, size, store=TorchStore(store, secs or 300.0), timeout=secs)
+
+    def getBackendName(self) -> str:
+        return "pyxccl"
+
+    def _get_backend_name(self) -> str:
+        return "pyxccl"
+
+    # --- Work plumbing ----------------------------------------------------------------
+    @staticmethod
+    def _work(works, value):
+        """A torch Work completing when the last pyxccl Work does (they run in order)."""
+        fut = torch.futures.Future()
+        last = works[-1] if works else None
+        if last is None:
+            fut.set_result(value)
+        else:
+            def done(w):
+                exc = next((x.exception() for x in works if x.exception() is not None), None)
+                if exc is not None:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(value)
+            last.add_done_callback(done)
+        return _create_work_from_future(fut)
+
+    def _each(self, fn, tensors, value=None):
+        return self._work([fn(t) for t in tensors], tensors if value is None else value)
+
+    # --- collectives ---------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = _op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        return self._each(lambda t: self.comm.allreduce(t, op, async_op=True), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        return self._each(lambda t: self.comm.broadcast(t, opts.rootRank, async_op=True), tensors)
+
+    def reduce(self, tensors, opts):
+        op = _op(opts.reduceOp)
+        return self._each(lambda t: self.comm.reduce(t, opts.rootRank, op, async_op=True), tensors)
+
+    def allgather(self, output_lists, inputs, opts=None):
+        works = []
+        for outs, t in zip(output_lists, inputs):
+            buf = torch.empty((self.size(),) + tuple(t.shape), dtype=t.dtype)
+            w = self.comm.allgather(t.contiguous(), buf, async_op=True)
+            works.append(w)
+            w.add_done_callback(lambda _w, outs=outs, buf=buf: [o.copy_(b) for o, b in zip(outs, buf)])
+        return self._work(works, output_lists)
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._work([self.comm.allgather(input, output, async_op=True)], [output])
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._work([self.comm.allgather(i, o, async_op=True) for o, i in zip(outputs, inputs)], outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        op, works = _op(opts.reduceOp), []
+        for out, ins in zip(outputs, input_lists):
+            works.append(self.comm.reduce_scatter(torch.cat([i.reshape(-1) for i in ins]), out, op, async_op=True))
+        return self._work(works, outputs)
+
+    def _reduce_scatter_base(self, output, input, opts):
+        return self._work([self.comm.reduce_scatter(input, output, _op(opts.reduceOp), async_op=True)], [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        op = _op(opts.reduceOp)
+        return self._work([self.comm.reduce_scatter(i, o, op, async_op=True) for o, i in zip(outputs, inputs)],
+                          outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        n = self.size()
+        if not output_split_sizes and not input_split_sizes:
+            return self._work([self.comm.alltoall(input, output, async_op=True)], [output])
+        row_in = input[0].numel() if input.dim() and input.shape[0] else 0
+        row_out = output[0].numel() if output.dim() and output.shape[0] else 0
+        ins = [s * row_in for s in input_split_sizes] if input_split_sizes else [input.numel() // n] * n
+        outs = [s * row_out for s in output_split_sizes] if output_split_sizes else [output.numel() // n] * n
+        return self._work([self.comm.alltoallv(input, output, ins, outs, async_op=True)], [output])
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, outputs, inputs, opts=None):
+        send = torch.cat([i.reshape(-1) for i in inputs])
+        recv = torch.empty(sum(o.numel() for o in outputs), dtype=send.dtype)
+        w = self.comm.alltoallv(send, recv, [i.numel() for i in inputs], [o.numel() for o in outputs],
+                                async_op=True)
+
+        def unpack(_w):
+            off = 0
+            for o in outputs:
+                o.copy_(recv[off:off + o.numel()].view_as(o))
+                off += o.numel()
+        w.add_done_callback(unpack)
+        return self._work([w], outputs)
+
+    def gather(self, output_lists, inputs, opts):
+        root, t = opts.rootRank, inputs[0]
+        buf = torch.empty((self.size(),) + tuple(t.shape), dtype=t.dtype) if self.rank() == root else None
+        w = self.comm.gather(t.contiguous(), buf, root, async_op=True)
+        if self.rank() == root:
+            w.add_done_callback(lambda _w: [o.copy_(b) for o, b in zip(output_lists[0], buf)])
+        return self._work([w], output_lists)
+
+    def scatter(self, outputs, input_lists, opts):
+        root, out = opts.rootRank, outputs[0]
+        send = torch.cat([i.reshape(-1) for i in input_lists[0]]) if self.rank() == root else None
+        return self._work([self.comm.scatter(send, out, root, async_op=True)], outputs)
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        return self._each(lambda t: self.comm.isend(t, dst, tag), tensors)
+
+    def recv(self, tensors, src: int, tag: int = 0):
+        return self._each(lambda t: self.comm.irecv(t, src, tag), tensors)
+
+    def barrier(self, opts=None):
+        return self._work([self.comm.barrier(async_op=True)], [])
+
+    def shutdown(self) -> None:
+        self.comm.close()
+
+    def abort(self) -> None:
+        self.comm.close()
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupPyxccl(store, rank, size, timeout)
+
+
+dist.Backend.register_backend("pyxccl", _create, devices=["cpu"])

@@ -1,0 +1,157 @@
+"""Rank functions for the torch backend tests (each pool process joins torch.distributed once)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+_INIT = {}
+
+
+def init_torch(comm, port: int):
+    """torch.distributed with backend pyxccl as the default group, plus a Gloo group to compare with."""
+    import torch
+    import torch.distributed as dist
+
+    import pyxccl.torch  # noqa: F401  (registers the backend)
+    if not dist.is_initialized():
+        torch.set_num_threads(1)
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        dist.init_process_group("pyxccl", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
+                                world_size=comm.size)
+        _INIT["gloo"] = dist.new_group(backend="gloo")
+    return dist.get_backend(), dist.get_world_size()
+
+
+def parity(comm):
+    """Every operation on the pyxccl group and on the Gloo group, same inputs: same results."""
+    import torch
+    import torch.distributed as dist
+    gloo = _INIT["gloo"]
+    r, n = dist.get_rank(), dist.get_world_size()
+    fails = []
+
+    def both(fn):
+        a, b = fn(None), fn(gloo)
+        for x, y in zip(a, b):
+            if not torch.equal(x, y):
+                fails.append(f"{fn.__name__}: pyxccl {x.flatten()[:6].tolist()} gloo {y.flatten()[:6].tolist()}")
+
+    for dt in (torch.float32, torch.int64, torch.float64, torch.int32, torch.uint8):
+        def allreduce_sum(g, dt=dt):
+            t = (torch.arange(12) % 5 + r).to(dt)
+            dist.all_reduce(t, group=g)
+            return [t]
+
+        def allreduce_max(g, dt=dt):
+            t = (torch.arange(12) * (r + 1) % 7).to(dt)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g)
+            return [t]
+
+        def broadcast(g, dt=dt):
+            t = torch.full((5,), r, dtype=dt)
+            dist.broadcast(t, src=n - 1, group=g)
+            return [t]
+
+        def all_gather(g, dt=dt):
+            outs = [torch.empty(3, dtype=dt) for _ in range(n)]
+            dist.all_gather(outs, torch.full((3,), r + 1, dtype=dt), group=g)
+            return outs
+
+        def all_gather_into_tensor(g, dt=dt):
+            out = torch.empty(3 * n, dtype=dt)
+            dist.all_gather_into_tensor(out, torch.full((3,), r + 1, dtype=dt), group=g)
+            return [out]
+
+        def reduce_scatter_tensor(g, dt=dt):
+            out = torch.empty(2, dtype=dt)
+            dist.reduce_scatter_tensor(out, (torch.arange(2 * n) + r).to(dt), group=g)
+            return [out]
+
+        def all_to_all_single(g, dt=dt):
+            out = torch.empty(2 * n, dtype=dt)
+            dist.all_to_all_single(out, (torch.arange(2 * n) + 10 * r).to(dt), group=g)
+            return [out]
+
+        def all_to_all_single_splits(g, dt=dt):
+            ins = [(r + p) % 3 + 1 for p in range(n)]
+            outs = [(p + r) % 3 + 1 for p in range(n)]
+            out = torch.empty(sum(outs), dtype=dt)
+            dist.all_to_all_single(out, (torch.arange(sum(ins)) + 100 * r).to(dt), outs, ins, group=g)
+            return [out]
+
+        def gather_scatter(g, dt=dt):
+            outs = [torch.empty(2, dtype=dt) for _ in range(n)] if r == 0 else None
+            dist.gather(torch.full((2,), r, dtype=dt), outs, dst=0, group=g)
+            got = torch.empty(2, dtype=dt)
+            dist.scatter(got, [torch.full((2,), 7 * p, dtype=dt) for p in range(n)] if r == 0 else None,
+                         src=0, group=g)
+            return (outs or []) + [got]
+
+        def reduce(g, dt=dt):
+            t = torch.full((4,), r + 2, dtype=dt)
+            dist.reduce(t, dst=0, group=g)
+            return [t] if r == 0 else []
+
+        for f in (allreduce_sum, allreduce_max, broadcast, all_gather, all_gather_into_tensor,
+                  reduce_scatter_tensor, all_to_all_single, all_to_all_single_splits, gather_scatter, reduce):
+            both(f)
+    # async work, futures and then()
+    t = torch.ones(4)
+    w = dist.all_reduce(t, async_op=True)
+    fut = w.get_future().then(lambda f: f.value()[0] * 2)
+    w.wait()
+    if not torch.equal(fut.wait(), torch.full((4,), 2.0 * n)) or not w.is_completed():
+        fails.append("async all_reduce future chain")
+    # send / recv around a ring
+    if n > 1:
+        got = torch.empty(3)
+        reqs = [dist.isend(torch.full((3,), float(r)), (r + 1) % n), dist.irecv(got, (r - 1) % n)]
+        for q in reqs:
+            q.wait()
+        if not torch.equal(got, torch.full((3,), float((r - 1) % n))):
+            fails.append(f"isend/irecv ring: {got}")
+    dist.barrier()
+    return fails
+
+
+def ddp_losses(comm, steps: int, backend: str):
+    """Train a small MLP with DDP on ``backend``'s group; losses and final parameters."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    group = _INIT["gloo"] if backend == "gloo" else None
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    ddp = DDP(model, process_group=group)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    n, r = dist.get_world_size(), dist.get_rank()
+    losses = []
+    for _ in range(steps):
+        x, y = torch.randn(8 * n, 16, generator=g), torch.randn(8 * n, 4, generator=g)
+        xs, ys = x[r * 8:(r + 1) * 8], y[r * 8:(r + 1) * 8]
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(ddp(xs), ys)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def single_process_reference(steps: int, n: int):
+    """The same training on one process with the full batch."""
+    import torch
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(8 * n, 16, generator=g), torch.randn(8 * n, 4, generator=g)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in model.parameters()]
+
+
+__all__ = ["init_torch", "parity", "ddp_losses", "single_process_reference", "np"]
