@@ -35,3 +35,17 @@ def test_ddp_matches_gloo_and_one_process(torch_pools, n):
         for a, b, c in zip(mine[r][1], gloo[r][1], ref):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
             np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", (2,))
+def test_ddp_comm_hooks_no_sync_and_unused_parameters_match_gloo(torch_pools, n):
+    out = torch_pools(n).run(tf.ddp_variants, 6, timeout=120)
+    for r in range(n):
+        for variant in ("fp16", "powersgd", "no_sync", "unused"):
+            for a, b in zip(out[r][(variant, "pyxccl")], out[r][(variant, "gloo")]):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=variant)
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_nn_functional_collectives(torch_pools, n):
+    assert torch_pools(n).run(tf.nn_functional, timeout=120) == [[]] * n

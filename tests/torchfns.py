@@ -155,3 +155,71 @@ def single_process_reference(steps: int, n: int):
 
 
 __all__ = ["init_torch", "parity", "ddp_losses", "single_process_reference", "np"]
+
+
+def ddp_variants(comm, steps: int, variants=("fp16", "powersgd", "no_sync", "unused")):
+    """DDP with comm hooks, no_sync accumulation and unused parameters, on pyxccl and on Gloo:
+    the final parameters of each variant on both backends."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    class Net(torch.nn.Module):
+        def __init__(self, unused: bool):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+            if unused:
+                self.unused = torch.nn.Linear(4, 4)      # gets no gradient: DDP must cope
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    n, r = dist.get_world_size(), dist.get_rank()
+    out = {}
+    # (bf16_compress_hook is refused by torch itself without CUDA and NCCL, whatever the backend)
+    for variant in variants:
+        for backend in ("pyxccl", "gloo"):
+            group = _INIT["gloo"] if backend == "gloo" else dist.group.WORLD
+            torch.manual_seed(0)
+            model = Net(unused=variant == "unused")
+            ddp = DDP(model, process_group=group, find_unused_parameters=variant == "unused")
+            if variant == "fp16":
+                ddp.register_comm_hook(group, hooks.fp16_compress_hook)
+            elif variant == "powersgd":
+                ddp.register_comm_hook(psgd.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                                          start_powerSGD_iter=2, use_error_feedback=True,
+                                                          random_seed=0), psgd.powerSGD_hook)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+            g = torch.Generator().manual_seed(1)
+            for step in range(steps):
+                x, y = torch.randn(8 * n, 16, generator=g), torch.randn(8 * n, 4, generator=g)
+                xs, ys = x[r * 8:(r + 1) * 8], y[r * 8:(r + 1) * 8]
+                if variant == "no_sync" and step % 2 == 0:
+                    with ddp.no_sync():
+                        torch.nn.functional.mse_loss(ddp(xs), ys).backward()
+                    continue
+                torch.nn.functional.mse_loss(ddp(xs), ys).backward()
+                opt.step()
+                opt.zero_grad()
+            out[(variant, backend)] = [p.detach().numpy().copy() for p in model.parameters()]
+    return out
+
+
+def nn_functional(comm):
+    """torch.distributed.nn.functional (collectives with autograd) on pyxccl."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.nn.functional as nnf
+    n, r = dist.get_world_size(), dist.get_rank()
+    fails = []
+    x = torch.full((3,), float(r + 1), requires_grad=True)
+    y = nnf.all_reduce(x)
+    y.sum().backward()
+    if not torch.equal(y.detach(), torch.full((3,), n * (n + 1) / 2)) or not torch.equal(x.grad, torch.full((3,), float(n))):
+        fails.append(f"nn.functional all_reduce: {y} grad {x.grad}")
+    outs = nnf.all_gather(torch.full((2,), float(r)))
+    if not torch.equal(torch.stack(outs), torch.arange(n).float().repeat_interleave(2).view(n, 2)):
+        fails.append(f"nn.functional all_gather: {outs}")
+    return fails

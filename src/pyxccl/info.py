@@ -40,10 +40,10 @@ def report() -> None:
             print(f"  reduce {1 / m.gamma / 1e9:.2f} GB/s, copy {1 / m.copy / 1e9:.2f} GB/s, {m.cores} cores")
         if comm._tuner is not None:
             print("\nalgorithm the tuner picks (size = nccl-tests convention, float32):")
-            print(f"{'size':>6}  " + "".join(f"{p:<19}" for p in PRIMITIVES))
+            print(f"{'size':>6}  " + "".join(f"{p:<22}" for p in PRIMITIVES))
             for size in SIZES:
                 names = [comm._tuner.choose(p, size, 4) for p in PRIMITIVES]
-                print(f"{_size(size):>6}  " + "".join(f"{nm:<19}" for nm in names))
+                print(f"{_size(size):>6}  " + "".join(f"{nm:<22}" for nm in names))
         else:
             print("\none rank: no algorithm choice to make; defaults: "
                   + ", ".join(f"{p}={_DEFAULT[p]}" for p in PRIMITIVES))

@@ -12,6 +12,8 @@ and ``get_future().then(...)`` behave as torch's do, and pyxccl's errors
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
@@ -43,6 +45,17 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         super().__init__(rank, size)
         secs = timeout.total_seconds() if timeout is not None else None
         self.comm = pyxccl.init(rank, size, store=TorchStore(store, secs or 300.0), timeout=secs)
+        # torch runs a Future's then() callbacks on the thread that completes it, and a callback
+        # may wait for a later collective (PowerSGD's hook does). Completing futures on the
+        # communicator's worker, or on one thread, would deadlock that: a small pool does it.
+        self._completer = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"pyxccl-torch-r{rank}")
+
+    @staticmethod
+    def _complete(fut, value, exc) -> None:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)
 
     def getBackendName(self) -> str:
         return "pyxccl"
@@ -51,8 +64,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         return "pyxccl"
 
     # --- Work plumbing ----------------------------------------------------------------
-    @staticmethod
-    def _work(works, value):
+    def _work(self, works, value):
         """A torch Work completing when the last pyxccl Work does (they run in order)."""
         fut = torch.futures.Future()
         last = works[-1] if works else None
@@ -61,10 +73,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         else:
             def done(w):
                 exc = next((x.exception() for x in works if x.exception() is not None), None)
-                if exc is not None:
-                    fut.set_exception(exc)
-                else:
-                    fut.set_result(value)
+                self._completer.submit(self._complete, fut, value, exc)
             last.add_done_callback(done)
         return _create_work_from_future(fut)
 
@@ -172,10 +181,10 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         return self._work([self.comm.barrier(async_op=True)], [])
 
     def shutdown(self) -> None:
+        self._completer.shutdown(wait=False)
         self.comm.close()
 
-    def abort(self) -> None:
-        self.comm.close()
+    abort = shutdown
 
 
 def _create(store, rank, size, timeout):

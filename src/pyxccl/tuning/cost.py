@@ -1,12 +1,14 @@
 """The alpha-beta-gamma cost model, run over schedules as a small event simulation.
 
-Each message costs ``alpha`` (latency) plus ``bytes * beta`` of its link
-class; a rank's sends in one step share its outgoing link (they go one after
-the other); a receive that reduces costs ``bytes * gamma`` more, a local copy
-``bytes * copy``. A step ends when its sends are out and its receives are in;
-the receive of a message can't complete before the sender's step sent it.
-On a host with more ranks than cores, every CPU-bound cost (copies,
-reductions, shared-memory transfers) stretches by ranks/cores.
+A message costs ``alpha`` plus ``bytes * beta`` of its link class. Half of
+``alpha`` is paid by the sender's CPU and half by the receiver's (in Python
+the per-message cost is mostly software at both ends, not the wire), so a
+rank's sends in a step go one after the other, and so do its receives; a
+receive that reduces costs ``bytes * gamma`` more, a local copy ``bytes *
+copy``. A step ends when its sends are out and its receives are in; a receive
+can't complete before the sender sent it. On a host with more ranks than
+cores every CPU cost (per-message overheads, copies, reductions,
+shared-memory transfers) stretches by ranks/cores.
 
 The model's answer for a collective is the time of the slowest rank.
 """
@@ -69,7 +71,7 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
     clock = [0.0] * n
     chan: dict[tuple[int, int], deque] = {}
     pc, entered, got, sent = [0] * n, [False] * n, [0] * n, [0] * n
-    out_done = [0.0] * n
+    out_done, recv_free = [0.0] * n, [0.0] * n
     progress = True
     while progress:
         progress = False
@@ -85,12 +87,14 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
                     clock[r] = t
                     for o in step:
                         if type(o) is Send:
-                            link = machine.link(klass(r, o.peer))
+                            k = klass(r, o.peer)
+                            link = machine.link(k)
                             nb = o.count * itemsize
-                            t += nb * link.beta * (f if klass(r, o.peer) == "shm" else 1.0)
+                            t += link.alpha / 2 * f + nb * link.beta * (f if k == "shm" else 1.0)
                             sent[r] += nb
-                            chan.setdefault((r, o.peer), deque()).append(t + link.alpha)
+                            chan.setdefault((r, o.peer), deque()).append((t, link.alpha / 2 * f))
                     out_done[r], entered[r], got[r] = t, True, 0
+                    recv_free[r] = clock[r]
                     progress = True
                 recvs = [o for o in step if type(o) is Recv]
                 while got[r] < len(recvs):
@@ -98,8 +102,9 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
                     q = chan.get((o.peer, r))
                     if not q:
                         break
-                    arrive = q.popleft()
-                    done = max(clock[r], arrive)
+                    arrive, overhead = q.popleft()
+                    done = max(recv_free[r], arrive) + overhead      # receives are handled one by one
+                    recv_free[r] = done
                     if o.reduce:
                         done += o.count * itemsize * machine.gamma * f
                     out_done[r] = max(out_done[r], done)
