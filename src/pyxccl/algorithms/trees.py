@@ -55,16 +55,33 @@ def allreduce_direct(rank: int, nranks: int, count: int) -> Schedule:
     return s
 
 
-def _binary_tree(lo: int, hi: int, parent: int, out: dict) -> None:
-    """In-order binary tree over ranks [lo, hi): out[r] = (parent, [children])."""
-    if lo >= hi:
-        return
-    mid = (lo + hi) // 2
-    out[mid] = (parent, [])
-    if parent >= 0:
-        out[parent][1].append(mid)
-    _binary_tree(lo, mid, mid, out)
-    _binary_tree(mid + 1, hi, mid, out)
+def _btree(n: int, r: int):
+    """NCCL's binary tree (ncclGetBtree): (parent, [children]) of rank r. A rank's level is its
+    lowest set bit, so every odd rank is a leaf; rank 0 is the root, with one child."""
+    bit = 1
+    while bit < n and not bit & r:
+        bit <<= 1
+    if r == 0:
+        return -1, [bit >> 1] if n > 1 else []
+    up = (r ^ bit) | (bit << 1)
+    if up >= n:
+        up = r ^ bit
+    low = bit >> 1
+    kids = [r - low] if low else []
+    while low and r + low >= n:       # the right child may lie past the end: try a lower level
+        low >>= 1
+    if low:
+        kids.append(r + low)
+    return up, kids
+
+
+def _dtree(n: int):
+    """Tree 0 has the odd ranks as leaves; tree 1 is its mirror (even n) or its shift by one
+    (odd n), whose leaves are the even ranks: every rank is a leaf in at least one tree."""
+    t0 = {r: _btree(n, r) for r in range(n)}
+    f = (lambda r: n - 1 - r) if n % 2 == 0 else (lambda r: (r + 1) % n)
+    t1 = {f(r): (f(p) if p >= 0 else -1, [f(c) for c in ch]) for r, (p, ch) in t0.items()}
+    return t0, t1
 
 
 def _tree_phase(s: Schedule, rank: int, tree: dict, off: int, count: int, slot: int) -> None:
@@ -82,16 +99,13 @@ def _tree_phase(s: Schedule, rank: int, tree: dict, off: int, count: int, slot: 
 
 @register("allreduce", "double_binary_tree")
 def allreduce_double_tree(rank: int, nranks: int, count: int) -> Schedule:
-    """NCCL's double binary tree: two binary trees, the second the first shifted by one rank, so
-    that a leaf of one is an inner node of the other; each carries half of the data up (reduce)
+    """NCCL's double binary tree: two binary trees, the second the mirror (or, for odd n, the
+    shift) of the first, so that a leaf of one is an inner node of the other; each carries half of the data up (reduce)
     and back down (broadcast). log-depth latency with both link directions of every rank in use.
 
     The halves run one after the other here: interleaving the two trees' steps can deadlock
     (a rank waiting for its child in one tree while that child waits for it in the other)."""
-    t0: dict = {}
-    _binary_tree(0, nranks, -1, t0)
-    t1 = {(r + 1) % nranks: ((p + 1) % nranks if p >= 0 else -1, [(c + 1) % nranks for c in ch])
-          for r, (p, ch) in t0.items()}
+    t0, t1 = _dtree(nranks)
     halves = split_counts(count, 2)
     s = Schedule(rank, nranks, scratch=2 * max(halves))
     s.step(Copy("in", 0, "out", 0, count))
