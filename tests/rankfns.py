@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import pyxccl
-from pyxccl.dtypes import DTYPES, FLOATS, bfloat16
+
+from pyxccl.dtypes import DTYPES, bfloat16  # noqa: F401  (bfloat16: used by the tests through rankfns)
 from pyxccl.ops import ReduceOp, op_error
 
 UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,

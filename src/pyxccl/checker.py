@@ -19,7 +19,7 @@ import numpy as np
 
 from . import algorithms
 from .algorithms import registry
-from .schedule import Copy, Recv, Send, offsets
+from .schedule import Copy, Recv, Send
 
 MIXED = -1      # an element combining different input indices: always wrong
 UNSET = -2      # never written
@@ -237,4 +237,4 @@ def _check(primitive, name, nranks, count, root, inplace, hosts):
     return scheds
 
 
-__all__ = ["check", "simulate", "CheckError", "offsets"]
+__all__ = ["check", "simulate", "CheckError"]

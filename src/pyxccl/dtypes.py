@@ -7,7 +7,6 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from ._errors import InvalidArgumentError
 
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -21,6 +21,7 @@ import time
 from ._errors import InvalidArgumentError, RendezvousError
 from .mailbox import Mailbox
 from .topology import host_id, local_address, numa_node
+from .transport.base import recv_bytes
 from .transport.shm import ShmPeer
 from .transport.tcp import TcpPeer
 
@@ -142,7 +143,7 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
                     conn, _ = lst.accept()
                     conn.settimeout(min(10.0, max(0.1, deadline - time.monotonic())))
                     try:
-                        magic, tok, peer = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                        magic, tok, peer = _HELLO.unpack(recv_bytes(conn, _HELLO.size))
                     except (OSError, ConnectionError):
                         conn.close()
                         continue
@@ -197,15 +198,3 @@ def _dial(kind: str, info: dict, deadline: float) -> socket.socket:
             if time.monotonic() > deadline:
                 raise RendezvousError(f"could not connect to {info}: {e}") from None
             time.sleep(0.05)
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = conn.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("peer closed during the handshake")
-        got += k
-    return bytes(buf)
-

@@ -9,7 +9,8 @@ path can't (ranks on several hosts).
 """
 from __future__ import annotations
 
-from ..schedule import Copy, Recv, Schedule, Send, offsets
+from ..schedule import Copy, Recv, Schedule, Send
+from . import direct
 from .registry import register
 
 #: primitive -> name of its fast-path function in fastpath.py
@@ -47,59 +48,11 @@ def reduce(rank: int, nranks: int, count: int, root: int) -> Schedule:
     return s
 
 
-@register("reduce_scatter", "shm")
-def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
-    off, mine = offsets(counts), counts[rank]
-    s = Schedule(rank, nranks, scratch=mine * nranks)
-    s.step(Copy("in", off[rank], "tmp", rank * mine, mine),
-           *(Send(p, "in", off[p], counts[p]) for p in range(nranks) if p != rank),
-           *(Recv(p, "tmp", p * mine, mine) for p in range(nranks) if p != rank))
-    _reduce_all(s, mine, "out", 0, lambda p: p * mine)
-    return s
-
-
-@register("allgather", "shm")
-def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
-    off = offsets(counts)
-    s = Schedule(rank, nranks)
-    s.step(Copy("in", 0, "out", off[rank], counts[rank]),
-           *(Send(p, "in", 0, counts[rank]) for p in range(nranks) if p != rank),
-           *(Recv(p, "out", off[p], counts[p]) for p in range(nranks) if p != rank))
-    return s
-
-
-@register("gather", "shm")
-def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
-    s = Schedule(rank, nranks)
-    if rank != root:
-        s.step(Send(root, "in", 0, counts[rank]))
-        return s
-    off = offsets(counts)
-    s.step(Copy("in", 0, "out", off[root], counts[root]),
-           *(Recv(p, "out", off[p], counts[p]) for p in range(nranks) if p != root))
-    return s
-
-
-@register("alltoall", "shm")
-def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
-    so, ro = offsets(send_counts), offsets(recv_counts)
-    s = Schedule(rank, nranks)
-    s.step(Copy("in", so[rank], "out", ro[rank], send_counts[rank]),
-           *(Send(p, "in", so[p], send_counts[p]) for p in range(nranks) if p != rank),
-           *(Recv(p, "out", ro[p], recv_counts[p]) for p in range(nranks) if p != rank))
-    return s
-
-
-@register("scatter", "shm")
-def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
-    s = Schedule(rank, nranks)
-    if rank != root:
-        s.step(Recv(root, "out", 0, counts[rank]))
-        return s
-    off = offsets(counts)
-    s.step(Copy("in", off[root], "out", 0, counts[root]),
-           *(Send(p, "in", off[p], counts[p]) for p in range(nranks) if p != root))
-    return s
+# The data-movement primitives' direct schedules are exactly what the fast path does.
+for _prim, _builder in (("reduce_scatter", direct.reduce_scatter), ("allgather", direct.allgather),
+                        ("gather", direct.gather), ("alltoall", direct.alltoall_direct),
+                        ("scatter", direct.scatter)):
+    register(_prim, "shm")(_builder)
 
 
 @register("broadcast", "shm")

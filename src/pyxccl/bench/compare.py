@@ -9,7 +9,6 @@ import subprocess
 import sys
 import tempfile
 
-from . import methodology as M
 
 LIBS = ("pyxccl", "gloo", "mpi")
 
@@ -34,7 +33,7 @@ def run_lib(lib: str, n: int, prims, sizes, args, out: str) -> list[dict] | str:
         code = run(n, cmd)
     elif lib == "gloo":
         try:
-            import torch  # noqa: F401
+            import torch  # noqa: F401  (only: is it installed?)
         except ImportError:
             return "torch is not installed (pip install 'pyxccl[peers]')"
         code = run(n, [*py, "pyxccl.bench.peers", "gloo", out, ",".join(prims), ",".join(map(str, sizes)),

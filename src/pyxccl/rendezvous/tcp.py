@@ -12,6 +12,7 @@ import threading
 import time
 
 from .._errors import RendezvousError
+from ..transport.base import recv_bytes
 from .base import Store
 
 _SET, _GET, _ADD, _CHECK, _DEL = range(1, 6)
@@ -20,17 +21,6 @@ _REQ = struct.Struct("<BI")
 _LEN = struct.Struct("<Q")
 _REP = struct.Struct("<BQ")
 _MAX_KEY, _MAX_VALUE = 1 << 16, 1 << 30
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("store connection closed")
-        got += k
-    return bytes(buf)
 
 
 class _Server:
@@ -56,14 +46,14 @@ class _Server:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while True:
-                op, klen = _REQ.unpack(_recv_exact(conn, _REQ.size))
+                op, klen = _REQ.unpack(recv_bytes(conn, _REQ.size))
                 if klen > _MAX_KEY or op not in (_SET, _GET, _ADD, _CHECK, _DEL):
                     return        # not our protocol: drop this client, keep serving the others
-                key = _recv_exact(conn, klen).decode()
-                (vlen,) = _LEN.unpack(_recv_exact(conn, _LEN.size))
+                key = recv_bytes(conn, klen).decode()
+                (vlen,) = _LEN.unpack(recv_bytes(conn, _LEN.size))
                 if vlen > _MAX_VALUE:
                     return
-                value = _recv_exact(conn, vlen)
+                value = recv_bytes(conn, vlen)
                 status, payload = self._handle(op, key, value)
                 conn.sendall(_REP.pack(status, len(payload)) + payload)
         except (OSError, ConnectionError, UnicodeDecodeError, struct.error):
@@ -141,8 +131,8 @@ class TCPStore(Store):
         with self._lock:
             try:
                 self._sock.sendall(_REQ.pack(op, len(k)) + k + _LEN.pack(len(value)) + value)
-                status, n = _REP.unpack(_recv_exact(self._sock, _REP.size))
-                return status, _recv_exact(self._sock, n)
+                status, n = _REP.unpack(recv_bytes(self._sock, _REP.size))
+                return status, recv_bytes(self._sock, n)
             except (OSError, ConnectionError) as e:
                 raise RendezvousError(f"the store at {self.host}:{self.port} went away ({e}) during an "
                                       f"operation on key {key!r}; is rank 0 still running?", op="store") from None

@@ -64,6 +64,14 @@ def recv_exact(sock: socket.socket, view: memoryview) -> bool:
     return True
 
 
+def recv_bytes(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from ``sock``; ConnectionError if it closes first."""
+    buf = bytearray(n)
+    if n and not recv_exact(sock, memoryview(buf)):
+        raise ConnectionError("connection closed")
+    return bytes(buf)
+
+
 class StreamPeer(Peer):
     """A peer over one connected stream socket, with a receiver thread.
 
