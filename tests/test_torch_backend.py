@@ -49,3 +49,15 @@ def test_ddp_comm_hooks_no_sync_and_unused_parameters_match_gloo(torch_pools, n)
 @pytest.mark.parametrize("n", (2, 3))
 def test_nn_functional_collectives(torch_pools, n):
     assert torch_pools(n).run(tf.nn_functional, timeout=120) == [[]] * n
+
+
+@pytest.mark.parametrize("n", (2, 3))
+def test_functional_collectives(torch_pools, n):
+    assert torch_pools(n).run(tf.functional_collectives, timeout=120) == [[]] * n
+
+
+def test_fsdp_matches_unsharded_and_checkpoint_round_trips(torch_pools, tmp_path):
+    out = torch_pools(2).run(tf.fsdp_and_checkpoint, str(tmp_path / "ckpt"), timeout=200)
+    for err, same in out:
+        assert err < 1e-5, err
+        assert same

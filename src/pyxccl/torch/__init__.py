@@ -60,6 +60,15 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return "pyxccl"
 
+    # torch keeps a group's name on its C++ backends, and a Python ProcessGroup has none: keep it here
+    # (DeviceMesh, FSDP and the functional collectives look groups up by name).
+    def _set_group_name(self, name) -> None:
+        self._name = name
+
+    @property
+    def group_name(self):
+        return self._name
+
     def _get_backend_name(self) -> str:
         return "pyxccl"
 
