@@ -28,7 +28,11 @@ def _run(p: argparse.ArgumentParser):
         cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
         if not cmd:
             p.error("give a script or command to run")
-        return run(a.nproc, cmd, master_addr=a.master_addr, master_port=a.master_port)
+        from ._errors import InvalidArgumentError
+        try:
+            return run(a.nproc, cmd, master_addr=a.master_addr, master_port=a.master_port)
+        except InvalidArgumentError as e:
+            p.error(str(e))
     return go
 
 
@@ -52,6 +56,7 @@ def _split_run_command(argv: list[str]) -> list[str]:
 
 
 def main(argv=None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit code."""
     parser = argparse.ArgumentParser(prog="pyxccl", description="pyxccl collective communication")
     sub = parser.add_subparsers(dest="command", required=True)
     runners = {}
@@ -62,10 +67,6 @@ def main(argv=None) -> int:
         argv = _split_run_command(argv)
     args = parser.parse_args(argv)
     return runners[args.command](args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 @command("info", "print the topology, the measured link figures and the tuner's choices")
@@ -89,3 +90,7 @@ def _bench(p: argparse.ArgumentParser):
     from .bench import add_arguments, main
     add_arguments(p)
     return main
+
+
+if __name__ == "__main__":      # after every @command, so all subcommands are registered
+    sys.exit(main())

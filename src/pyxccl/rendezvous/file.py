@@ -4,55 +4,90 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import hashlib
 import os
 import tempfile
 import time
 
-from .._errors import RendezvousError
+from .._errors import InvalidArgumentError, RendezvousError
 from .base import Store
 
 
 class FileStore(Store):
-    """>>> s = FileStore("/tmp/job42")   # doctest: +SKIP"""
+    """A store kept in the directory ``path`` (created if missing).
+
+    Each key is one file, named by the key's URL-safe base64 (long keys by
+    their SHA-256), written to a temporary file and renamed into place, so a
+    reader never sees half a value. ``get`` polls with a short backoff (1 ms
+    growing to 50 ms); ``add`` holds ``fcntl.flock`` on ``path/.lock``.
+    Use a fresh directory per job: old files would answer new gets.
+
+    >>> s = FileStore("/tmp/job42")   # doctest: +SKIP
+    """
 
     def __init__(self, path: str, *, timeout: float = 300.0):
         super().__init__(timeout)
-        self.path = path
-        os.makedirs(path, exist_ok=True)
+        self.path = os.fspath(path)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as e:
+            raise RendezvousError(f"cannot create the store directory {self.path!r} ({e}); give a writable "
+                                  f"directory in file:///path", op="init") from None
 
     def _file(self, key: str) -> str:
-        return os.path.join(self.path, base64.urlsafe_b64encode(key.encode()).decode() or "_")
+        name = base64.urlsafe_b64encode(key.encode()).decode()
+        if not name or len(name) > 200:
+            # File names are limited (255 bytes); "~" is not base64, so hashed names cannot clash with others.
+            name = "~" + hashlib.sha256(key.encode()).hexdigest()
+        return os.path.join(self.path, name)
+
+    def _write(self, key: str, value: bytes) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(value)
+            os.replace(tmp, self._file(key))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     def set(self, key: str, value: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(value)
-        os.replace(tmp, self._file(key))
+        self._write(key, bytes(value))
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self.timeout if timeout is None else float(timeout)
         deadline, delay = time.monotonic() + timeout, 0.001
         while True:
             try:
                 with open(self._file(key), "rb") as f:
                     return f.read()
             except FileNotFoundError:
-                if time.monotonic() > deadline:
-                    raise RendezvousError(f"key {key!r} did not appear in {self.path} within {timeout:.1f} s; "
-                                          f"a rank did not start or uses another directory", op="store") from None
-                time.sleep(delay)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RendezvousError(f"key {key!r} did not appear in the file store {self.path} within "
+                                          f"{timeout:g} s; a rank did not start, failed, or uses another "
+                                          f"directory", op="store") from None
+                time.sleep(min(delay, left))
                 delay = min(delay * 2, 0.05)
 
     def add(self, key: str, amount: int) -> int:
         with open(os.path.join(self.path, ".lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            fcntl.flock(lock, fcntl.LOCK_EX)     # released when the file closes
             try:
                 with open(self._file(key), "rb") as f:
-                    cur = int(f.read())
+                    raw = f.read()
             except FileNotFoundError:
-                cur = 0
-            self.set(key, str(cur + int(amount)).encode())
-            return cur + int(amount)
+                raw = b"0"
+            try:
+                new = int(raw) + int(amount)
+            except ValueError:
+                raise InvalidArgumentError(f"file store {self.path}: key {key!r} holds {raw[:32]!r}, not a "
+                                           f"counter; add() needs a key only add() writes", op="store") from None
+            self._write(key, str(new).encode())
+            return new
 
     def check(self, key: str) -> bool:
         return os.path.exists(self._file(key))

@@ -1,0 +1,85 @@
+"""PyTorch on pyxccl vs Gloo, in one run (issue: the torch backend's speed table).
+
+    .venv/bin/pyxccl run -n 2 benchmarks/torch_vs_gloo.py [--steps 10]
+
+DDP training step time of an MLP of about 25 M float32 parameters, and the
+median time of all_reduce / all_gather_into_tensor / reduce_scatter_tensor /
+all_to_all_single at 8 B, 1 MiB and 64 MiB (nccl-tests sizes: the full
+buffer), each with the default group on pyxccl and a Gloo group, interleaved.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import pyxccl.torch  # noqa: F401  (registers the backend)
+
+
+def timed(fn, iters, warmup=3):
+    out = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        t = time.perf_counter()
+        fn()
+        dt = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        if i >= warmup:
+            out.append(dt.item())
+    return statistics.median(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=4, help="DDP batch per rank (small: communication shows)")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("pyxccl")
+    groups = {"pyxccl": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    n, r = dist.get_world_size(), dist.get_rank()
+    rows = []
+    for g in groups.values():          # first calls set up connections and tuner caches: not timed
+        for _ in range(20):
+            dist.all_reduce(torch.ones(2), group=g)
+    for size in (8, 1 << 20, 64 << 20):
+        count = max(n, size // 4) // n * n
+        x, out = torch.ones(count), torch.empty(count)
+        part = torch.empty(count // n)
+        iters = 20 if size <= 1 << 20 else 5
+        for op, fn in (("all_reduce", lambda g: dist.all_reduce(x, group=g)),
+                       ("all_gather_into_tensor", lambda g: dist.all_gather_into_tensor(out, part, group=g)),
+                       ("reduce_scatter_tensor", lambda g: dist.reduce_scatter_tensor(part, x, group=g)),
+                       ("all_to_all_single", lambda g: dist.all_to_all_single(out, x, group=g))):
+            for name, g in groups.items():
+                rows.append((f"{op} {size} B", name, timed(lambda: fn(g), iters)))
+    # DDP step: forward, backward (bucketed gradient allreduce overlapping it), optimizer step
+    for name, g in groups.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
+                                    torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+        params = sum(p.numel() for p in model.parameters())
+        ddp = DDP(model, process_group=g)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        x, y = torch.randn(a.batch, 1024), torch.randn(a.batch, 1024)
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        rows.append((f"DDP step ({params / 1e6:.1f} M params, batch {a.batch})", name, timed(step, a.steps)))
+    if r == 0:
+        print(f"# torch {torch.__version__}, {n} ranks, median ms (max over ranks per iteration)")
+        print(f"{'what':<42}{'pyxccl':>12}{'gloo':>12}{'gloo/pyxccl':>13}")
+        for i in range(0, len(rows), 2):        # rows come in (pyxccl, gloo) pairs
+            (what, _, t1), (_, _, t2) = rows[i], rows[i + 1]
+            print(f"{what:<42}{t1 * 1e3:>12.3f}{t2 * 1e3:>12.3f}{t2 / t1:>13.2f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
