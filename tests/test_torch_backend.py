@@ -12,19 +12,19 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def torch_pools(pools):
     """Pools of 2 and 3 ranks with torch.distributed initialized (backend pyxccl, plus a Gloo group)."""
-    for n in (2, 3):
+    for n in (1, 2, 3, 4):
         assert pools(n).run(tf.init_torch, free_port(), timeout=120) == [("pyxccl", n)] * n
     return pools
 
 
-@pytest.mark.parametrize("n", (2, 3))
+@pytest.mark.parametrize("n", (1, 2, 3, 4))
 def test_every_operation_matches_gloo(torch_pools, n):
     out = torch_pools(n).run(tf.parity, timeout=200)
     fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]
     assert not fails, "\n".join(fails[:20])
 
 
-@pytest.mark.parametrize("n", (2, 3))
+@pytest.mark.parametrize("n", (2, 4))
 def test_ddp_matches_gloo_and_one_process(torch_pools, n):
     steps = 20
     mine = torch_pools(n).run(tf.ddp_losses, steps, "pyxccl", timeout=200)
@@ -61,3 +61,11 @@ def test_fsdp_matches_unsharded_and_checkpoint_round_trips(torch_pools, tmp_path
     for err, same in out:
         assert err < 1e-5, err
         assert same
+
+
+def test_errors_surface_from_wait_naming_the_peer():
+    from pyxccl.testing import RankPool
+    with RankPool(2, transports=("tcp",)) as pool:
+        out = pool.run(tf.torch_timeout_names_peer, free_port(), transport="tcp", timeout=60)
+    name, peer, msg = out[0]
+    assert name == "CommTimeoutError" and peer == 1 and "rank 1" in msg, out[0]

@@ -37,7 +37,7 @@ def parity(comm):
             if not torch.equal(x, y):
                 fails.append(f"{fn.__name__}: pyxccl {x.flatten()[:6].tolist()} gloo {y.flatten()[:6].tolist()}")
 
-    for dt in (torch.float32, torch.int64, torch.float64, torch.int32, torch.uint8):
+    for dt in (torch.float32, torch.int64, torch.float64, torch.int32, torch.uint8, torch.float16, torch.bfloat16):
         def allreduce_sum(g, dt=dt):
             t = (torch.arange(12) % 5 + r).to(dt)
             dist.all_reduce(t, group=g)
@@ -283,3 +283,25 @@ def fsdp_and_checkpoint(comm, path: str):
     same = all(torch.equal(a.full_tensor(), b.full_tensor())
                for a, b in zip(model.state_dict().values(), other.state_dict().values()))
     return err, same
+
+
+def torch_timeout_names_peer(comm, port: int):
+    """A collective only rank 0 enters: its wait() raises pyxccl's CommTimeoutError naming rank 1."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import pyxccl
+    import pyxccl.torch  # noqa: F401
+    dist.init_process_group("pyxccl", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
+                            world_size=comm.size, timeout=timedelta(seconds=2))
+    if comm.rank != 0:
+        return None
+    try:
+        dist.all_reduce(torch.ones(1 << 20))     # large: runs on the worker, error via the Future
+    except pyxccl.CommTimeoutError as e:
+        return ("CommTimeoutError", e.peer, str(e))
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, None, str(e))
+    return ("no error", None, "")

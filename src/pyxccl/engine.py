@@ -83,7 +83,9 @@ class Work:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until done; raise its error. ``timeout`` (s) caps this wait only."""
-        end = self._deadline if timeout is None else min(self._deadline, time.monotonic() + timeout)
+        # With no timeout of its own, give the operation a moment past its deadline to report its
+        # own, more precise error (which peer it waited for).
+        end = self._deadline + 1.0 if timeout is None else min(self._deadline, time.monotonic() + timeout)
         if not self._ran.wait(max(0.0, end - time.monotonic())):
             raise self._timeout(None)
         if self._exc is not None:

@@ -40,6 +40,38 @@ def _op(torch_op) -> ReduceOp:
 
 
 
+class _Work(torch._C._distributed_c10d.Work):
+    """torch's Work over pyxccl Works: ``wait()`` raises their error (a Work made from a Future
+    would only set it on the Future), ``get_future()`` for DDP hooks and ``then`` chains."""
+
+    def __init__(self, works, value, fut):
+        super().__init__()
+        self._works, self._value, self._fut = works, value, fut
+
+    def wait(self, timeout=None) -> bool:
+        secs = timeout.total_seconds() if timeout else None
+        for w in self._works:
+            w.wait(secs)          # raises pyxccl's error, naming the peer
+        self._fut.wait()          # and the unpacking callbacks (copies into output lists) are done
+        return True
+
+    def is_completed(self) -> bool:
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self) -> bool:
+        return self.is_completed() and all(w.exception() is None for w in self._works)
+
+    def exception(self):
+        return next((w.exception() for w in self._works if w.exception() is not None), None)
+
+    def get_future(self):
+        return self._fut
+
+    def result(self):
+        self.wait()
+        return self._value
+
+
 class ProcessGroupPyxccl(dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on a pyxccl Communicator."""
 
@@ -81,12 +113,13 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         last = works[-1] if works else None
         if last is None:
             fut.set_result(value)
-        else:
-            def done(w):
-                exc = next((x.exception() for x in works if x.exception() is not None), None)
-                self._completer.submit(self._complete, fut, value, exc)
-            last.add_done_callback(done)
-        return _create_work_from_future(fut)
+            return _create_work_from_future(fut)
+
+        def done(w):
+            exc = next((x.exception() for x in works if x.exception() is not None), None)
+            self._completer.submit(self._complete, fut, value, exc)
+        last.add_done_callback(done)
+        return _Work(works, value, fut)
 
     def _each(self, fn, tensors, value=None):
         return self._work([fn(t) for t in tensors], tensors if value is None else value)
