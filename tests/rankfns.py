@@ -222,6 +222,8 @@ def check_bad_inputs(comm):
                                                                 np.zeros(4 * n, np.float64))),
         ("alltoall", "overlap", lambda: comm.alltoall(shared, shared)),
         ("alltoallv", "adds up", lambda: comm.alltoallv(f32, np.zeros(4, np.float32), [1] * n, [4] * n)),
+        ("alltoallv", "equal blocks", lambda: comm.alltoallv(np.zeros(n, np.float32), np.zeros(n, np.float32),
+                                                             [1] * n, [1] * n, algorithm="bruck")),
         ("scatter", "must pass sendbuf", lambda: comm.scatter(None, f32, root=r)),
         ("gatherv", "needs counts", lambda: comm.gatherv(f32, None, None, root=r)),
         ("send", "dst=", lambda: comm.send(f32, n)),
