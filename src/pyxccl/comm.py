@@ -89,6 +89,16 @@ class _Check:
             raise self.error(f"{what} adds up to {sum(counts)} elements but the buffer has {total}")
         return counts
 
+    def root_counts(self, counts, root: int, own: int) -> list[int]:
+        """gatherv/scatterv counts: the root must pass them all; elsewhere None means just this rank's."""
+        if counts is not None:
+            return counts
+        if self.comm.rank == root:
+            raise self.error("the root needs counts (one per rank)")
+        counts = [0] * self.comm.size
+        counts[self.comm.rank] = own
+        return counts
+
     def algorithm(self, primitive: str, name, nbytes: int = 0, itemsize: int = 4):
         """The builder to use, as ``f(**args) -> Schedule`` for this rank: the one named by the
         call or PYXCCL_ALGO, else the tuner's choice for this size."""
@@ -435,11 +445,7 @@ class Communicator:
         c = _Check(self, "gatherv")
         send = c.array(sendbuf, "sendbuf", writable=False)
         root = c.rank(root, "root")
-        if counts is None:
-            if self.rank == root:
-                raise c.error("the root needs counts (one per rank)")
-            counts = [0] * self.size
-            counts[self.rank] = send.size
+        counts = c.root_counts(counts, root, send.size)
         return self._gatherv_root("gatherv", c, send, recvbuf, root, counts, algorithm, async_op, timeout)
 
     def _gatherv_root(self, name, c, send, recvbuf, root, counts, algorithm, async_op, timeout):
@@ -481,11 +487,7 @@ class Communicator:
         c = _Check(self, "scatterv")
         recv = c.array(recvbuf, "recvbuf", writable=True)
         root = c.rank(root, "root")
-        if counts is None:
-            if self.rank == root:
-                raise c.error("the root needs counts (one per rank)")
-            counts = [0] * self.size
-            counts[self.rank] = recv.size
+        counts = c.root_counts(counts, root, recv.size)
         return self._scatterv("scatterv", c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout)
 
     def _scatterv(self, name, c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout):
