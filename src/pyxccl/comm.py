@@ -76,7 +76,10 @@ class _Check:
             raise self.error(why, UnsupportedOpError)
         return op
 
-    def counts(self, counts, what: str, total: int | None = None) -> list[int]:
+    def counts(self, counts, what: str, total: int | None = None,
+               own: tuple[int, str] | None = None) -> list[int]:
+        """Checked per-rank counts; ``total``: what they must add up to; ``own``: (elements, buffer name)
+        that this rank's count must match."""
         try:
             counts = [int(c) for c in counts]
         except (TypeError, ValueError):
@@ -87,6 +90,9 @@ class _Check:
             raise self.error(f"{what} has a negative count: {counts}")
         if total is not None and sum(counts) != total:
             raise self.error(f"{what} adds up to {sum(counts)} elements but the buffer has {total}")
+        me = self.comm.rank
+        if own is not None and counts[me] != own[0]:
+            raise self.error(f"{what}[{me}]={counts[me]} but {own[1]} has {own[0]} elements")
         return counts
 
     def root_counts(self, counts, root: int, own: int) -> list[int]:
@@ -416,9 +422,7 @@ class Communicator:
 
     def _gatherv(self, name, c, sendbuf, recvbuf, counts, algorithm, async_op, timeout):
         send = c.array(sendbuf, "sendbuf", writable=False)
-        counts = c.counts(counts, "counts")
-        if counts[self.rank] != send.size:
-            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but sendbuf has {send.size} elements")
+        counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
         recvbuf = np.empty(sum(counts), send.dtype) if recvbuf is None else recvbuf
         recv = c.array(recvbuf, "recvbuf", writable=True)
         c.same_dtype(send, recv, "recvbuf")
@@ -452,9 +456,7 @@ class Communicator:
         if name == "gatherv":     # only the root knows every count: the tree algorithms need them all
             algorithm = algorithm or "direct"
         root = c.rank(root, "root")
-        counts = c.counts(counts, "counts")
-        if counts[self.rank] != send.size:
-            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but sendbuf has {send.size} elements")
+        counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
         bufs = {"in": send}
         if self.rank == root:
             recvbuf = np.empty(sum(counts), send.dtype) if recvbuf is None else recvbuf
@@ -494,9 +496,7 @@ class Communicator:
         if name == "scatterv":    # only the root knows every count
             algorithm = algorithm or "direct"
         root = c.rank(root, "root")
-        counts = c.counts(counts, "counts")
-        if counts[self.rank] != recv.size:
-            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but recvbuf has {recv.size} elements")
+        counts = c.counts(counts, "counts", own=(recv.size, "recvbuf"))
         bufs = {"out": recv}
         if self.rank == root:
             if sendbuf is None:
@@ -534,9 +534,7 @@ class Communicator:
     def _reduce_scatterv(self, name, c, sendbuf, recv, recvbuf, counts, op, algorithm, async_op, timeout):
         send = c.array(sendbuf, "sendbuf", writable=False)
         c.same_dtype(send, recv, "recvbuf")
-        counts = c.counts(counts, "counts", total=send.size)
-        if counts[self.rank] != recv.size:
-            raise c.error(f"counts[{self.rank}]={counts[self.rank]} but recvbuf has {recv.size} elements")
+        counts = c.counts(counts, "counts", total=send.size, own=(recv.size, "recvbuf"))
         rop = c.op_for(op, send.dtype)
         build = c.algorithm("reduce_scatter", algorithm, send.nbytes, send.itemsize)
         after = (lambda: np.divide(recv, self.size, out=recv)) if rop is ReduceOp.AVG else None

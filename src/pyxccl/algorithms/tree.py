@@ -51,54 +51,60 @@ def _subtree(vr: int, n: int) -> int:
     return min(vr + low, n)
 
 
+class _Tree:
+    """The binomial tree of gather and scatter, rooted at ``root``, for rank ``rank``: its virtual
+    rank, parent, children (nearest first) and the blocks of its subtree, laid out in "tmp" in
+    virtual-rank order starting at ``base``."""
+
+    def __init__(self, rank: int, n: int, counts: list[int], root: int):
+        self.vr = vr = (rank - root) % n
+        self.real = lambda v: (v + root) % n          # noqa: E731
+        self.vcounts = [counts[self.real(v)] for v in range(n)]
+        self.voff = offsets(self.vcounts)
+        self.end = _subtree(vr, n)
+        self.base = self.voff[vr]
+        self.size = self.voff[self.end] - self.base
+        self.parent = self.real(vr - (vr & -vr)) if vr else None
+        self.children = []
+        bit = 1
+        while (vr + bit < self.end) if vr else bit < n:
+            self.children.append(vr + bit)
+            bit <<= 1
+
+    def span(self, child: int) -> tuple[int, int]:
+        """(offset in this rank's "tmp", elements) of ``child``'s subtree."""
+        n = len(self.vcounts)
+        return self.voff[child] - self.base, self.voff[_subtree(child, n)] - self.voff[child]
+
+
 @register("gather", "binomial")
 def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     """Blocks climb the binomial tree: ceil(log2 n) steps; a rank gathers its subtree's blocks in
     "tmp" (in virtual-rank order), the root puts them in rank order at the end."""
-    n = nranks
-    vr = (rank - root) % n
-    vcounts = [counts[(v + root) % n] for v in range(n)]
-    voff = offsets(vcounts)
-    end = _subtree(vr, n)
-    base = voff[vr]
-    s = Schedule(rank, n, scratch=voff[end] - base)
+    t = _Tree(rank, nranks, counts, root)
+    s = Schedule(rank, nranks, scratch=t.size)
     s.step(Copy("in", 0, "tmp", 0, counts[rank]))
-    bit = 1
-    while vr + bit < end if vr else bit < n:
-        child = vr + bit
-        cend = _subtree(child, n)
-        s.step(Recv((child + root) % n, "tmp", voff[child] - base, voff[cend] - voff[child]))
-        bit <<= 1
-    if vr:
-        s.step(Send((vr - (vr & -vr) + root) % n, "tmp", 0, voff[end] - base))
+    for child in t.children:
+        s.step(Recv(t.real(child), "tmp", *t.span(child)))
+    if t.parent is not None:
+        s.step(Send(t.parent, "tmp", 0, t.size))
     else:
         off = offsets(counts)
-        s.step(*(Copy("tmp", voff[v], "out", off[(v + root) % n], vcounts[v]) for v in range(n)))
+        s.step(*(Copy("tmp", t.voff[v], "out", off[t.real(v)], t.vcounts[v]) for v in range(nranks)))
     return s
 
 
 @register("scatter", "binomial")
 def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     """The gather tree run backwards: each rank receives its subtree's blocks, keeps its own."""
-    n = nranks
-    vr = (rank - root) % n
-    vcounts = [counts[(v + root) % n] for v in range(n)]
-    voff = offsets(vcounts)
-    end = _subtree(vr, n)
-    base = voff[vr]
-    s = Schedule(rank, n, scratch=voff[end] - base)
-    if vr:
-        s.step(Recv((vr - (vr & -vr) + root) % n, "tmp", 0, voff[end] - base))
+    t = _Tree(rank, nranks, counts, root)
+    s = Schedule(rank, nranks, scratch=t.size)
+    if t.parent is not None:
+        s.step(Recv(t.parent, "tmp", 0, t.size))
     else:
         off = offsets(counts)
-        s.step(*(Copy("in", off[(v + root) % n], "tmp", voff[v], vcounts[v]) for v in range(n)))
-    bits = []
-    bit = 1
-    while (vr + bit < end) if vr else bit < n:
-        bits.append(bit)
-        bit <<= 1
-    for bit in reversed(bits):                          # farthest subtree first: it has the most to do
-        child = vr + bit
-        s.step(Send((child + root) % n, "tmp", voff[child] - base, voff[_subtree(child, n)] - voff[child]))
+        s.step(*(Copy("in", off[t.real(v)], "tmp", t.voff[v], t.vcounts[v]) for v in range(nranks)))
+    for child in reversed(t.children):          # farthest subtree first: it has the most to do
+        s.step(Send(t.real(child), "tmp", *t.span(child)))
     s.step(Copy("tmp", 0, "out", 0, counts[rank]))
     return s
