@@ -111,6 +111,36 @@ def parity(comm):
             q.wait()
         if not torch.equal(got, torch.full((3,), float((r - 1) % n))):
             fails.append(f"isend/irecv ring: {got}")
+        # recv from any source: rank 0 hears from every other rank, in whatever order they arrive
+        if r == 0:
+            heard = {}
+            for _ in range(n - 1):
+                got = torch.empty(2, dtype=torch.int64)
+                src = dist.recv(got, tag=5)
+                heard[src] = got.tolist()
+            if heard != {p: [p, 10 * p] for p in range(1, n)}:
+                fails.append(f"recv(src=None): {heard}")
+        else:
+            dist.send(torch.tensor([r, 10 * r]), 0, tag=5)
+    # PREMUL_SUM (Gloo has none): a sum of inputs each multiplied by the factor first
+    for factor in (0.5, torch.tensor([3.0])):
+        f = float(factor)
+        t = torch.arange(4.0) + r
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+        want = f * (torch.arange(4.0) * n + n * (n - 1) / 2)
+        if not torch.allclose(t, want):
+            fails.append(f"all_reduce PREMUL_SUM({f}): {t} != {want}")
+        inp = torch.arange(2.0 * n) + r
+        out = torch.empty(2)
+        dist.reduce_scatter_tensor(out, inp, op=dist._make_nccl_premul_sum(factor))
+        want = f * (torch.arange(2.0 * r, 2.0 * r + 2) * n + n * (n - 1) / 2)
+        if not torch.allclose(out, want) or not torch.equal(inp, torch.arange(2.0 * n) + r):
+            fails.append(f"reduce_scatter_tensor PREMUL_SUM({f}): {out} != {want}, input now {inp}")
+        t = torch.full((3,), float(r + 1))
+        dist.reduce(t, dst=n - 1, op=dist._make_nccl_premul_sum(factor))
+        want = torch.full((3,), f * n * (n + 1) / 2) if r == n - 1 else torch.full((3,), float(r + 1))
+        if not torch.allclose(t, want):
+            fails.append(f"reduce PREMUL_SUM({f}): {t} != {want}")
     dist.barrier()
     return fails
 

@@ -308,11 +308,12 @@ class Communicator:
             if out is not _QUEUED:
                 if call._recvs:             # a recv posted its request: wait for it like a Work would
                     work = Work(op, seq, self.rank, deadline)
-                    work._recvs, work._cancel = call._recvs, call._cancel
+                    work._recvs, work._cancel, work._from_world = call._recvs, call._cancel, self._from_world
                     work._ran.set()
                     work.wait()
                 return out
         work = Work(op, seq, self.rank, deadline)
+        work._from_world = self._from_world
         self._engine.submit(guarded, work, async_op=async_op)
         if async_op:
             return work
@@ -609,21 +610,27 @@ class Communicator:
             self._peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
         return self._submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
 
-    def irecv(self, tensor, src: int, tag: int = 0, *, timeout=None) -> Work:
-        """Start receiving into ``tensor`` from rank ``src``."""
+    def irecv(self, tensor, src: int | None, tag: int = 0, *, timeout=None) -> Work:
+        """Start receiving into ``tensor`` from rank ``src`` (None: from any rank).
+
+        >>> w = comm.irecv(buf, None, tag=3)     # doctest: +SKIP
+        >>> sender = w.source_rank()              # waits, then names the sender
+        """
         return self._recv("irecv", tensor, src, tag, timeout, async_op=True)
 
-    def recv(self, tensor, src: int, tag: int = 0, *, timeout=None):
-        """Receive into ``tensor`` from rank ``src`` a message sent with the same tag; returns ``tensor``."""
+    def recv(self, tensor, src: int | None, tag: int = 0, *, timeout=None):
+        """Receive into ``tensor`` from rank ``src`` (None: any rank; ``irecv(...).source_rank()``
+        names it) a message sent with the same tag; returns ``tensor``."""
         return self._recv("recv", tensor, src, tag, timeout, async_op=False)
 
     def _recv(self, name, tensor, src, tag, timeout, async_op):
         c = _Check(self, name)
         buf = c.array(tensor, "tensor", writable=True)
-        src, tag = c.rank(src, "src"), c.tag(tag)
+        src, tag = None if src is None else c.rank(src, "src"), c.tag(tag)
 
         def fn(work, deadline):
-            req = RecvRequest(self._world_ranks[src], (self._id, tag, 0), buf, None, name)
+            peer = None if src is None else self._world_ranks[src]
+            req = RecvRequest(peer, (self._id, tag, 0), buf, None, name)
             work._recvs.append(req)
             work._cancel = self._mesh.mailbox.cancel
             self._mesh.mailbox.post(req)

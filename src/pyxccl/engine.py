@@ -37,6 +37,7 @@ class Work:
         self._recvs: list[RecvRequest] = []   # receives still landing after the worker moved on
         self._callbacks: list = []
         self._cancel = None
+        self._from_world = None  # world rank -> this communicator's rank, for naming peers
 
     def _finish(self, result=None, exc: BaseException | None = None) -> None:
         self._result, self._exc = result, exc
@@ -94,10 +95,18 @@ class Work:
             if not r.event.wait(max(0.0, end - time.monotonic())):
                 if self._cancel is not None and end >= self._deadline:
                     self._cancel(r)
-                raise self._timeout(r.peer)
+                raise self._timeout(None if r.peer is None or self._from_world is None
+                                    else self._from_world(r.peer))
             if r.error is not None:
                 raise r.error
         return True
+
+    def source_rank(self) -> int:
+        """For an ``irecv``: wait, then return the rank the message came from (useful with ``src=None``)."""
+        if self.op != "irecv":
+            raise TypeError(f"rank {self._rank}: source_rank() is for irecv Works, not {self.op}")
+        self.wait()
+        return self._from_world(self._recvs[0].peer)
 
     def result(self):
         """Wait, then return what the blocking call would have returned."""

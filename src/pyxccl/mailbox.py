@@ -4,6 +4,8 @@ A message is keyed by (communicator id, tag, seq): collectives use a negative
 tag (minus the primitive's code) and their sequence number on the
 communicator; point-to-point calls use the user's tag and seq 0. Messages with
 one key are matched in the order they were sent (MPI's non-overtaking rule).
+A receive posted with ``peer=None`` takes the first message with its key from
+any peer (MPI_ANY_SOURCE); receives naming the peer are matched before it.
 
 A message that arrives before its receive is posted is copied to the heap
 ("unexpected"), so that a sender never waits for the receiver to call recv:
@@ -60,11 +62,11 @@ class RecvRequest:
 
 
 class _Unexpected:
-    __slots__ = ("buf", "got", "dtype_code", "nbytes")
+    __slots__ = ("buf", "got", "dtype_code", "nbytes", "order")
 
-    def __init__(self, nbytes: int, dtype_code: int):
+    def __init__(self, nbytes: int, dtype_code: int, order: int):
         self.buf = np.empty(nbytes, np.uint8)
-        self.got, self.dtype_code, self.nbytes = 0, dtype_code, nbytes
+        self.got, self.dtype_code, self.nbytes, self.order = 0, dtype_code, nbytes, order
 
 
 class Mailbox:
@@ -76,10 +78,14 @@ class Mailbox:
         self._posted: dict[tuple, deque] = defaultdict(deque)      # (peer, key) -> RecvRequests
         self._unexpected: dict[tuple, deque] = defaultdict(deque)  # (peer, key) -> _Unexpected
         self._current: dict[tuple, object] = {}   # (peer, key) -> message being filled
+        self._any: dict[tuple, deque] = defaultdict(deque)         # key -> any-source RecvRequests
+        self._arrivals = 0                        # orders unexpected messages for any-source receives
         self._dead: dict[int, BaseException] = {}
 
     # --- called by the engine -------------------------------------------------
     def post(self, req: RecvRequest) -> None:
+        if req.peer is None:
+            return self._post_any(req)
         pk = (req.peer, req.key)
         with self._lock:
             q = self._unexpected.get(pk)
@@ -93,11 +99,22 @@ class Mailbox:
                 return
         self._take(req, msg)
 
+    def _post_any(self, req: RecvRequest) -> None:
+        with self._lock:
+            ready = [(q[0].order, pk) for pk, q in self._unexpected.items()
+                     if pk[1] == req.key and q and q[0].got == q[0].nbytes]
+            if not ready:
+                self._any[req.key].append(req)
+                return
+            pk = min(ready)[1]
+            req.peer, msg = pk[0], self._unexpected[pk].popleft()
+        self._take(req, msg)
+
     def cancel(self, req: RecvRequest) -> None:
         with self._lock:
-            q = self._posted.get((req.peer, req.key))
-            if q and req in q:
-                q.remove(req)
+            for q in (self._posted.get((req.peer, req.key)), self._any.get(req.key)):
+                if q and req in q:
+                    q.remove(req)
 
     def _take(self, req: RecvRequest, msg: _Unexpected) -> None:
         err = self._check(req, msg.nbytes, msg.dtype_code)
@@ -114,15 +131,17 @@ class Mailbox:
         pk = (peer, key)
         with self._lock:
             if off == 0:
-                q = self._posted.get(pk)
+                q = self._posted.get(pk) or self._any.get(key)
                 if q and not self._current.get(pk):
                     target = q.popleft()
+                    target.peer = peer         # an any-source receive learns its sender here
                     err = self._check(target, total, dtype_code)
                     if err:
                         target.fail(err)
-                        target = _Unexpected(total, dtype_code)  # drain it, nobody will read it
+                        target = _Unexpected(total, dtype_code, 0)  # drain it, nobody will read it
                 else:
-                    target = _Unexpected(total, dtype_code)
+                    self._arrivals += 1
+                    target = _Unexpected(total, dtype_code, self._arrivals)
                     self._unexpected[pk].append(target)
                 if total > len(src):
                     self._current[pk] = target
@@ -143,10 +162,11 @@ class Mailbox:
     def _match_late(self, pk) -> None:
         """An unexpected message completed: hand it to a receive posted meanwhile."""
         with self._lock:
-            q, u = self._posted.get(pk), self._unexpected.get(pk)
+            q, u = self._posted.get(pk) or self._any.get(pk[1]), self._unexpected.get(pk)
             if not (q and u and u[0].got == u[0].nbytes):
                 return
             req, msg = q.popleft(), u.popleft()
+            req.peer = pk[0]
         self._take(req, msg)
 
     def _check(self, req: RecvRequest, total: int, dtype_code: int):

@@ -31,13 +31,21 @@ _OPS = {dist.ReduceOp.SUM: ReduceOp.SUM, dist.ReduceOp.PRODUCT: ReduceOp.PROD, d
         dist.ReduceOp.BOR: ReduceOp.BOR, dist.ReduceOp.BXOR: ReduceOp.BXOR}
 
 
-def _op(torch_op) -> ReduceOp:
+def _op(torch_op):
+    """pyxccl's op for torch's, and the factor every input is multiplied by first (None but for
+    PREMUL_SUM, NCCL's op that torch makes with ``_make_nccl_premul_sum(factor)``: a SUM of scaled
+    inputs, which saves DDP/FSDP a division pass)."""
+    if getattr(torch_op, "op", None) == dist.ReduceOp.RedOpType.PREMUL_SUM:
+        return ReduceOp.SUM, torch_op.factor
     for k, v in _OPS.items():
         if torch_op == k:
-            return v
+            return v, None
     raise pyxccl.UnsupportedOpError(f"pyxccl backend: reduce op {torch_op} is not supported; use SUM, PRODUCT, "
-                                    f"MIN, MAX, AVG, BAND, BOR or BXOR")
+                                    f"MIN, MAX, AVG, BAND, BOR, BXOR or PREMUL_SUM")
 
+
+def _scaled(t, factor):
+    return t if factor is None else t * factor
 
 
 class _Work(torch._C._distributed_c10d.Work):
@@ -70,6 +78,10 @@ class _Work(torch._C._distributed_c10d.Work):
     def result(self):
         self.wait()
         return self._value
+
+    def _source_rank(self) -> int:
+        """The sender of a ``recv_anysource`` (torch's dist.recv(src=None) asks this)."""
+        return self._works[0].source_rank()
 
 
 class ProcessGroupPyxccl(dist.ProcessGroup):
@@ -141,7 +153,10 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
 
     # --- collectives ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
-        op = _op(opts.reduceOp) if opts is not None else ReduceOp.SUM
+        op, factor = _op(opts.reduceOp) if opts is not None else (ReduceOp.SUM, None)
+        if factor is not None:        # the result replaces the input: scale it in place
+            for t in tensors:
+                t.mul_(factor)
         if len(tensors) == 1:
             t = tensors[0]
             return self._call(lambda a: self.comm.allreduce(t, op, async_op=a), t.nbytes, tensors)
@@ -157,8 +172,16 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         return self._each(lambda t: self.comm.broadcast(t, opts.rootRank, async_op=True), tensors)
 
     def reduce(self, tensors, opts):
-        op = _op(opts.reduceOp)
-        return self._each(lambda t: self.comm.reduce(t, opts.rootRank, op, async_op=True), tensors)
+        op, factor = _op(opts.reduceOp)
+        if factor is None:
+            return self._each(lambda t: self.comm.reduce(t, opts.rootRank, op, async_op=True), tensors)
+        works = []         # the inputs of non-roots stay as they were: reduce scaled copies
+        for t in tensors:
+            tmp = t * factor
+            works.append(self.comm.reduce(tmp, opts.rootRank, op, async_op=True))
+            if self.rank() == opts.rootRank:
+                works[-1].add_done_callback(lambda _w, t=t, tmp=tmp: t.copy_(tmp))
+        return self._work(works, tensors)
 
     def allgather(self, output_lists, inputs, opts=None):
         works = []
@@ -180,22 +203,24 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def reduce_scatter(self, outputs, input_lists, opts):
-        op, works = _op(opts.reduceOp), []
+        (op, factor), works = _op(opts.reduceOp), []
         for out, ins in zip(outputs, input_lists):
-            works.append(self.comm.reduce_scatter(torch.cat([i.reshape(-1) for i in ins]), out, op, async_op=True))
+            send = _scaled(torch.cat([i.reshape(-1) for i in ins]), factor)
+            works.append(self.comm.reduce_scatter(send, out, op, async_op=True))
         return self._work(works, outputs)
 
     def _reduce_scatter_base(self, output, input, opts):
-        op = _op(opts.reduceOp)
+        op, factor = _op(opts.reduceOp)
+        input = _scaled(input, factor)
         return self._call(lambda a: self.comm.reduce_scatter(input, output, op, async_op=a), input.nbytes,
                           [output])
 
     reduce_scatter_single = _reduce_scatter_base
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        op = _op(opts.reduceOp)
-        return self._work([self.comm.reduce_scatter(i, o, op, async_op=True) for o, i in zip(outputs, inputs)],
-                          outputs)
+        op, factor = _op(opts.reduceOp)
+        return self._work([self.comm.reduce_scatter(_scaled(i, factor), o, op, async_op=True)
+                           for o, i in zip(outputs, inputs)], outputs)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -243,6 +268,9 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
 
     def recv(self, tensors, src: int, tag: int = 0):
         return self._each(lambda t: self.comm.irecv(t, src, tag), tensors)
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        return self._each(lambda t: self.comm.irecv(t, None, tag), tensors)
 
     def barrier(self, opts=None):
         return self._call(lambda a: self.comm.barrier(async_op=a), 0, [])
