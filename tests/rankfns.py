@@ -502,3 +502,18 @@ def idle_cpu_in_collective(comm, sleep_s: float):
     cpu = time.process_time()
     comm.allreduce(np.ones(4, np.float32))
     return time.process_time() - cpu, comm.last_algorithm
+
+
+def init_with_secrets(comm, port: int, secrets: list[str]):
+    """A second job on this pool, each rank with its own PYXCCL_SECRET: what does init raise?"""
+    import os
+
+    import pyxccl
+    os.environ["PYXCCL_SECRET"] = secrets[comm.rank]
+    try:
+        pyxccl.init(comm.rank, comm.size, init_method=f"tcp://127.0.0.1:{port}", timeout=8).close()
+        return "no error"
+    except pyxccl.PyxcclError as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        del os.environ["PYXCCL_SECRET"]

@@ -56,17 +56,29 @@ class RecvRequest:
             dt = self.dst.dtype
             a, b = off // dt.itemsize, (off + n) // dt.itemsize
             self.reduce(self.dst[a:b], src.view(dt))
+        self.landed(n)
+
+    def landed(self, n: int) -> None:
+        """``n`` more bytes are in place."""
         self.got += n
         if self.got >= self.nbytes:
             self.complete()
 
 
 class _Unexpected:
-    __slots__ = ("buf", "got", "dtype_code", "nbytes", "order")
+    """A message that came before its receive, kept as the chunks that arrived: memory is never
+    allocated at the size a header claims, only as bytes come. ``order`` < 0: a message whose
+    receive failed, read and dropped."""
+    __slots__ = ("chunks", "got", "dtype_code", "nbytes", "order")
 
     def __init__(self, nbytes: int, dtype_code: int, order: int):
-        self.buf = np.empty(nbytes, np.uint8)
+        self.chunks: list[tuple[int, np.ndarray]] = []
         self.got, self.dtype_code, self.nbytes, self.order = 0, dtype_code, nbytes, order
+
+    def add(self, off: int, data: np.ndarray) -> None:
+        if self.order >= 0:
+            self.chunks.append((off, data))
+        self.got += data.nbytes
 
 
 class Mailbox:
@@ -121,43 +133,81 @@ class Mailbox:
         if err:
             req.fail(err)
         else:
-            req.put(0, msg.buf)
+            for off, data in msg.chunks:
+                req.put(off, data)
             if req.nbytes == 0:
                 req.complete()
 
     # --- called by transports' receiver threads ----------------------------------
-    def deliver(self, peer: int, key, dtype_code: int, total: int, off: int, src: np.ndarray) -> None:
-        """Chunk [off, off+len(src)) of a ``total``-byte message from ``peer``."""
+    def _target(self, peer: int, key, dtype_code: int, total: int, off: int, n: int):
+        """Where chunk [off, off+n) of a ``total``-byte message from ``peer`` goes."""
         pk = (peer, key)
         with self._lock:
-            if off == 0:
+            cur = self._current.get(pk)
+            if off == 0 and cur is None:
                 q = self._posted.get(pk) or self._any.get(key)
-                if q and not self._current.get(pk):
+                if q:
                     target = q.popleft()
                     target.peer = peer         # an any-source receive learns its sender here
                     err = self._check(target, total, dtype_code)
                     if err:
                         target.fail(err)
-                        target = _Unexpected(total, dtype_code, 0)  # drain it, nobody will read it
+                        target = _Unexpected(total, dtype_code, -1)  # read it, nobody will use it
                 else:
                     self._arrivals += 1
                     target = _Unexpected(total, dtype_code, self._arrivals)
                     self._unexpected[pk].append(target)
-                if total > len(src):
-                    self._current[pk] = target
+            elif cur is None or cur[1] != off:
+                raise ProtocolError(
+                    f"rank {self.rank}: rank {peer} sent bytes {off}..{off + n} of a {total}-byte message "
+                    f"where bytes from {cur[1] if cur else 0} were due; the stream is corrupt, closing it",
+                    rank=self.rank, peer=peer)
             else:
-                target = self._current[pk]
-            if off + len(src) >= total:
+                target = cur[0]
+            if off + n >= total:
                 self._current.pop(pk, None)
+            else:
+                self._current[pk] = (target, off + n)
+        return target
+
+    def _landed(self, target, peer: int, key) -> None:
+        if isinstance(target, _Unexpected):
+            if target.got == target.nbytes and target.order >= 0:
+                self._match_late((peer, key))
+        elif target.nbytes == 0:
+            target.complete()
+
+    def deliver(self, peer: int, key, dtype_code: int, total: int, off: int, src: np.ndarray) -> None:
+        """Chunk [off, off+len(src)) of a ``total``-byte message from ``peer`` (copied before returning)."""
+        target = self._target(peer, key, dtype_code, total, off, len(src))
         if isinstance(target, RecvRequest):
             target.put(off, src)
-            if total == 0:
-                target.complete()
         else:
-            np.copyto(target.buf[off:off + len(src)], src)
-            target.got += len(src)
-            if target.got == target.nbytes:
-                self._match_late(pk)
+            target.add(off, src.copy() if target.order >= 0 else src)
+        self._landed(target, peer, key)
+
+    def deliver_from(self, peer: int, key, dtype_code: int, total: int, off: int, n: int, read,
+                     scratch: np.ndarray) -> None:
+        """Like ``deliver``, but ``read(view)`` fills a uint8 view with the chunk's next bytes: straight
+        into the receive buffer when it copies, else through ``scratch`` (whose size must be a multiple
+        of every itemsize) in pieces."""
+        target = self._target(peer, key, dtype_code, total, off, n)
+        if isinstance(target, RecvRequest) and target.reduce is None:
+            read(target.raw[off:off + n])
+            target.landed(n)
+        else:
+            done = 0
+            while done < n:
+                k = min(len(scratch), n - done)
+                if isinstance(target, RecvRequest):
+                    read(scratch[:k])
+                    target.put(off + done, scratch[:k])
+                else:
+                    piece = np.empty(k, np.uint8) if target.order >= 0 else scratch[:k]
+                    read(piece)
+                    target.add(off + done, piece)
+                done += k
+        self._landed(target, peer, key)
 
     def _match_late(self, pk) -> None:
         """An unexpected message completed: hand it to a receive posted meanwhile."""
@@ -199,8 +249,9 @@ class Mailbox:
         return self._dead.get(peer)
 
 
-def lost_error(rank: int, peer: int, why: str) -> PeerLostError:
+def lost_error(rank: int, peer: int, why: str, host: str | None = None) -> PeerLostError:
+    where = f" on host {host}" if host else ""
     return PeerLostError(
-        f"rank {rank}: lost rank {peer} ({why}); the job cannot go on without it: "
+        f"rank {rank}: lost rank {peer}{where} ({why}); the job cannot go on without it: "
         f"check that rank's output for its error, then restart the job",
         rank=rank, peer=peer)

@@ -6,6 +6,10 @@ pair connects (the higher rank dials the lower). The transport of a pair is
 shared memory when both ranks report the same host identity, TCP otherwise
 (``PYXCCL_TRANSPORT=tcp|shm|auto`` forces one). All communicators split from
 the world share the mesh; messages carry the communicator id.
+
+Every connection starts with the job's HMAC handshake (``pyxccl.auth``): a
+connection that fails it is logged and dropped, and never reaches a
+transport. Listening sockets bind to this rank's chosen address only.
 """
 from __future__ import annotations
 
@@ -14,19 +18,17 @@ import os
 import secrets
 import select
 import socket
-import struct
 import threading
 import time
 
+from . import auth
 from ._errors import InvalidArgumentError, RendezvousError
 from .mailbox import Mailbox
 from .topology import host_id, local_address, numa_node
-from .transport.base import recv_bytes
 from .transport.shm import ShmPeer
 from .transport.tcp import TcpPeer
 
-_HELLO = struct.Struct("<8s16sI")
-_HELLO_MAGIC = b"pyxccl01"
+_HANDSHAKE_SECONDS = 10.0     # a connection that has not proved itself by then is dropped
 
 
 class SelfPeer:
@@ -92,82 +94,112 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
                                    rank=rank, op="init")
     mesh = Mesh(rank, size)
     deadline = time.monotonic() + timeout
+    secret = auth.job_secret(store, rank, timeout)
     if rank == 0:
-        token = secrets.token_bytes(16)
-        store.set("token", token)
+        job = secrets.token_hex(8)
+        store.set("pyxccl/job", job.encode())
     else:
-        token = store.get("token", timeout=timeout)
+        job = store.get("pyxccl/job", timeout=timeout).decode()
     me = host_id()
     addr = local_address(master_addr)
     tcp_l = socket.create_server((addr, 0), backlog=max(16, size))
-    unix_name = f"\0pyxccl-{token.hex()}-{rank}"
+    unix_name = f"\0pyxccl-{job}-{rank}"
     unix_l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     unix_l.bind(unix_name)
     unix_l.listen(max(16, size))
-    store.set(f"addr/{rank}", json.dumps({"host": me, "tcp": [addr, tcp_l.getsockname()[1]],
-                                          "unix": unix_name[1:], "pid": os.getpid(),
-                                          "cores": len(os.sched_getaffinity(0)), "numa": numa_node()}).encode())
-    infos = [json.loads(store.get(f"addr/{r}", timeout=max(0.1, deadline - time.monotonic())))
-             for r in range(size)]
-    mesh.hosts = [i["host"] for i in infos]
-    mesh.cores = [i["cores"] for i in infos]
-    mesh.numa = [i["numa"] for i in infos]
-
-    def kind(a: int, b: int) -> str:
-        if a == b:
-            return "self"
-        return "shm" if mesh.hosts[a] == mesh.hosts[b] and transport != "tcp" else "tcp"
-    mesh.kinds = [[kind(a, b) for b in range(size)] for a in range(size)]
-
-    def kind_for(p: int) -> str:
-        if transport == "shm" and mesh.hosts[p] != me:
-            raise RendezvousError(
-                f"rank {rank}: PYXCCL_TRANSPORT=shm but rank {p} is on host {mesh.hosts[p]!r} and this rank "
-                f"on {me!r}; use PYXCCL_TRANSPORT=auto or tcp across hosts", rank=rank, peer=p, op="init")
-        return mesh.kinds[rank][p]
-
     peer_cls = {"shm": ShmPeer, "tcp": TcpPeer}
     errors: list[BaseException] = []
+    lock = threading.Lock()
+    want: dict[int, str] = {}        # ranks that dial us, and over what (once every address is known)
+    known = threading.Event()
+    all_in = threading.Event()       # every peer's transport is made (or one failed)
+    if size == 1:
+        all_in.set()
+
+    def admit(conn: socket.socket, kind: str) -> None:
+        # Each connection proves itself on its own thread: a stranger who connects and stays
+        # silent must not hold up the ranks behind it.
+        conn.settimeout(min(_HANDSHAKE_SECONDS, max(0.1, deadline - time.monotonic())))
+        try:
+            peer = auth.accept(conn, secret)
+            known.wait(max(0.1, deadline - time.monotonic()))
+            with lock:
+                if want.get(peer) != kind:
+                    raise auth.AuthError(f"rank {peer} over {kind} was not expected (a duplicate, or not "
+                                         f"a rank above {rank} of this {size}-rank job)")
+                del want[peer]
+        except (OSError, auth.AuthError) as e:
+            auth.refused(f"rank {rank}", conn, e)
+            conn.close()
+            return
+        try:
+            made = peer_cls[kind](rank, peer, mesh.mailbox, mesh.on_lost, conn)
+            conn.settimeout(None)
+        except BaseException as e:  # noqa: BLE001  (reported by the main thread)
+            errors.append(e)
+            conn.close()
+            all_in.set()             # wake the main thread: this job cannot start
+            return
+        with lock:
+            mesh.peers[peer] = made
+            if len(mesh.peers) == size:
+                all_in.set()
 
     def accept_all():
-        # One loop over both listeners, each connection finished at once: waiting on one
-        # kind of connection while a dialer blocks in the other's handshake could deadlock.
-        want = {p: kind_for(p) for p in range(rank + 1, size)}
         kind_of = {tcp_l: "tcp", unix_l: "shm"}
         try:
-            while want:
-                ready, _, _ = select.select([tcp_l, unix_l], [], [], max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    raise TimeoutError("timed out")
+            while not all_in.is_set():
+                ready, _, _ = select.select([tcp_l, unix_l], [], [], 0.1)
                 for lst in ready:
                     conn, _ = lst.accept()
-                    conn.settimeout(min(10.0, max(0.1, deadline - time.monotonic())))
-                    try:
-                        magic, tok, peer = _HELLO.unpack(recv_bytes(conn, _HELLO.size))
-                    except (OSError, ConnectionError):
-                        conn.close()
-                        continue
-                    if magic != _HELLO_MAGIC or tok != token or want.get(peer) != kind_of[lst]:
-                        conn.close()     # not a rank of this job, or a duplicate: drop it
-                        continue
-                    del want[peer]
-                    mesh.peers[peer] = peer_cls[kind_of[lst]](rank, peer, mesh.mailbox, mesh.on_lost, conn)
-                    conn.settimeout(None)
-        except BaseException as e:  # noqa: BLE001
+                    threading.Thread(target=admit, args=(conn, kind_of[lst]), daemon=True,
+                                     name=f"pyxccl-admit-{rank}").start()
+        except (OSError, ValueError) as e:     # the listeners were closed under us: we are giving up
             errors.append(e)
 
     acceptor = threading.Thread(target=accept_all, daemon=True, name=f"pyxccl-accept-{rank}")
     acceptor.start()
     try:
+        store.set(f"addr/{rank}", json.dumps({"host": me, "tcp": [addr, tcp_l.getsockname()[1]],
+                                              "unix": unix_name[1:], "pid": os.getpid(),
+                                              "cores": len(os.sched_getaffinity(0)),
+                                              "numa": numa_node()}).encode())
+        infos = [json.loads(store.get(f"addr/{r}", timeout=max(0.1, deadline - time.monotonic())))
+                 for r in range(size)]
+        mesh.hosts = [i["host"] for i in infos]
+        mesh.cores = [i["cores"] for i in infos]
+        mesh.numa = [i["numa"] for i in infos]
+        mesh.kinds = [["self" if a == b else "shm" if mesh.hosts[a] == mesh.hosts[b] and transport != "tcp"
+                       else "tcp" for b in range(size)] for a in range(size)]
+        for p in range(size):
+            if transport == "shm" and mesh.hosts[p] != me:
+                raise RendezvousError(
+                    f"rank {rank}: PYXCCL_TRANSPORT=shm but rank {p} is on host {mesh.hosts[p]!r} and this "
+                    f"rank on {me!r}; use PYXCCL_TRANSPORT=auto or tcp across hosts", rank=rank, peer=p, op="init")
+        with lock:
+            want.update({p: mesh.kinds[rank][p] for p in range(rank + 1, size)})
+        known.set()
         for p in range(rank):
-            kind = kind_for(p)
+            kind = mesh.kinds[rank][p]
             conn = _dial(kind, infos[p], deadline)
-            conn.sendall(_HELLO.pack(_HELLO_MAGIC, token, rank))
-            mesh.peers[p] = peer_cls[kind](rank, p, mesh.mailbox, mesh.on_lost, conn)
+            try:
+                auth.dial(conn, secret, rank)
+            except (OSError, auth.AuthError) as e:
+                conn.close()
+                where = "{}:{}".format(*infos[p]["tcp"]) if kind == "tcp" else "its unix socket"
+                raise RendezvousError(
+                    f"rank {rank}: the handshake with rank {p} at {where} failed ({e}); check that every "
+                    f"rank has the same PYXCCL_SECRET (or none)", rank=rank, peer=p, op="init") from None
+            made = peer_cls[kind](rank, p, mesh.mailbox, mesh.on_lost, conn)
             conn.settimeout(None)
-        acceptor.join(max(0.1, deadline - time.monotonic()))
-        if errors or acceptor.is_alive():
-            missing = [p for p in range(rank + 1, size) if p not in mesh.peers]
+            with lock:
+                mesh.peers[p] = made
+                if len(mesh.peers) == size:
+                    all_in.set()
+        all_in.wait(max(0.1, deadline - time.monotonic()))
+        if errors or len(mesh.peers) != size:
+            with lock:
+                missing = [p for p in range(size) if p not in mesh.peers]
             raise RendezvousError(
                 f"rank {rank}: ranks {missing} did not connect before the deadline "
                 f"({errors[0] if errors else 'timeout'}); check that every rank was started with the same "
@@ -176,10 +208,12 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
         mesh.close()
         raise
     finally:
+        all_in.set()            # stops the acceptor
         tcp_l.close()
         unix_l.close()
     for p, peer in mesh.peers.items():
         if p != rank:
+            peer.host = "{} ({})".format(infos[p]["host"].split("/")[0], infos[p]["tcp"][0])
             peer.start()
     return mesh
 

@@ -7,7 +7,9 @@ Protocol (little-endian, no pickle):
 
 A blocking ``get`` waits on the server (a condition variable), so clients
 never poll. The server runs one daemon thread per connection; a client that
-sends something outside the protocol, or vanishes, is dropped alone.
+sends something outside the protocol, or vanishes, is dropped alone (and
+logged). With ``PYXCCL_SECRET`` set, every connection first passes the job's
+HMAC handshake (``pyxccl.auth``), so only the job's ranks can read or write.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import struct
 import threading
 import time
 
+from .. import auth
 from .._errors import InvalidArgumentError, RendezvousError
 from .base import Store
 
@@ -56,6 +59,7 @@ class _Server:
     """The store's data and its listening socket; lives in the process that serves (rank 0)."""
 
     def __init__(self, host: str, port: int):
+        self.secret = auth.env_secret()
         self.data: dict[str, bytes] = {}
         self.cv = threading.Condition()
         try:
@@ -85,18 +89,24 @@ class _Server:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.secret is not None:
+                conn.settimeout(10.0)
+                auth.accept(conn, self.secret)
+                conn.settimeout(None)
             while not self.closed:
                 op, klen = _REQ.unpack(_recv(conn, _REQ.size))
                 if klen > _MAX_KEY or op not in (_SET, _GET, _ADD, _CHECK, _DEL):
-                    return                # not our protocol: drop this client, keep serving the others
+                    raise auth.AuthError(f"not the store protocol (op {op}, key length {klen})")
                 key = _recv(conn, klen).decode()
                 (vlen,) = _LEN.unpack(_recv(conn, _LEN.size))
                 if vlen > _MAX_VALUE:
-                    return
+                    raise auth.AuthError(f"a {vlen}-byte value, over the store's limit of {_MAX_VALUE}")
                 status, payload = self._handle(conn, op, key, _recv(conn, vlen))
                 conn.sendall(_REP.pack(status, len(payload)) + payload)
+        except auth.AuthError as e:       # drop this client, keep serving the others
+            auth.refused("store", conn, e)
         except (OSError, UnicodeDecodeError, struct.error):
-            pass                          # the client vanished or sent garbage
+            pass                          # the client vanished mid-request
         finally:
             with self._lock:
                 self._clients.discard(conn)
@@ -193,6 +203,15 @@ class TCPStore(Store):
                 s = socket.create_connection((self.host, self.port),
                                              timeout=max(0.1, min(10.0, deadline - time.monotonic())))
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                secret = auth.env_secret()
+                if secret is not None:
+                    try:
+                        auth.dial(s, secret, 0)
+                    except auth.AuthError as e:
+                        s.close()
+                        raise RendezvousError(f"the store at {self.address} refused this process or failed "
+                                              f"its proof ({e}); every rank needs the same PYXCCL_SECRET",
+                                              op="store") from None
                 return s
             except OSError as e:
                 if time.monotonic() + delay > deadline:

@@ -29,6 +29,7 @@ MAGIC = 0x7863          # "xc"
 # magic, kind, dtype code, comm id, tag, seq, total bytes, chunk offset, chunk bytes, aux
 HEADER = struct.Struct("<HBBIiIQQQQ")
 DATA, SHM_DATA, CREDIT, GOODBYE = 1, 2, 3, 4
+_KINDS = (DATA, SHM_DATA, CREDIT, GOODBYE)
 MAX_MESSAGE = 1 << 40
 
 
@@ -38,6 +39,7 @@ class Peer(ABC):
     def __init__(self, rank: int, peer: int, mailbox: Mailbox, on_lost):
         self.rank, self.peer, self.mailbox, self.on_lost = rank, peer, mailbox, on_lost
         self.closed_by_peer = False
+        self.host: str | None = None     # the peer's host, named in errors (set by the mesh)
 
     @abstractmethod
     def send(self, key: tuple[int, int, int], dtype_code: int, payload: np.ndarray,
@@ -130,11 +132,11 @@ class StreamPeer(Peer):
                 if not recv_exact(self.sock, view):
                     break
                 magic, kind, dcode, comm, tag, seq, total, off, n, aux = HEADER.unpack(self._hdr)
-                if magic != MAGIC or total > MAX_MESSAGE or off + n > total:
+                if magic != MAGIC or kind not in _KINDS or total > MAX_MESSAGE or off + n > total:
                     raise ProtocolError(
-                        f"rank {self.rank}: malformed frame from rank {self.peer} "
-                        f"(magic {magic:#x}, {n} bytes at {off} of {total}); closing the connection",
-                        rank=self.rank, peer=self.peer)
+                        f"rank {self.rank}: malformed frame from rank {self.peer} (magic {magic:#x}, kind {kind}, "
+                        f"{n} bytes at {off} of a {total}-byte message); closing the connection: a bug or "
+                        f"memory corruption in that rank", rank=self.rank, peer=self.peer)
                 if kind == GOODBYE:
                     self.closed_by_peer = True
                     break
@@ -149,7 +151,7 @@ class StreamPeer(Peer):
             self.on_lost(self.peer, self._lost(why), graceful=self.closed_by_peer)
 
     def _lost(self, why: str):
-        return lost_error(self.rank, self.peer, why)
+        return lost_error(self.rank, self.peer, why, self.host)
 
     def _on_frame(self, kind, dcode, key, total, off, n, aux) -> None:
         raise ProtocolError(f"rank {self.rank}: unexpected frame kind {kind} from rank {self.peer}",
