@@ -517,3 +517,31 @@ def init_with_secrets(comm, port: int, secrets: list[str]):
         return f"{type(e).__name__}: {e}"
     finally:
         del os.environ["PYXCCL_SECRET"]
+
+
+def on_new_comm(comm, port: int, env: dict, checks: list):
+    """Make a second world communicator with ``env`` set (e.g. PYXCCL_NSOCKS), run
+    ``[(check_fn, args), ...]`` on it, close it; return the failures."""
+    import os
+
+    import pyxccl
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        c = pyxccl.init(comm.rank, comm.size, init_method=f"tcp://127.0.0.1:{port}", timeout=60)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    try:
+        kinds = {type(p).__name__ for r, p in c._mesh.peers.items() if r != c.rank}
+        lanes = {len(getattr(p, "_lanes", ())) for r, p in c._mesh.peers.items() if r != c.rank}
+        fails = [] if c.size == 1 or (kinds, lanes) == ({"TcpPeer"}, {int(env["PYXCCL_NSOCKS"]) - 1}) else \
+            [f"peers {kinds} with lanes {lanes}"]
+        for fn, args in checks:
+            fails += globals()[fn](c, *args)
+        return fails
+    finally:
+        c.close()

@@ -4,9 +4,11 @@ Every connection between ranks (and, when ``PYXCCL_SECRET`` is set, every
 connection to rank 0's TCP store) starts with a handshake in which each side
 proves it knows the job's secret without sending it::
 
-    dialer   -> acceptor   HELLO: magic "pyxccl02", dialer's rank (u32), nonce_d (16 B)
-    acceptor -> dialer     nonce_a (16 B), HMAC(secret, "A" | nonce_d | nonce_a | rank)
-    dialer   -> acceptor   HMAC(secret, "D" | nonce_a | nonce_d | rank)
+    dialer   -> acceptor   HELLO: magic "pyxccl02", dialer's rank (u32), channel (u8), nonce_d (16 B)
+    acceptor -> dialer     nonce_a (16 B), HMAC(secret, "A" | nonce_d | nonce_a | rank | channel)
+    dialer   -> acceptor   HMAC(secret, "D" | nonce_a | nonce_d | rank | channel)
+
+(``channel``: which of a peer pair's connections this is, see PYXCCL_NSOCKS.)
 
 Each side checks the other's MAC (constant-time compare) before the
 connection carries anything else; fresh nonces on both sides make a recorded
@@ -32,7 +34,7 @@ import struct
 
 log = logging.getLogger("pyxccl")
 
-_HELLO = struct.Struct("<8sI16s")
+_HELLO = struct.Struct("<8sIB16s")
 _MAGIC = b"pyxccl02"
 _NONCE, _MAC = 16, 32
 
@@ -59,8 +61,8 @@ def job_secret(store, rank: int, timeout: float) -> bytes:
     return store.get("pyxccl/secret", timeout=timeout)
 
 
-def _mac(secret: bytes, side: bytes, first: bytes, second: bytes, rank: int) -> bytes:
-    return hmac.new(secret, side + first + second + struct.pack("<I", rank), hashlib.sha256).digest()
+def _mac(secret: bytes, side: bytes, first: bytes, second: bytes, rank: int, channel: int) -> bytes:
+    return hmac.new(secret, side + first + second + struct.pack("<IB", rank, channel), hashlib.sha256).digest()
 
 
 def _read(sock: socket.socket, n: int) -> bytes:
@@ -73,33 +75,33 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def dial(sock: socket.socket, secret: bytes, rank: int) -> None:
+def dial(sock: socket.socket, secret: bytes, rank: int, channel: int = 0) -> None:
     """Prove ``rank``'s membership to the acceptor at the other end of ``sock``, and check its proof."""
     nd = secrets.token_bytes(_NONCE)
-    sock.sendall(_HELLO.pack(_MAGIC, rank, nd))
+    sock.sendall(_HELLO.pack(_MAGIC, rank, channel, nd))
     reply = _read(sock, _NONCE + _MAC)
     na, mac = reply[:_NONCE], reply[_NONCE:]
-    if not hmac.compare_digest(mac, _mac(secret, b"A", nd, na, rank)):
+    if not hmac.compare_digest(mac, _mac(secret, b"A", nd, na, rank, channel)):
         raise AuthError("the other end does not know this job's secret (another job on this port, "
                         "or PYXCCL_SECRET differs)")
-    sock.sendall(_mac(secret, b"D", na, nd, rank))
+    sock.sendall(_mac(secret, b"D", na, nd, rank, channel))
 
 
-def accept(sock: socket.socket, secret: bytes) -> int:
-    """Check the dialer's proof; return the rank it claims. AuthError if it is not one of ours."""
-    magic, rank, nd = _HELLO.unpack(_read(sock, _HELLO.size))
+def accept(sock: socket.socket, secret: bytes) -> tuple[int, int]:
+    """Check the dialer's proof; return the rank and channel it claims. AuthError if it is not one of ours."""
+    magic, rank, channel, nd = _HELLO.unpack(_read(sock, _HELLO.size))
     if magic != _MAGIC:
         raise AuthError(f"not a pyxccl handshake (first bytes {magic[:8]!r})")
     na = secrets.token_bytes(_NONCE)
-    sock.sendall(na + _mac(secret, b"A", nd, na, rank))
+    sock.sendall(na + _mac(secret, b"A", nd, na, rank, channel))
     why = f"claimed rank {rank} but {{}} (a different PYXCCL_SECRET, or not a rank of this job)"
     try:
         theirs = _read(sock, _MAC)
     except AuthError:
         raise AuthError(why.format("hung up instead of proving it knows the job's secret")) from None
-    if not hmac.compare_digest(theirs, _mac(secret, b"D", na, nd, rank)):
+    if not hmac.compare_digest(theirs, _mac(secret, b"D", na, nd, rank, channel)):
         raise AuthError(why.format("proved a wrong secret"))
-    return rank
+    return rank, channel
 
 
 def refused(what: str, sock: socket.socket, err: BaseException) -> None:

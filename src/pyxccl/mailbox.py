@@ -23,6 +23,9 @@ from ._errors import PeerLostError, ProtocolError
 from .dtypes import CODE_DTYPE, DTYPE_CODE, dtype_name
 
 
+_COUNTING = threading.Lock()     # bytes landed and completion, when several threads fill one message
+
+
 class RecvRequest:
     """One posted receive: ``nbytes`` into ``dst`` (a flat typed array), copying or reducing."""
     __slots__ = ("peer", "key", "dst", "raw", "nbytes", "reduce", "got", "event", "error", "op", "on_done")
@@ -37,10 +40,12 @@ class RecvRequest:
         self.on_done = None       # called once, from the completing thread
 
     def complete(self) -> None:
-        if not self.event.is_set():
+        with _COUNTING:
+            if self.event.is_set():
+                return
             self.event.set()
-            if self.on_done is not None:
-                self.on_done(self)
+        if self.on_done is not None:
+            self.on_done(self)
 
     def fail(self, exc: BaseException) -> None:
         if not self.event.is_set():
@@ -59,9 +64,11 @@ class RecvRequest:
         self.landed(n)
 
     def landed(self, n: int) -> None:
-        """``n`` more bytes are in place."""
-        self.got += n
-        if self.got >= self.nbytes:
+        """``n`` more bytes are in place (several connections may fill one message at once)."""
+        with _COUNTING:
+            self.got += n
+            done = self.got >= self.nbytes
+        if done:
             self.complete()
 
 
@@ -76,9 +83,10 @@ class _Unexpected:
         self.got, self.dtype_code, self.nbytes, self.order = 0, dtype_code, nbytes, order
 
     def add(self, off: int, data: np.ndarray) -> None:
-        if self.order >= 0:
-            self.chunks.append((off, data))
-        self.got += data.nbytes
+        with _COUNTING:
+            if self.order >= 0:
+                self.chunks.append((off, data))
+            self.got += data.nbytes
 
 
 class Mailbox:
@@ -139,13 +147,16 @@ class Mailbox:
                 req.complete()
 
     # --- called by transports' receiver threads ----------------------------------
-    def _target(self, peer: int, key, dtype_code: int, total: int, off: int, n: int):
-        """Where chunk [off, off+n) of a ``total``-byte message from ``peer`` goes."""
+    def target(self, peer: int, key, dtype_code: int, total: int, off: int, n: int):
+        """Where chunk [off, off+n) of a ``total``-byte message from ``peer`` goes (chunks come in
+        order; a transport that spreads a message over several connections claims it whole, n=total,
+        and fills the parts with ``fill``)."""
         pk = (peer, key)
         with self._lock:
             cur = self._current.get(pk)
             if off == 0 and cur is None:
-                q = self._posted.get(pk) or self._any.get(key)
+                # Earlier messages of this key still arriving (on other connections) go first.
+                q = None if self._unexpected.get(pk) else self._posted.get(pk) or self._any.get(key)
                 if q:
                     target = q.popleft()
                     target.peer = peer         # an any-source receive learns its sender here
@@ -179,7 +190,7 @@ class Mailbox:
 
     def deliver(self, peer: int, key, dtype_code: int, total: int, off: int, src: np.ndarray) -> None:
         """Chunk [off, off+len(src)) of a ``total``-byte message from ``peer`` (copied before returning)."""
-        target = self._target(peer, key, dtype_code, total, off, len(src))
+        target = self.target(peer, key, dtype_code, total, off, len(src))
         if isinstance(target, RecvRequest):
             target.put(off, src)
         else:
@@ -191,7 +202,10 @@ class Mailbox:
         """Like ``deliver``, but ``read(view)`` fills a uint8 view with the chunk's next bytes: straight
         into the receive buffer when it copies, else through ``scratch`` (whose size must be a multiple
         of every itemsize) in pieces."""
-        target = self._target(peer, key, dtype_code, total, off, n)
+        self.fill(peer, key, self.target(peer, key, dtype_code, total, off, n), off, n, read, scratch)
+
+    def fill(self, peer: int, key, target, off: int, n: int, read, scratch: np.ndarray) -> None:
+        """Bytes [off, off+n) of ``target`` (from ``target()``), read with ``read`` (see ``deliver_from``)."""
         if isinstance(target, RecvRequest) and target.reduce is None:
             read(target.raw[off:off + n])
             target.landed(n)
@@ -210,14 +224,16 @@ class Mailbox:
         self._landed(target, peer, key)
 
     def _match_late(self, pk) -> None:
-        """An unexpected message completed: hand it to a receive posted meanwhile."""
-        with self._lock:
-            q, u = self._posted.get(pk) or self._any.get(pk[1]), self._unexpected.get(pk)
-            if not (q and u and u[0].got == u[0].nbytes):
-                return
-            req, msg = q.popleft(), u.popleft()
-            req.peer = pk[0]
-        self._take(req, msg)
+        """An unexpected message completed: hand it, and complete ones queued behind it, to
+        receives posted meanwhile."""
+        while True:
+            with self._lock:
+                q, u = self._posted.get(pk) or self._any.get(pk[1]), self._unexpected.get(pk)
+                if not (q and u and u[0].got == u[0].nbytes):
+                    return
+                req, msg = q.popleft(), u.popleft()
+                req.peer = pk[0]
+            self._take(req, msg)
 
     def _check(self, req: RecvRequest, total: int, dtype_code: int):
         dt = req.dst.dtype

@@ -101,16 +101,23 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
     else:
         job = store.get("pyxccl/job", timeout=timeout).decode()
     me = host_id()
-    addr = local_address(master_addr)
+    addr = local_address(master_addr, rank=rank)
     tcp_l = socket.create_server((addr, 0), backlog=max(16, size))
     unix_name = f"\0pyxccl-{job}-{rank}"
     unix_l = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     unix_l.bind(unix_name)
     unix_l.listen(max(16, size))
-    peer_cls = {"shm": ShmPeer, "tcp": TcpPeer}
+    nsocks = _nsocks(rank)
     errors: list[BaseException] = []
     lock = threading.Lock()
-    want: dict[int, str] = {}        # ranks that dial us, and over what (once every address is known)
+    want: dict[tuple, str] = {}      # (rank, channel) that dial us, and over what (once addresses are known)
+    arrived: dict[int, dict] = {}    # rank -> {channel: connection}, until all its channels are in
+    lanes = [1]                      # connections per TCP peer pair: rank 0's PYXCCL_NSOCKS
+
+    def make(kind: str, peer: int, socks: list):
+        if kind == "shm":
+            return ShmPeer(rank, peer, mesh.mailbox, mesh.on_lost, socks[0])
+        return TcpPeer(rank, peer, mesh.mailbox, mesh.on_lost, socks[0], lanes=socks[1:])
     known = threading.Event()
     all_in = threading.Event()       # every peer's transport is made (or one failed)
     if size == 1:
@@ -121,23 +128,30 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
         # silent must not hold up the ranks behind it.
         conn.settimeout(min(_HANDSHAKE_SECONDS, max(0.1, deadline - time.monotonic())))
         try:
-            peer = auth.accept(conn, secret)
+            peer, channel = auth.accept(conn, secret)
             known.wait(max(0.1, deadline - time.monotonic()))
             with lock:
-                if want.get(peer) != kind:
-                    raise auth.AuthError(f"rank {peer} over {kind} was not expected (a duplicate, or not "
-                                         f"a rank above {rank} of this {size}-rank job)")
-                del want[peer]
+                if want.get((peer, channel)) != kind:
+                    raise auth.AuthError(f"rank {peer} over {kind} (connection {channel}) was not expected (a "
+                                         f"duplicate, or not a rank above {rank} of this {size}-rank job)")
+                del want[(peer, channel)]
+                got = arrived.setdefault(peer, {})
+                got[channel] = conn
+                if any((peer, c) in want for c in range(lanes[0])):
+                    return           # the peer's last connection makes the transport
         except (OSError, auth.AuthError) as e:
             auth.refused(f"rank {rank}", conn, e)
             conn.close()
             return
+        socks = [got[c] for c in sorted(got)]
         try:
-            made = peer_cls[kind](rank, peer, mesh.mailbox, mesh.on_lost, conn)
-            conn.settimeout(None)
+            made = make(kind, peer, socks)
+            for c in socks:
+                c.settimeout(None)
         except BaseException as e:  # noqa: BLE001  (reported by the main thread)
             errors.append(e)
-            conn.close()
+            for c in socks:
+                c.close()
             all_in.set()             # wake the main thread: this job cannot start
             return
         with lock:
@@ -162,7 +176,7 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
     try:
         store.set(f"addr/{rank}", json.dumps({"host": me, "tcp": [addr, tcp_l.getsockname()[1]],
                                               "unix": unix_name[1:], "pid": os.getpid(),
-                                              "cores": len(os.sched_getaffinity(0)),
+                                              "cores": len(os.sched_getaffinity(0)), "nsocks": nsocks,
                                               "numa": numa_node()}).encode())
         infos = [json.loads(store.get(f"addr/{r}", timeout=max(0.1, deadline - time.monotonic())))
                  for r in range(size)]
@@ -176,22 +190,28 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
                 raise RendezvousError(
                     f"rank {rank}: PYXCCL_TRANSPORT=shm but rank {p} is on host {mesh.hosts[p]!r} and this "
                     f"rank on {me!r}; use PYXCCL_TRANSPORT=auto or tcp across hosts", rank=rank, peer=p, op="init")
+        lanes[0] = infos[0].get("nsocks", 1)
         with lock:
-            want.update({p: mesh.kinds[rank][p] for p in range(rank + 1, size)})
+            want.update({(p, c): mesh.kinds[rank][p] for p in range(rank + 1, size)
+                         for c in range(lanes[0] if mesh.kinds[rank][p] == "tcp" else 1)})
         known.set()
         for p in range(rank):
             kind = mesh.kinds[rank][p]
-            conn = _dial(kind, infos[p], deadline)
-            try:
-                auth.dial(conn, secret, rank)
-            except (OSError, auth.AuthError) as e:
-                conn.close()
-                where = "{}:{}".format(*infos[p]["tcp"]) if kind == "tcp" else "its unix socket"
-                raise RendezvousError(
-                    f"rank {rank}: the handshake with rank {p} at {where} failed ({e}); check that every "
-                    f"rank has the same PYXCCL_SECRET (or none)", rank=rank, peer=p, op="init") from None
-            made = peer_cls[kind](rank, p, mesh.mailbox, mesh.on_lost, conn)
-            conn.settimeout(None)
+            socks = []
+            for channel in range(lanes[0] if kind == "tcp" else 1):
+                socks.append(_dial(kind, infos[p], deadline))
+                try:
+                    auth.dial(socks[-1], secret, rank, channel)
+                except (OSError, auth.AuthError) as e:
+                    for c in socks:
+                        c.close()
+                    where = "{}:{}".format(*infos[p]["tcp"]) if kind == "tcp" else "its unix socket"
+                    raise RendezvousError(
+                        f"rank {rank}: the handshake with rank {p} at {where} failed ({e}); check that every "
+                        f"rank has the same PYXCCL_SECRET (or none)", rank=rank, peer=p, op="init") from None
+            made = make(kind, p, socks)
+            for c in socks:
+                c.settimeout(None)
             with lock:
                 mesh.peers[p] = made
                 if len(mesh.peers) == size:
@@ -216,6 +236,14 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
             peer.host = "{} ({})".format(infos[p]["host"].split("/")[0], infos[p]["tcp"][0])
             peer.start()
     return mesh
+
+
+def _nsocks(rank: int) -> int:
+    v = os.environ.get("PYXCCL_NSOCKS", "1")
+    if not v.isdigit() or not 1 <= int(v) <= 16:
+        raise InvalidArgumentError(f"rank {rank}: PYXCCL_NSOCKS={v!r}; use a number of connections per peer "
+                                   f"pair from 1 to 16", rank=rank, op="init")
+    return int(v)
 
 
 def _dial(kind: str, info: dict, deadline: float) -> socket.socket:

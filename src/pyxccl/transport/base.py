@@ -28,8 +28,8 @@ from ..mailbox import Mailbox, lost_error
 MAGIC = 0x7863          # "xc"
 # magic, kind, dtype code, comm id, tag, seq, total bytes, chunk offset, chunk bytes, aux
 HEADER = struct.Struct("<HBBIiIQQQQ")
-DATA, SHM_DATA, CREDIT, GOODBYE = 1, 2, 3, 4
-_KINDS = (DATA, SHM_DATA, CREDIT, GOODBYE)
+DATA, SHM_DATA, CREDIT, GOODBYE, STRIPE = 1, 2, 3, 4, 5
+_KINDS = (DATA, SHM_DATA, CREDIT, GOODBYE, STRIPE)
 MAX_MESSAGE = 1 << 40
 
 
@@ -94,13 +94,15 @@ class StreamPeer(Peer):
         self._thread.start()
 
     # --- sending ---------------------------------------------------------------
-    def _send_frames(self, bufs: list, deadline: float) -> None:
-        """Write ``bufs`` (bytes-like) as one unit; never interleaved with another thread's frame."""
-        with self._send_lock:
+    def _send_frames(self, bufs: list, deadline: float, sock=None, lock=None) -> None:
+        """Write ``bufs`` (bytes-like) as one unit on ``sock`` (default: the peer's socket); never
+        interleaved with another thread's frame."""
+        sock = sock or self.sock
+        with lock or self._send_lock:
             bufs = [memoryview(b).cast("B") for b in bufs]
             while bufs:
                 try:
-                    k = self.sock.sendmsg(bufs)
+                    k = sock.sendmsg(bufs)
                 except (BlockingIOError, socket.timeout):
                     self._check_deadline(deadline)
                     continue
@@ -131,12 +133,7 @@ class StreamPeer(Peer):
             while True:
                 if not recv_exact(self.sock, view):
                     break
-                magic, kind, dcode, comm, tag, seq, total, off, n, aux = HEADER.unpack(self._hdr)
-                if magic != MAGIC or kind not in _KINDS or total > MAX_MESSAGE or off + n > total:
-                    raise ProtocolError(
-                        f"rank {self.rank}: malformed frame from rank {self.peer} (magic {magic:#x}, kind {kind}, "
-                        f"{n} bytes at {off} of a {total}-byte message); closing the connection: a bug or "
-                        f"memory corruption in that rank", rank=self.rank, peer=self.peer)
+                magic, kind, dcode, comm, tag, seq, total, off, n, aux = self.parse(self._hdr)
                 if kind == GOODBYE:
                     self.closed_by_peer = True
                     break
@@ -149,6 +146,16 @@ class StreamPeer(Peer):
         if not self._closing:
             why = "it closed its communicator" if self.closed_by_peer else "its process exited or was killed"
             self.on_lost(self.peer, self._lost(why), graceful=self.closed_by_peer)
+
+    def parse(self, hdr) -> tuple:
+        """A frame header's fields, checked: ProtocolError naming the peer if they cannot be right."""
+        magic, kind, dcode, comm, tag, seq, total, off, n, aux = fields = HEADER.unpack(hdr)
+        if magic != MAGIC or kind not in _KINDS or total > MAX_MESSAGE or off + n > total:
+            raise ProtocolError(
+                f"rank {self.rank}: malformed frame from rank {self.peer} (magic {magic:#x}, kind {kind}, "
+                f"{n} bytes at {off} of a {total}-byte message); closing the connection: a bug or "
+                f"memory corruption in that rank", rank=self.rank, peer=self.peer)
+        return fields
 
     def _lost(self, why: str):
         return lost_error(self.rank, self.peer, why, self.host)
