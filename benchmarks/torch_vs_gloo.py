@@ -32,6 +32,12 @@ def timed(fn, iters, warmup=3):
     return statistics.median(out)
 
 
+def _no_communication(state, bucket):
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
@@ -72,6 +78,20 @@ def main():
             torch.nn.functional.mse_loss(ddp(x), y).backward()
             opt.step()
         rows.append((f"DDP step ({params / 1e6:.1f} M params, batch {a.batch})", name, timed(step, a.steps)))
+    # The floor: the same step with a comm hook that communicates nothing (compute alone)
+    for name, g in groups.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
+                                    torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+        ddp = DDP(model, process_group=g)
+        ddp.register_comm_hook(None, _no_communication)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        rows.append(("DDP step, no communication (floor)", name, timed(step, a.steps)))
     if r == 0:
         print(f"# torch {torch.__version__}, {n} ranks, median ms (max over ranks per iteration)")
         print(f"{'what':<42}{'pyxccl':>12}{'gloo':>12}{'gloo/pyxccl':>13}")
