@@ -14,6 +14,7 @@ A new transport is one file implementing :class:`Peer`, plus passing
 """
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
@@ -140,7 +141,12 @@ class StreamPeer(Peer):
                 self._on_frame(kind, dcode, (comm, tag, seq), total, off, n, aux)
         except BaseException as e:  # noqa: BLE001  (the thread must report every failure)
             if not self._closing:
-                err = e if isinstance(e, ProtocolError) else self._lost(f"connection error: {e}")
+                if isinstance(e, ProtocolError):
+                    err = e
+                elif getattr(e, "errno", None) == errno.ETIMEDOUT:
+                    err = self._lost("its link stopped answering: host down or network cut")
+                else:
+                    err = self._lost(f"connection error: {e}")
                 self.on_lost(self.peer, err)
             return
         if not self._closing:
