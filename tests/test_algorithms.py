@@ -134,3 +134,176 @@ def test_emulated_hosts_topology_and_every_primitive(hosts):
         out += pool.run(rf.check_movement, (0, 7, 1000), (np.float32, np.int8), transport="auto")
         fails = [f for fs in out for f in fs]
         assert not fails, "\n".join(fails[:20])
+
+
+# --- hierarchical algorithms over host layouts -------------------------------------------------
+from pyxccl.algorithms import hierarchical  # noqa: E402
+from pyxccl.tuning import Link, Machine, Tuner  # noqa: E402
+
+HIER_PRIMS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "gather", "scatter")
+EVEN = {"2x2": [0, 0, 1, 1], "2x3": [0, 0, 0, 1, 1, 1], "3x2": [0, 0, 1, 1, 2, 2], "4x1": [0, 1, 2, 3],
+        "1x4": [0, 0, 0, 0], "2x2_interleaved": [0, 1, 0, 1], "3x2_interleaved": [0, 1, 2, 0, 1, 2],
+        "2x2_labels_reversed": [1, 1, 0, 0]}
+UNEVEN = {"2+1": [0, 0, 1], "1+2+1": [0, 1, 1, 2], "3+1+2": [0, 0, 0, 1, 2, 2],
+          "3+2+1_interleaved": [0, 1, 0, 2, 1, 0]}
+LAYOUTS = {**EVEN, **UNEVEN}
+
+
+@pytest.mark.parametrize("prim", HIER_PRIMS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_hierarchical_primitives_for_host_layouts(prim, layout, monkeypatch):
+    """Every hierarchical primitive on even, uneven and interleaved hosts, counts from 0 to above n,
+    every root; broadcast both ways (leaders, and shards per local rank)."""
+    hosts = LAYOUTS[layout]
+    n = len(hosts)
+    for shard_min in ((hierarchical.SHARD_MIN, 1) if prim == "broadcast" else (hierarchical.SHARD_MIN,)):
+        monkeypatch.setattr(hierarchical, "SHARD_MIN", shard_min)
+        for count in sorted({0, 1, 2, n - 1, n + 1, 7, 3 * n + 2}):
+            for root in (range(n) if prim in ROOTED else (0,)):
+                check(prim, "hierarchical", n, count, root, hosts=hosts)
+
+
+def _cross(s: Schedule, hosts) -> tuple[int, int]:
+    """(elements, messages) rank s.rank sends to other hosts."""
+    sends = [o for step in s.steps for o in step if type(o) is Send and hosts[o.peer] != hosts[s.rank]]
+    return sum(o.count for o in sends), len(sends)
+
+
+@pytest.mark.parametrize("layout", EVEN)
+def test_hierarchical_bytes_across_hosts_on_even_hosts(layout, monkeypatch):
+    """The figures of the module docstring: H hosts of L ranks, c elements per rank (per block for
+    alltoall), N = n c."""
+    hosts = EVEN[layout]
+    n, H = len(hosts), len(set(hosts))
+    L, c = n // H, 6
+    N = n * c
+    monkeypatch.setattr(hierarchical, "SHARD_MIN", 1)
+
+    def cross(prim, count, root=0):
+        _, _, scheds = simulate(prim, "hierarchical", n, count, root, hosts=hosts)
+        return [_cross(s, hosts) for s in scheds]
+    # allgather, reduce_scatter: (H-1) c out of every rank, so N (H-1)/H out of every host
+    for prim in ("allgather", "reduce_scatter"):
+        assert [e for e, _ in cross(prim, c)] == [(H - 1) * c] * n, prim
+    # alltoall: (H-1) L c out of every rank, in H-1 messages
+    assert cross("alltoall", c) == [((H - 1) * L * c, H - 1)] * n
+    # allreduce: 2 (H-1)/H of the vector out of every host, split over its L ranks
+    assert [e for e, _ in cross("allreduce", N)] == [2 * (H - 1) * N // H // L] * n
+    # broadcast: N reaches every other host once, 1/L of it through each of its ranks
+    for root in range(n):
+        _, _, scheds = simulate("broadcast", "hierarchical", n, N, root, hosts=hosts)
+        assert sum(_cross(s, hosts)[0] for s in scheds) == (H - 1) * N
+        got = [sum(o.count for step in s.steps for o in step if type(o) is Recv and hosts[o.peer] != hosts[s.rank])
+               for s in scheds]
+        assert got == [0 if hosts[r] == hosts[root] else N // L for r in range(n)]
+    # gather, scatter: every other host's data once, in H-1 messages
+    for prim in ("gather", "scatter"):
+        for root in range(n):
+            moved = cross(prim, c, root)
+            assert sum(e for e, _ in moved) == N - L * c and sum(m for _, m in moved) == H - 1, (prim, root)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_hierarchical_allgather_moves_each_hosts_data_to_each_other_host_once(layout):
+    """allgather: into each host, the other hosts' blocks once; reduce_scatter (the mirror): out of
+    each host, its sums of the other hosts' blocks once. Even or not."""
+    hosts = LAYOUTS[layout]
+    n, c = len(hosts), 5
+    for prim, end in (("allgather", "into"), ("reduce_scatter", "out of")):
+        _, _, scheds = simulate(prim, "hierarchical", n, c, hosts=hosts)
+        moved = {h: 0 for h in hosts}
+        for s in scheds:
+            for step in s.steps:
+                for o in step:
+                    if type(o) is Send and hosts[o.peer] != hosts[s.rank]:
+                        moved[hosts[o.peer] if end == "into" else hosts[s.rank]] += o.count
+        assert moved == {h: (n - hosts.count(h)) * c for h in hosts}, prim
+
+
+def test_hierarchical_is_flat_on_one_host_and_on_one_rank_hosts():
+    for prim, inner, outer in (("allgather", "ring", "ring"), ("reduce_scatter", "ring", "ring"),
+                               ("broadcast", "binomial", "binomial"), ("alltoall", "pairwise", "pairwise"),
+                               ("gather", "direct", "direct"), ("scatter", "direct", "direct")):
+        for hosts, flat in ((None, inner), ([7] * 5, inner), ([4, 3, 2, 1, 0], outer)):
+            _, _, h = simulate(prim, "hierarchical", 5, 3, 2, hosts=hosts)
+            _, _, f = simulate(prim, flat, 5, 3, 2)
+            assert [s.steps for s in h] == [s.steps for s in f], (prim, hosts)
+
+
+def test_hierarchical_alltoall_refuses_unequal_blocks():
+    build = registry.lookup("alltoall", "hierarchical")[1]
+    with pytest.raises(ValueError, match="equal block sizes"):
+        registry.build(build, 0, 4, hosts=[0, 0, 1, 1], send_counts=[1, 2, 1, 1], recv_counts=[1, 2, 1, 1])
+    with pytest.raises(ValueError, match="equal block sizes"):
+        registry.build(build, 0, 3, hosts=[0, 0, 1], send_counts=[2, 2, 2], recv_counts=[2, 2, 3])
+    # one host: the flat inner algorithm, which takes any counts
+    registry.build(build, 0, 3, hosts=[0, 0, 0], send_counts=[1, 2, 3], recv_counts=[1, 4, 5])
+
+
+def test_tuner_prices_hierarchical_and_picks_it_over_a_slow_inter_host_link():
+    hosts = [0, 0, 1, 1]
+
+    def tuner(tcp):
+        links = {"tcp": tcp} if tcp else {}
+        klass = lambda a, b: "self" if a == b else ("shm" if hosts[a] == hosts[b] else "tcp")  # noqa: E731
+        return Tuner(4, hosts, klass, Machine(links=links, cores=8), [8] * 4)
+    for prim in HIER_PRIMS:
+        for nbytes in (8, 1 << 16, 1 << 24):
+            assert "hierarchical" in tuner(None).table(prim, nbytes), (prim, nbytes)
+    slow = tuner(Link(100e-6, 1 / 1e8))
+    for prim in ("allgather", "reduce_scatter", "allreduce"):
+        assert slow.choose(prim, 16 << 20) == "hierarchical", (prim, slow.table(prim, 16 << 20))
+    # broadcast: a chain along contiguous hosts also crosses between them once, pipelined
+    assert slow.choose("broadcast", 16 << 20) in ("hierarchical", "chain"), slow.table("broadcast", 16 << 20)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hosts", (["a", "a", "b", "b"], ["a", "a", "a", "b", "b"], ["a", "b", "a", "b", "c"],
+                                   ["a", "b", "a", "b"]))
+def test_hierarchical_forced_on_emulated_hosts_matches_numpy(hosts):
+    """PYXCCL_HOST_ID per rank: every hierarchical primitive forced, against numpy; broadcast also
+    above SHARD_MIN (cut into shards on even hosts)."""
+    with RankPool(len(hosts), transports=("auto",), hosts=hosts) as pool:
+        out = []
+        for prim in HIER_PRIMS[1:]:
+            out += pool.run(rf.check_forced, prim, ["hierarchical"], (0, 1, 7, 1000), REAL_PAIRS,
+                            transport="auto", timeout=250)
+        out += pool.run(rf.check_forced, "broadcast", ["hierarchical"], (hierarchical.SHARD_MIN + 3,),
+                        REAL_PAIRS, transport="auto", timeout=250)
+        fails = [f for fs in out for f in fs]
+        assert not fails, "\n".join(fails[:20])
+
+
+@pytest.mark.parametrize("prim", ("allgather", "reduce_scatter", "gather", "scatter"))
+def test_hierarchical_with_unequal_counts(prim, monkeypatch):
+    """The checker's calls give every rank the same count; the v-variants (allgatherv, ...) don't.
+    Here the builders get unequal counts (zeros included) and the result is checked element by element."""
+    from pyxccl import checker
+    for hosts in LAYOUTS.values():
+        n = len(hosts)
+        for counts in ([(p + k) % 5 for p in range(n)] for k in range(3)):
+            off = [sum(counts[:p]) for p in range(n + 1)]
+            total = off[-1]
+            for root in (range(n) if prim in ROOTED else (0,)):
+                def args(primitive, nranks, rank, count, root, counts=counts):
+                    sizes = {"allgather": (counts[rank], total), "reduce_scatter": (total, counts[rank]),
+                             "gather": (counts[rank], total if rank == root else 0),
+                             "scatter": (total if rank == root else 0, counts[rank])}[primitive]
+                    kw = dict(counts=counts, root=root) if primitive in ROOTED else dict(counts=counts)
+                    return (kw, *sizes)
+                monkeypatch.setattr(checker, "_args", args)
+                bufs, _, _ = simulate(prim, "hierarchical", n, 0, root, hosts=hosts)
+                for r in range(n):
+                    out = bufs[r]["out"]
+                    if prim == "allgather" or (prim == "gather" and r == root):
+                        want_c = np.repeat(np.eye(n, dtype=np.int32), counts, axis=0)
+                        want_i = np.concatenate([np.arange(c) for c in counts])
+                    elif prim == "reduce_scatter":
+                        want_c = np.ones((counts[r], n), np.int32)
+                        want_i = np.arange(off[r], off[r + 1])
+                    elif prim == "scatter":
+                        want_c = np.tile(np.eye(n, dtype=np.int32)[root], (counts[r], 1))
+                        want_i = np.arange(off[r], off[r + 1])
+                    else:
+                        continue
+                    assert (out.c == want_c).all() and (out.i == want_i).all(), (hosts, counts, root, r)

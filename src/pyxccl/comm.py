@@ -563,9 +563,9 @@ class Communicator:
 
     def _alltoallv(self, name, c, send, recvbuf, send_counts, recv_counts, algorithm, async_op, timeout):
         if name == "alltoallv":   # a rank knows only its own blocks: no algorithm that forwards others'
-            if algorithm == "bruck":    # ranks with equal blocks would go ahead and wait forever
-                raise c.error("algorithm='bruck' forwards other ranks' blocks, so it needs equal blocks on "
-                              "every rank; use alltoall, or 'pairwise' or 'direct' for alltoallv")
+            if algorithm in ("bruck", "hierarchical"):   # ranks with equal blocks would go ahead and hang
+                raise c.error(f"algorithm={algorithm!r} forwards other ranks' blocks, so it needs equal blocks "
+                              f"on every rank; use alltoall, or 'pairwise' or 'direct' for alltoallv")
             algorithm = algorithm or "pairwise"
         recv = c.array(recvbuf, "recvbuf", writable=True)
         c.same_dtype(send, recv, "recvbuf")

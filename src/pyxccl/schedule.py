@@ -78,11 +78,14 @@ def offsets(counts: list[int]) -> list[int]:
     return out
 
 
-def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple[str, int]]) -> None:
+def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple[str, int]],
+          at: int | None = None) -> None:
     """Append ``sub`` (a schedule among ``group``, in group ranks) to ``into`` (in communicator ranks).
 
     ``bufs`` maps each buffer name of ``sub`` to (buffer name, element offset) of ``into``:
     that is how a hierarchical algorithm runs an inner algorithm on part of its buffers.
+    With ``at``, sub's step k joins ``into``'s step ``at + k`` instead (running alongside what
+    is there: how a pipeline overlaps one chunk's phase with another's).
     """
     def mv(name: str, off: int) -> tuple[str, int]:
         b, base = bufs[name]
@@ -96,4 +99,13 @@ def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple
             else:
                 b, off = mv(o.buf, o.off)
                 ops.append(o._replace(peer=group[o.peer], buf=b, off=off))
-        into.step(*ops)
+        if at is None:
+            into.step(*ops)
+            continue
+        ops = [o for o in ops if o.count > 0]
+        while len(into.steps) <= at:
+            into.steps.append(())
+        into.steps[at] += tuple(ops)
+        at += 1
+    if at is not None:
+        into.steps[:] = [st for st in into.steps if st]

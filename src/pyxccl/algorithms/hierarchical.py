@@ -1,24 +1,90 @@
-"""Hierarchical allreduce: inside each host, then across hosts, then inside again.
+"""Hierarchical algorithms: inside each host, across hosts, inside again.
 
 Links inside a host (shared memory) are much faster than links between
-hosts, so the inter-host phase should carry as little as possible:
+hosts, so the inter-host phase should carry as little as possible, and
+carry it over every rank's link rather than one. Notation below: H hosts;
+when they are *even* (the same number L of ranks on each), local rank j of
+every host forms *column* j, the group the inter-host phase runs in; c is
+the elements per rank (per block for alltoall), N = n c the total. One host
+(or ``hosts=None``) degenerates to the flat inner algorithm; hosts of one
+rank each (L = 1) to the flat outer one. Hosts are numbered in the order of
+their first rank; a host's ranks need not be contiguous. The inner phases
+use an ``inner`` algorithm, the inter-host ones an ``outer`` one (keywords).
 
-1. intra-host reduce-scatter: local rank j of each host ends with the host's
-   sum of shard j (the inner algorithm, ring by default);
-2. inter-host allreduce of shard j among the local ranks j of all hosts, all
-   shards at once (the outer algorithm, ring by default): each host sends
-   2(h-1)/h of the data in total, split over its L ranks' links;
-3. intra-host allgather of the shards.
+allreduce
+    1. intra-host reduce-scatter: local rank j ends with the host's sum of
+       shard j (shards: the vector cut into L);
+    2. inter-host allreduce of shard j within column j;
+    3. intra-host allgather of the shards.
+    Across hosts (ring outer): 2(H-1)/H of the vector out of and into each
+    host, split over its L ranks. Uneven hosts: intra-host binomial reduce to
+    the host's first rank (its *leader*), allreduce among leaders, intra-host
+    binomial broadcast: the same bytes, through one link per host.
 
-When hosts hold different numbers of ranks the shards do not line up, so the
-algorithm falls back to a leader per host: intra-host binomial reduce to the
-leader, allreduce among leaders, intra-host binomial broadcast. One host (or
-``hosts=None``) degenerates to the inner algorithms alone.
+allgather
+    1. inter-host allgather within column j of the ranks' blocks: local rank
+       j holds the blocks of local rank j of every host;
+    2. intra-host allgather of these columns;
+    3. a local copy putting the blocks in rank order (none when column order
+       already is rank order, e.g. ``hosts = [r % H]``).
+    Across hosts: each host receives every other host's data exactly once,
+    N (H-1)/H, the least possible, split over its L links: (H-1) c per
+    rank with ring or direct outer. (A flat ring over hosts-contiguous
+    ranks puts (n-1) c on one link per host.) Uneven hosts: intra-host
+    direct gather to the leader, allgather of the host blocks among
+    leaders, intra-host binomial broadcast of the whole result.
+
+reduce_scatter
+    The mirror image of allgather: a local copy putting the input in column
+    order; intra-host reduce-scatter of the columns (local rank j ends with
+    the host's sum of column j); inter-host reduce-scatter within column j.
+    Across hosts: (H-1) c out of each rank, N (H-1)/H out of each host.
+    Uneven hosts: intra-host binomial reduce of the whole input to the
+    leader, reduce-scatter of the host blocks among leaders, intra-host
+    direct scatter.
+
+broadcast
+    Small messages, or uneven hosts: the root and the first rank of every
+    other host (the leaders) run the outer broadcast (binomial), then each
+    leader broadcasts inside its host (inner, binomial). From ``SHARD_MIN``
+    elements on even hosts: intra-host direct scatter of L shards on the
+    root's host, broadcast of shard j within column j (outer), intra-host
+    ring allgather of the shards: every host's L links carry 1/L each.
+    Across hosts, both ways: the message (N elements here) reaches each
+    other host exactly once, (H-1) N in all with binomial outer.
+
+alltoall (equal blocks only)
+    1. intra-host alltoall: local rank j collects, from every rank of its
+       host, the blocks meant for local rank j of any host;
+    2. inter-host alltoall within column j: one message per host pair and
+       column, of L blocks, straight to its destination.
+    Local copies regroup the blocks around both phases. Across hosts: each
+    block meant for another host crosses once, (H-1) L c per rank as H-1
+    messages instead of L (H-1). Uneven hosts: intra-host direct gather of
+    every rank's whole input to the leader, alltoall among leaders (one
+    message per host pair), intra-host direct scatter. Forwarding a block
+    needs its size, and a builder only knows its own rank's counts, so
+    unequal counts raise ValueError (the tuner then skips this algorithm;
+    ``alltoallv`` does not use it unless forced, and forcing it with counts
+    that differ between ranks cannot work: some ranks would go ahead).
+
+gather / scatter (counts known to every rank)
+    gather: intra-host gather to the leader (the root on the root's host),
+    gather of the host blocks among leaders to the root, which puts them in
+    rank order. scatter runs it backwards. Across hosts: each other host's
+    data once, in H-1 messages (direct outer) instead of n-L.
 """
 from __future__ import annotations
 
-from ..schedule import Copy, Schedule, embed, split_counts
+from ..schedule import Copy, Schedule, embed, offsets, split_counts
 from .registry import lookup, register
+
+#: Elements from which an even-host broadcast is cut into one shard per local rank (64 KiB of
+#: float32: where the cost model, default link figures, 2 to 4 hosts, finds the two ways even).
+SHARD_MIN = 1 << 14
+# allreduce cuts a large buffer into up to PIPELINE_CHUNKS chunks of at least PIPELINE_MIN
+# elements, so that the inside-host phases of one chunk overlap the inter-host phase of another
+PIPELINE_CHUNKS, PIPELINE_MIN = 8, 1 << 20
 
 
 def groups_of(hosts: list[int]) -> list[list[int]]:
@@ -27,6 +93,45 @@ def groups_of(hosts: list[int]) -> list[list[int]]:
     for r, h in enumerate(hosts):
         order.setdefault(h, []).append(r)
     return list(order.values())
+
+
+class _Layout:
+    """Where ``rank`` sits: ``groups`` (the ranks of each host), ``host`` (its host's index there),
+    ``local`` and ``me`` (its host's ranks, its index among them), H and L (hosts, ranks on its
+    host); on even hosts ``cols[j]``: local rank j of every host, in host order."""
+
+    def __init__(self, rank: int, nranks: int, hosts):
+        self.groups = groups_of(hosts if hosts is not None else [0] * nranks)
+        self.host = next(h for h, g in enumerate(self.groups) if rank in g)
+        self.local = self.groups[self.host]
+        self.me = self.local.index(rank)
+        self.H, self.L = len(self.groups), len(self.local)
+        self.even = all(len(g) == self.L for g in self.groups)
+        self.cols = [[g[j] for g in self.groups] for j in range(self.L)] if self.even else None
+        self.flat = self.H == 1 or self.H == nranks     # one host, or one rank per host
+
+    def flat_name(self, inner: str, outer: str) -> str:
+        """The algorithm a flat layout runs: ``inner`` on one host, ``outer`` across one-rank hosts."""
+        return inner if self.H == 1 else outer
+
+
+def _build(primitive: str, name: str, rank: int, nranks: int, **args) -> Schedule:
+    return lookup(primitive, name)[1](rank, nranks, **args)
+
+
+def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[str, int], dst_order: list):
+    """One step of local copies: the blocks named in ``src_order``, laid out one after another from
+    ``src`` (buffer, offset), go where ``dst_order`` lays them out from ``dst``; ``size(block)`` is a
+    block's elements. Blocks adjacent on both sides move as one copy."""
+    at = dict(zip(src_order, offsets([size(k) for k in src_order])))
+    runs: list[list[int]] = []          # [source offset, destination offset, elements]
+    for k, d in zip(dst_order, offsets([size(k) for k in dst_order])):
+        a, c = at[k], size(k)
+        if runs and runs[-1][0] + runs[-1][2] == a and runs[-1][1] + runs[-1][2] == d:
+            runs[-1][2] += c
+        else:
+            runs.append([a, d, c])
+    s.step(*(Copy(src[0], src[1] + a, dst[0], dst[1] + d, c) for a, d, c in runs))
 
 
 @register("allreduce", "hierarchical")
@@ -39,16 +144,23 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
     s.step(Copy("in", 0, "out", 0, count))
     L, me = len(local), local.index(rank)
     if all(len(g) == L for g in peers_by_host):
-        shards = split_counts(count, L)
         cross = [g[me] for g in peers_by_host]          # local rank `me` of every host
-        rs = lookup("reduce_scatter", inner)[1](me, L, counts=shards)
-        ar = lookup("allreduce", outer)[1](cross.index(rank), len(cross), count=shards[me])
-        ag = lookup("allgather", inner)[1](me, L, counts=shards)
-        # tmp = [this rank's shard | scratch of whichever phase needs the most]
-        s.scratch = shards[0] + max(rs.scratch, ar.scratch, ag.scratch)
-        embed(s, rs, local, {"in": ("out", 0), "out": ("tmp", 0), "tmp": ("tmp", shards[0])})
-        embed(s, ar, cross, {"in": ("tmp", 0), "out": ("tmp", 0), "tmp": ("tmp", shards[0])})
-        embed(s, ag, local, {"in": ("tmp", 0), "out": ("out", 0), "tmp": ("tmp", shards[0])})
+        chunks = max(1, min(PIPELINE_CHUNKS, count // PIPELINE_MIN)) if len(cross) > 1 and L > 1 else 1
+        parts, base = split_counts(count, chunks), 0
+        for c, (off, n) in enumerate(zip(offsets(parts), parts)):
+            shards = split_counts(n, L)
+            rs = lookup("reduce_scatter", inner)[1](me, L, counts=shards)
+            ar = lookup("allreduce", outer)[1](cross.index(rank), len(cross), count=shards[me])
+            ag = lookup("allgather", inner)[1](me, L, counts=shards)
+            # this chunk's tmp = [this rank's shard | scratch of whichever phase needs the most]
+            tmp = {"tmp": ("tmp", base + shards[0])}
+            at = 1 + c * len(ar.steps)        # chunk c+1's phases run one inter-host phase behind c's
+            embed(s, rs, local, {"in": ("out", off), "out": ("tmp", base), **tmp}, at=at)
+            embed(s, ar, cross, {"in": ("tmp", base), "out": ("tmp", base), **tmp}, at=at + len(rs.steps))
+            embed(s, ag, local, {"in": ("tmp", base), "out": ("out", off), **tmp},
+                  at=at + len(rs.steps) + len(ar.steps))
+            base += shards[0] + max(rs.scratch, ar.scratch, ag.scratch)
+        s.scratch = base
         return s
     leaders = [g[0] for g in peers_by_host]
     red = lookup("reduce", "binomial")[1](me, L, count=count, root=0)
@@ -60,4 +172,246 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
         embed(s, ar, leaders, {"in": ("out", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
     bc = lookup("broadcast", "binomial")[1](me, L, count=count, root=0)
     embed(s, bc, local, {"out": ("out", 0)})
+    return s
+
+
+@register("allgather", "hierarchical")
+def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
+              outer: str = "ring") -> Schedule:
+    t = _Layout(rank, nranks, hosts)
+    if t.flat:
+        return _build("allgather", t.flat_name(inner, outer), rank, nranks, counts=counts)
+    ranks = list(range(nranks))
+    s = Schedule(rank, nranks)
+    if t.even:
+        # "grid": every block, column by column (column j: local rank j of host 0, of host 1, ...)
+        grid = [r for col in t.cols for r in col]
+        col_size = [sum(counts[r] for r in col) for col in t.cols]
+        col_off = offsets(col_size)[t.me]
+        cross = _build("allgather", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
+        intra = _build("allgather", inner, t.me, t.L, counts=col_size)
+        gbuf, gsize = (("out", 0), 0) if grid == ranks else (("tmp", 0), sum(counts))
+        s.scratch = gsize + max(cross.scratch, intra.scratch)
+        embed(s, cross, t.cols[t.me], {"in": ("in", 0), "out": (gbuf[0], col_off), "tmp": ("tmp", gsize)})
+        embed(s, intra, t.local, {"in": (gbuf[0], col_off), "out": gbuf, "tmp": ("tmp", gsize)})
+        if gbuf[0] != "out":
+            _move(s, counts.__getitem__, gbuf, grid, ("out", 0), ranks)
+        return s
+    # uneven: the host's first rank (its leader) gathers the host's blocks, leaders allgather, broadcast
+    leaders = [g[0] for g in t.groups]
+    host_order = [r for g in t.groups for r in g]
+    host_size = [sum(counts[r] for r in g) for g in t.groups]
+    hoff = offsets(host_size)[t.host]
+    to_leader = _build("gather", "direct", t.me, t.L, counts=[counts[r] for r in t.local], root=0)
+    hbuf, hsize = (("out", 0), 0) if host_order == ranks else (("tmp", 0), sum(counts))
+    embed(s, to_leader, t.local, {"in": ("in", 0), "out": (hbuf[0], hoff)})
+    if rank in leaders:
+        cross = _build("allgather", outer, t.host, t.H, counts=host_size)
+        s.scratch = hsize + cross.scratch
+        embed(s, cross, leaders, {"in": (hbuf[0], hoff), "out": hbuf, "tmp": ("tmp", hsize)})
+        if hbuf[0] != "out":
+            _move(s, counts.__getitem__, hbuf, host_order, ("out", 0), ranks)
+    from_leader = _build("broadcast", "binomial", t.me, t.L, count=sum(counts), root=0)
+    embed(s, from_leader, t.local, {"out": ("out", 0)})
+    return s
+
+
+@register("reduce_scatter", "hierarchical")
+def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
+                   outer: str = "ring") -> Schedule:
+    t = _Layout(rank, nranks, hosts)
+    if t.flat:
+        return _build("reduce_scatter", t.flat_name(inner, outer), rank, nranks, counts=counts)
+    ranks, total = list(range(nranks)), sum(counts)
+    s = Schedule(rank, nranks)
+    if t.even:
+        grid = [r for col in t.cols for r in col]          # the input's blocks, column by column
+        col_size = [sum(counts[r] for r in col) for col in t.cols]
+        intra = _build("reduce_scatter", inner, t.me, t.L, counts=col_size)
+        cross = _build("reduce_scatter", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
+        # tmp = [input in column order, unless it already is | my column's host sum | scratch]
+        gbuf, gsize = (("in", 0), 0) if grid == ranks else (("tmp", 0), total)
+        mine = gsize + col_size[t.me]
+        s.scratch = mine + max(intra.scratch, cross.scratch)
+        if gbuf[0] != "in":
+            _move(s, counts.__getitem__, ("in", 0), ranks, gbuf, grid)
+        embed(s, intra, t.local, {"in": gbuf, "out": ("tmp", gsize), "tmp": ("tmp", mine)})
+        embed(s, cross, t.cols[t.me], {"in": ("tmp", gsize), "out": ("out", 0), "tmp": ("tmp", mine)})
+        return s
+    # uneven: reduce the whole input to each host's leader, leaders reduce-scatter host blocks, scatter
+    leaders = [g[0] for g in t.groups]
+    lead = rank in leaders
+    host_order = [r for g in t.groups for r in g]
+    host_size = [sum(counts[r] for r in g) for g in t.groups]
+    # tmp = [input in host order, unless it already is | leader: host-reduced input | leader: host block]
+    hbuf, hsize = (("in", 0), 0) if host_order == ranks else (("tmp", 0), total)
+    red_at = hsize
+    blk_at = red_at + (total if lead else 0)
+    free = blk_at + (host_size[t.host] if lead else 0)
+    if hbuf[0] != "in":
+        _move(s, counts.__getitem__, ("in", 0), ranks, hbuf, host_order)
+    to_leader = _build("reduce", "binomial", t.me, t.L, count=total, root=0)
+    embed(s, to_leader, t.local, {"in": hbuf, "out": ("tmp", red_at), "tmp": ("tmp", free)})
+    s.scratch = free + to_leader.scratch
+    if lead:
+        cross = _build("reduce_scatter", outer, t.host, t.H, counts=host_size)
+        s.scratch = max(s.scratch, free + cross.scratch)
+        embed(s, cross, leaders, {"in": ("tmp", red_at), "out": ("tmp", blk_at), "tmp": ("tmp", free)})
+    from_leader = _build("scatter", "direct", t.me, t.L, counts=[counts[r] for r in t.local], root=0)
+    embed(s, from_leader, t.local, {"in": ("tmp", blk_at), "out": ("out", 0)})
+    return s
+
+
+@register("broadcast", "hierarchical")
+def broadcast(rank: int, nranks: int, count: int, root: int, hosts=None, inner: str = "binomial",
+              outer: str = "binomial") -> Schedule:
+    t = _Layout(rank, nranks, hosts)
+    if t.flat:
+        return _build("broadcast", t.flat_name(inner, outer), rank, nranks, count=count, root=root)
+    root_host = next(h for h, g in enumerate(t.groups) if root in g)
+    s = Schedule(rank, nranks)
+    if t.even and count >= SHARD_MIN:
+        # scatter L shards on the root's host, each column broadcasts its shard, allgather inside hosts
+        shards = split_counts(count, t.L)
+        off = offsets(shards)
+        if t.host == root_host:
+            deal = _build("scatter", "direct", t.me, t.L, counts=shards, root=t.local.index(root))
+            embed(s, deal, t.local, {"in": ("out", 0), "out": ("out", off[t.me])})
+        cross = _build("broadcast", outer, t.host, t.H, count=shards[t.me], root=root_host)
+        embed(s, cross, t.cols[t.me], {"out": ("out", off[t.me])})
+        share = _build("allgather", "ring", t.me, t.L, counts=shards)
+        embed(s, share, t.local, {"in": ("out", off[t.me]), "out": ("out", 0)})
+        return s
+    leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
+    if rank in leaders:
+        cross = _build("broadcast", outer, t.host, t.H, count=count, root=root_host)
+        embed(s, cross, leaders, {"out": ("out", 0)})
+    intra = _build("broadcast", inner, t.me, t.L, count=count, root=t.local.index(leaders[t.host]))
+    embed(s, intra, t.local, {"out": ("out", 0)})
+    return s
+
+
+@register("alltoall", "hierarchical")
+def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], hosts=None,
+             inner: str = "pairwise", outer: str = "pairwise") -> Schedule:
+    """Equal blocks only: ValueError otherwise (see the module docstring)."""
+    t = _Layout(rank, nranks, hosts)
+    if t.flat:
+        return _build("alltoall", t.flat_name(inner, outer), rank, nranks, send_counts=send_counts,
+                      recv_counts=recv_counts)
+    if len(set(send_counts)) > 1 or send_counts != recv_counts:
+        raise ValueError("hierarchical alltoall needs equal block sizes")
+    c, n, H = send_counts[0], nranks, t.H
+    size = lambda block: c                      # noqa: E731  (a block is a (source, destination) pair)
+    mine_in = [(rank, d) for d in range(n)]      # "in" and "out" in rank order
+    mine_out = [(p, rank) for p in range(n)]
+    s = Schedule(rank, nranks)
+    if t.even:
+        L, me, g = t.L, t.me, t.groups
+        # A: my blocks by destination local rank j, then host; B: what local rank i sent me (for
+        # local rank `me` of each host); C: B by destination host; D: what column `me` sent me
+        A = [(rank, g[h][j]) for j in range(L) for h in range(H)]
+        B = [(t.local[i], g[h][me]) for i in range(L) for h in range(H)]
+        C = [(t.local[i], g[h][me]) for h in range(H) for i in range(L)]
+        D = [(g[h][i], rank) for h in range(H) for i in range(L)]
+        intra = _build("alltoall", inner, me, L, send_counts=[H * c] * L, recv_counts=[H * c] * L)
+        cross = _build("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
+        X, Y = ("tmp", 0), ("tmp", n * c)       # two regions of n blocks, used in turn
+        s.scratch = 2 * n * c + max(intra.scratch, cross.scratch)
+        sub_tmp = ("tmp", 2 * n * c)
+        a_buf = ("in", 0) if A == mine_in else X
+        d_buf = ("out", 0) if D == mine_out else Y
+        if a_buf != ("in", 0):
+            _move(s, size, ("in", 0), mine_in, X, A)
+        embed(s, intra, t.local, {"in": a_buf, "out": Y, "tmp": sub_tmp})
+        _move(s, size, Y, B, X, C)
+        embed(s, cross, t.cols[me], {"in": X, "out": d_buf, "tmp": sub_tmp})
+        if d_buf != ("out", 0):
+            _move(s, size, Y, D, ("out", 0), mine_out)
+        return s
+    # uneven: the leader gathers its host's inputs, leaders exchange one message per host pair, scatter
+    leaders = [gr[0] for gr in t.groups]
+    L, loc = t.L, t.local
+    G = [(loc[i], d) for i in range(L) for d in range(n)]                             # gathered inputs
+    X = [(loc[i], q) for gr in t.groups for q in gr for i in range(L)]                 # by destination host
+    R = [(p, loc[j]) for gr in t.groups for j in range(L) for p in gr]                 # from each host
+    S = [(p, loc[j]) for j in range(L) for p in range(n)]                              # by destination rank
+    to_leader = _build("gather", "direct", t.me, L, counts=[n * c] * L, root=0)
+    from_leader = _build("scatter", "direct", t.me, L, counts=[n * c] * L, root=0)
+    sizes = [L * len(gr) * c for gr in t.groups]          # between my host's leader and each other
+    cross = _build("alltoall", outer, t.host, H, send_counts=sizes, recv_counts=sizes)
+    P, Q = ("tmp", 0), ("tmp", L * n * c)      # the leader's two regions of L n blocks
+    if rank in leaders:
+        s.scratch = 2 * L * n * c + cross.scratch
+        embed(s, to_leader, loc, {"in": ("in", 0), "out": P})
+        _move(s, size, P, G, Q, X)
+        embed(s, cross, leaders, {"in": Q, "out": P, "tmp": ("tmp", 2 * L * n * c)})
+        _move(s, size, P, R, Q, S)
+        embed(s, from_leader, loc, {"in": Q, "out": ("out", 0)})
+    else:
+        embed(s, to_leader, loc, {"in": ("in", 0)})
+        embed(s, from_leader, loc, {"out": ("out", 0)})
+    return s
+
+
+@register("gather", "hierarchical")
+def gather(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inner: str = "direct",
+           outer: str = "direct") -> Schedule:
+    t = _Layout(rank, nranks, hosts)
+    if t.flat:
+        return _build("gather", t.flat_name(inner, outer), rank, nranks, counts=counts, root=root)
+    ranks = list(range(nranks))
+    root_host = next(h for h, g in enumerate(t.groups) if root in g)
+    leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
+    host_order = [r for g in t.groups for r in g]
+    host_size = [sum(counts[r] for r in g) for g in t.groups]
+    # where the leaders collect: the root, every block in host order ("out" when that is rank
+    # order); the other leaders, their host's block
+    if rank == root:
+        whole, free = (("out", 0), 0) if host_order == ranks else (("tmp", 0), sum(counts))
+        block = (whole[0], offsets(host_size)[t.host])
+    else:                                       # ("out" of a rank other than the root: never touched)
+        whole, block, free = ("out", 0), ("tmp", 0), host_size[t.host] if rank in leaders else 0
+    s = Schedule(rank, nranks)
+    intra = _build("gather", inner, t.me, t.L, counts=[counts[r] for r in t.local],
+                   root=t.local.index(leaders[t.host]))
+    s.scratch = free + intra.scratch
+    embed(s, intra, t.local, {"in": ("in", 0), "out": block, "tmp": ("tmp", free)})
+    if rank in leaders:
+        cross = _build("gather", outer, t.host, t.H, counts=host_size, root=root_host)
+        s.scratch = max(s.scratch, free + cross.scratch)
+        embed(s, cross, leaders, {"in": block, "out": whole, "tmp": ("tmp", free)})
+    if rank == root and whole[0] != "out":
+        _move(s, counts.__getitem__, whole, host_order, ("out", 0), ranks)
+    return s
+
+
+@register("scatter", "hierarchical")
+def scatter(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inner: str = "direct",
+            outer: str = "direct") -> Schedule:
+    t = _Layout(rank, nranks, hosts)
+    if t.flat:
+        return _build("scatter", t.flat_name(inner, outer), rank, nranks, counts=counts, root=root)
+    ranks = list(range(nranks))
+    root_host = next(h for h, g in enumerate(t.groups) if root in g)
+    leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
+    host_order = [r for g in t.groups for r in g]
+    host_size = [sum(counts[r] for r in g) for g in t.groups]
+    # tmp = [root: the input in host order, unless it already is | leaders: their host's block | scratch]
+    whole, whole_size = ("in", 0), 0
+    if rank == root and host_order != ranks:
+        whole, whole_size = ("tmp", 0), sum(counts)
+    block = ("tmp", whole_size)
+    free = whole_size + (host_size[t.host] if rank in leaders else 0)
+    s = Schedule(rank, nranks)
+    if whole[0] == "tmp":
+        _move(s, counts.__getitem__, ("in", 0), ranks, whole, host_order)
+    if rank in leaders:
+        cross = _build("scatter", outer, t.host, t.H, counts=host_size, root=root_host)
+        s.scratch = free + cross.scratch
+        embed(s, cross, leaders, {"in": whole, "out": block, "tmp": ("tmp", free)})
+    intra = _build("scatter", inner, t.me, t.L, counts=[counts[r] for r in t.local],
+                   root=t.local.index(leaders[t.host]))
+    s.scratch = max(s.scratch, free + intra.scratch)
+    embed(s, intra, t.local, {"in": block, "out": ("out", 0), "tmp": ("tmp", free)})
     return s

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from ..schedule import Copy, Recv, Schedule, Send
 
 
+SOCKET_BUFFER = 4 << 20     # bytes a TCP send hands to the kernel before it waits for the wire
+
+
 @dataclass(frozen=True)
 class Link:
     alpha: float      # seconds per message
@@ -61,13 +64,19 @@ class Estimate:
     bytes_sent: int       # most bytes sent by any rank
 
 
-def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, stretch: list[float]) -> Estimate:
+def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, stretch: list[float],
+             hosts: list | None = None) -> Estimate:
     """Model the run of ``scheds`` (one per rank).
 
     ``klass(a, b)`` is the link class between ranks a and b; ``stretch[r]`` the
-    CPU oversubscription factor of rank r's host (>= 1).
+    CPU oversubscription factor of rank r's host (>= 1). With ``hosts`` (the host
+    of each rank), messages between hosts share their hosts' network links: a
+    host's outgoing messages cross its link one after another, and so do its
+    incoming ones (which is what makes combining a host's traffic pay).
     """
     n = len(scheds)
+    up: dict = {}                  # host -> time its outgoing link is free (class "tcp" only)
+    down: dict = {}
     clock = [0.0] * n
     chan: dict[tuple[int, int], deque] = {}
     pc, entered, got, sent = [0] * n, [False] * n, [0] * n, [0] * n
@@ -90,9 +99,19 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
                             k = klass(r, o.peer)
                             link = machine.link(k)
                             nb = o.count * itemsize
-                            t += link.alpha / 2 * f + nb * link.beta * (f if k == "shm" else 1.0)
+                            t += link.alpha / 2 * f
+                            if k == "tcp" and hosts is not None:
+                                # the wire runs on after the kernel took the data: the sender waits
+                                # only until what is left fits in the socket buffer
+                                hs, hd = hosts[r], hosts[o.peer]
+                                arrive = max(t, up.get(hs, 0.0), down.get(hd, 0.0)) + nb * link.beta
+                                up[hs] = down[hd] = arrive
+                                t = max(t, arrive - min(nb, SOCKET_BUFFER) * link.beta)
+                            else:
+                                t += nb * link.beta * (f if k == "shm" else 1.0)
+                                arrive = t
                             sent[r] += nb
-                            chan.setdefault((r, o.peer), deque()).append((t, link.alpha / 2 * f))
+                            chan.setdefault((r, o.peer), deque()).append((arrive, link.alpha / 2 * f))
                     out_done[r], entered[r], got[r] = t, True, 0
                     recv_free[r] = clock[r]
                     progress = True

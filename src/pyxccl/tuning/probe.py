@@ -1,6 +1,8 @@
 """Measuring link figures: a short ping-pong and bandwidth probe per link class,
 run once per host at the first init and cached in ``~/.cache/pyxccl/links.json``
-(or read from the file named by ``PYXCCL_LINKS``)."""
+(or read from the file named by ``PYXCCL_LINKS``). Links between hosts ("tcp")
+are measured at every init instead: they depend on which hosts a job got and
+on the network between them, and a home directory may be shared by hosts."""
 from __future__ import annotations
 
 import json
@@ -84,6 +86,7 @@ def measure(comm, classes: dict[str, int]) -> Machine:
         try:
             with open(cache_path()) as f:
                 known = Machine.from_json(json.load(f))
+            known.links.pop("tcp", None)
             complete = set(classes) <= set(known.links)
         except (OSError, ValueError, KeyError, TypeError):
             known = None
@@ -112,7 +115,7 @@ def measure(comm, classes: dict[str, int]) -> Machine:
             os.makedirs(os.path.dirname(cache_path()), exist_ok=True)
             tmp = cache_path() + f".{os.getpid()}"
             with open(tmp, "w") as f:
-                json.dump(d, f)
+                json.dump(dict(d, links={k: v for k, v in d["links"].items() if k != "tcp"}), f)
             os.replace(tmp, cache_path())
         except OSError:
             pass

@@ -52,7 +52,7 @@ class Tuner:
             scheds = [registry.build(builder, r, self.n, hosts=self.hosts, **args) for r in range(self.n)]
         except ValueError:
             return None
-        return estimate(scheds, itemsize, self.machine, self.klass, self.stretch)
+        return estimate(scheds, itemsize, self.machine, self.klass, self.stretch, self.hosts)
 
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:
         out = {}
