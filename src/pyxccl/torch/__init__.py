@@ -12,6 +12,7 @@ and ``get_future().then(...)`` behave as torch's do, and pyxccl's errors
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -55,12 +56,29 @@ class _Work(torch._C._distributed_c10d.Work):
     def __init__(self, works, value, fut):
         super().__init__()
         self._works, self._value, self._fut = works, value, fut
+        self._unpacked = threading.Event()   # the pyxccl Works' own callbacks (unpacking outputs) ran
+        self._lock, self._settled = threading.Lock(), False
+
+    def _settle(self) -> None:
+        """Complete the future once: from wait() or from the completer pool, whichever comes first
+        (a waiter need not wait for a pool thread to wake up)."""
+        with self._lock:
+            if self._settled:
+                return
+            self._settled = True
+        exc = self.exception()
+        if exc is not None:
+            self._fut.set_exception(exc)
+        else:
+            self._fut.set_result(self._value)
 
     def wait(self, timeout=None) -> bool:
         secs = timeout.total_seconds() if timeout else None
         for w in self._works:
             w.wait(secs)          # raises pyxccl's error, naming the peer
-        self._fut.wait()          # and the unpacking callbacks (copies into output lists) are done
+        self._unpacked.wait()
+        self._settle()
+        self._fut.wait()          # then() callbacks of another thread that settled it first are done
         return True
 
     def is_completed(self) -> bool:
@@ -96,13 +114,6 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         # communicator's worker, or on one thread, would deadlock that: a small pool does it.
         self._completer = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"pyxccl-torch-r{rank}")
 
-    @staticmethod
-    def _complete(fut, value, exc) -> None:
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(value)
-
     def getBackendName(self) -> str:
         return "pyxccl"
 
@@ -127,11 +138,13 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
             fut.set_result(value)
             return _create_work_from_future(fut)
 
-        def done(w):
-            exc = next((x.exception() for x in works if x.exception() is not None), None)
-            self._completer.submit(self._complete, fut, value, exc)
+        work = _Work(works, value, fut)
+
+        def done(_w):
+            work._unpacked.set()
+            self._completer.submit(work._settle)
         last.add_done_callback(done)
-        return _Work(works, value, fut)
+        return work
 
     def _each(self, fn, tensors, value=None):
         return self._work([fn(t) for t in tensors], tensors if value is None else value)
