@@ -49,10 +49,12 @@ def _worker(a) -> None:
         return float(dt[0])
 
     if a.mode == "p2p":
-        buf = np.ones(count, np.float32)
+        want = (np.arange(count) % 251).astype(np.float32)
+        buf = want.copy() if r == 0 else np.zeros(count, np.float32)
         times = []
         for _ in range(a.warmup + a.iters):
             times.append(timed(lambda: comm.send(buf, 1) if r == 0 else comm.recv(buf, 0)))
+        assert np.array_equal(buf, want), "p2p: wrong data"
         if r == 0:
             print(f"RESULT pyxccl-nsocks{os.environ.get('PYXCCL_NSOCKS', '1')} {statistics.median(times[a.warmup:])}")
         comm.close()

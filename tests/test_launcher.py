@@ -161,3 +161,156 @@ def test_missing_command_and_bad_arguments(tmp_path, capfd):
         run(1, [])
     p = _pyxccl("run", "-n", "2")
     assert p.returncode == 2 and "give a script or command" in p.stderr
+
+
+# --- several hosts: torchrun's --nnodes / --node-rank / --nproc-per-node -----------------------------
+
+_ENV_SCRIPT = """
+import os
+e = os.environ
+print(*(e[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                       "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")))
+"""
+
+
+@pytest.mark.parametrize("node_rank", [0, 1, 2])
+def test_multi_node_env_is_torchruns(tmp_path, capfd, node_rank):
+    script = _script(tmp_path, _ENV_SCRIPT)
+    assert run(2, [script], nnodes=3, node_rank=node_rank, master_addr="10.1.2.3", master_port=29411) == 0
+    lines = sorted(capfd.readouterr().out.splitlines())
+    # the prefix is the global rank; RANK = node_rank * nproc_per_node + local rank
+    assert lines == [f"[{2 * node_rank + l}] {2 * node_rank + l} 6 {l} 2 {node_rank} 3 {2 * node_rank + l} 6 "
+                     f"10.1.2.3 29411" for l in range(2)]
+
+
+def test_uneven_nodes_from_a_list_of_counts(tmp_path, capfd):
+    script = _script(tmp_path, _ENV_SCRIPT)
+    for node_rank, (first, local_n) in enumerate([(0, 2), (2, 1), (3, 2)]):
+        assert run([2, 1, 2], [script], nnodes=3, node_rank=node_rank, master_port=29412) == 0
+        lines = sorted(capfd.readouterr().out.splitlines())
+        assert [line.split()[:7] for line in lines] == [
+            [f"[{first + l}]", str(first + l), "5", str(l), str(local_n), str(node_rank), "3"] for l in range(local_n)]
+
+
+def test_single_node_defaults_are_unchanged(tmp_path, capfd):
+    script = _script(tmp_path, _ENV_SCRIPT)
+    assert run(2, [script]) == 0
+    lines = sorted(capfd.readouterr().out.splitlines())
+    assert [line.split()[1:9] for line in lines] == [[str(r), "2", str(r), "2", "0", "1", str(r), "2"]
+                                                     for r in range(2)]
+    assert lines[0].split()[9] == "127.0.0.1"
+
+
+def test_multi_node_needs_an_explicit_port_and_valid_node_rank():
+    with pytest.raises(InvalidArgumentError, match="--nnodes 2, give --master-port"):
+        run(2, ["true"], nnodes=2, node_rank=0, master_addr="10.0.0.1")
+    with pytest.raises(InvalidArgumentError, match=r"--node-rank 2 must be in 0\.\.1"):
+        run(2, ["true"], nnodes=2, node_rank=2, master_port=29413)
+    with pytest.raises(InvalidArgumentError, match=r"--node-rank -1"):
+        run(2, ["true"], nnodes=2, node_rank=-1, master_port=29413)
+    with pytest.raises(InvalidArgumentError, match="--nnodes must be a positive integer"):
+        run(2, ["true"], nnodes=0, master_port=29413)
+    with pytest.raises(InvalidArgumentError, match="lists 2 node"):
+        run([1, 2], ["true"], nnodes=3, master_port=29413)
+    with pytest.raises(InvalidArgumentError, match="--nproc-per-node"):
+        run([1, 0], ["true"], nnodes=2, master_port=29413)
+    with pytest.raises(InvalidArgumentError, match="1-65535"):
+        run(1, ["true"], master_port=70000)
+
+
+def test_a_failing_rank_is_named_by_its_global_rank(tmp_path):
+    script = _script(tmp_path, """
+        import os, sys, time
+        if os.environ["LOCAL_RANK"] == "1":
+            sys.exit(4)
+        time.sleep(60)
+    """)
+    p = _pyxccl("run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-port", "29414",
+                script)
+    assert p.returncode == 4
+    assert "rank 3 exited with code 4" in p.stderr
+
+
+def test_cli_multi_node_flags_and_spellings(tmp_path):
+    script = _script(tmp_path, _ENV_SCRIPT)
+    p = _pyxccl("run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "10.9.8.7",
+                "--master-port", "29415", script)
+    assert p.returncode == 0, p.stderr
+    assert sorted(p.stdout.splitlines()) == [f"[{r}] {r} 4 {r - 2} 2 1 2 {r} 4 10.9.8.7 29415" for r in (2, 3)]
+    # torchrun's underscore spellings, --opt=value, MIN:MAX with MIN == MAX, -n as alias, a per-node list
+    p = _pyxccl("run", "--nnodes=3:3", "--node_rank=2", "-n", "2,1,2", "--master_addr=10.9.8.7",
+                "--master_port", "29416", script)
+    assert p.returncode == 0, p.stderr
+    assert sorted(line.split()[0] for line in p.stdout.splitlines()) == ["[3]", "[4]"]
+    p = _pyxccl("run", "--standalone", "--nproc_per_node", "2", script)
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nnodes", "2", "-n", "2"], "--nnodes 2, give --master-port"),
+    (["--nnodes", "2", "--node-rank", "5", "-n", "2", "--master-port", "29417"], "--node-rank 5 must be in 0..1"),
+    (["--nnodes", "1:4", "-n", "2"], "elastic ranges"),
+    (["-n", "0"], "positive number of ranks"),
+    (["-n", "2,x"], "one per node"),
+    (["--nnodes", "2", "-n", "1,1,1", "--master-port", "29417"], "lists 3 node(s)"),
+    (["--standalone", "--nnodes", "2", "-n", "1", "--master-port", "29417"], "--standalone is one host"),
+])
+def test_cli_multi_node_errors(tmp_path, args, message):
+    p = _pyxccl("run", *args, "true")
+    assert p.returncode == 2
+    assert message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_two_launchers_make_one_job(tmp_path):
+    """Two `pyxccl run --nnodes 2` on this machine, each an emulated host (PYXCCL_HOST_ID): one world of 4."""
+    from pyxccl.launcher import free_port
+    script = _script(tmp_path, """
+        import numpy as np, pyxccl
+        comm = pyxccl.init()
+        x = np.full(3, comm.rank, np.int64)
+        comm.allreduce(x)
+        print(comm.size, int(x[0]), comm.host_ranks, [comm.transport(p) for p in range(comm.size)])
+        comm.close()
+    """)
+    port = free_port()
+    procs = [subprocess.Popen([*PYXCCL, "run", "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",
+                               "--master-port", str(port), script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(ENV, PYXCCL_HOST_ID=f"node{i}", PYXCCL_TUNE="0"))
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=45) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    lines = sorted(outs[0][0].splitlines() + outs[1][0].splitlines())
+    kinds = {0: "'self', 'shm', 'tcp', 'tcp'", 1: "'shm', 'self', 'tcp', 'tcp'",
+             2: "'tcp', 'tcp', 'self', 'shm'", 3: "'tcp', 'tcp', 'shm', 'self'"}
+    assert lines == [f"[{r}] 4 6 {[0, 1] if r < 2 else [2, 3]} [{kinds[r]}]" for r in range(4)]
+
+
+def test_a_rank_may_exit_right_after_its_last_send(tmp_path):
+    """The receiver returns shared-memory slots after the sender closed (and exited): not a lost peer.
+    (Found by test_multihost.py: a scatter root finished and closed while a busy rank still read.)"""
+    script = _script(tmp_path, """
+        import time, numpy as np, pyxccl
+        comm = pyxccl.init(transport="shm")
+        n = 1 << 18                              # one 1 MiB slot each: all four in flight at close
+        if comm.rank == 1:
+            for i in range(4):
+                comm.send(np.full(n, i, np.float32), 0, tag=1)
+            comm.close()
+        else:
+            t = time.monotonic()
+            while time.monotonic() - t < 0.5:    # busy, holding the GIL: the receiver thread lags
+                pass
+            for i in range(4):
+                assert (comm.recv(np.empty(n, np.float32), 1, tag=1) == i).all()
+            print("got all")
+            comm.close()
+    """)
+    p = subprocess.run([*PYXCCL, "run", "-n", "2", script], capture_output=True, text=True, timeout=50,
+                       env=dict(ENV, PYXCCL_TUNE="0"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["[0] got all"]

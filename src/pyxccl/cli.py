@@ -15,12 +15,24 @@ def command(name: str, help: str):
     return deco
 
 
-@command("run", "start N local ranks of a script or command (like torchrun --standalone)")
+@command("run", "start this host's ranks of a script or command (like torchrun; one host or several)")
 def _run(p: argparse.ArgumentParser):
-    p.add_argument("-n", "--nproc-per-node", "--nproc", dest="nproc", type=int, required=True,
-                   help="number of ranks")
-    p.add_argument("--master-addr", default="127.0.0.1", help="address of rank 0's store")
-    p.add_argument("--master-port", type=int, default=None, help="port of rank 0's store (default: a free one)")
+    p.description = ("Start this host's ranks, like torchrun with a static rendezvous. One host: "
+                     "pyxccl run -n 4 script.py. Several hosts: on host i of H, pyxccl run --nnodes H "
+                     "--node-rank i --nproc-per-node L --master-addr ADDR_OF_HOST_0 --master-port P script.py. "
+                     "Output lines are prefixed with [global rank].")
+    p.add_argument("-n", "--nproc-per-node", "--nproc_per_node", "--nproc", dest="nproc", type=_nproc,
+                   required=True, metavar="L", help="ranks on this host; or every host's count, in node order "
+                   "(2,1,2), the same list on every host")
+    p.add_argument("--nnodes", type=_nnodes, default=1, help="number of hosts (default 1)")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                   help="this host's index, 0..nnodes-1 (default 0); node 0 holds rank 0 and the store")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr", default="127.0.0.1",
+                   help="address of node 0 as every host reaches it: rank 0 serves the store there")
+    p.add_argument("--master-port", "--master_port", dest="master_port", type=int, default=None,
+                   help="port of rank 0's store (default on one host: a free one; required with --nnodes > 1)")
+    p.add_argument("--standalone", action="store_true",
+                   help="one host, a free port (torchrun's flag; the default with --nnodes 1)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="script.py args..., -m module args..., or a command")
 
     def go(a) -> int:
@@ -28,15 +40,38 @@ def _run(p: argparse.ArgumentParser):
         cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
         if not cmd:
             p.error("give a script or command to run")
+        if a.standalone and a.nnodes != 1:
+            p.error(f"--standalone is one host; it does not go with --nnodes {a.nnodes}")
         from ._errors import InvalidArgumentError
         try:
-            return run(a.nproc, cmd, master_addr=a.master_addr, master_port=a.master_port)
+            return run(a.nproc, cmd, nnodes=a.nnodes, node_rank=a.node_rank, master_addr=a.master_addr,
+                       master_port=a.master_port)
         except InvalidArgumentError as e:
-            p.error(str(e))
+            p.error(str(e).removeprefix("pyxccl run: "))
     return go
 
 
-_RUN_VALUE_OPTIONS = {"-n", "--nproc-per-node", "--nproc", "--master-addr", "--master-port"}
+def _nproc(text: str):
+    """torchrun's --nproc-per-node as a count, or pyxccl's list of every node's count ("2,1,2")."""
+    parts = text.split(",")
+    if not all(x.strip().isdecimal() and int(x) > 0 for x in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of ranks, or one per node (2,1,2)")
+    return int(parts[0]) if len(parts) == 1 else [int(x) for x in parts]
+
+
+def _nnodes(text: str) -> int:
+    """A number of hosts; torchrun's "MIN:MAX" only when MIN == MAX (pyxccl run has no elastic rendezvous)."""
+    lo, _, hi = text.partition(":")
+    hi = hi or lo
+    if not (lo.strip().isdecimal() and hi.strip().isdecimal() and int(lo) == int(hi) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of hosts (elastic ranges such as "
+                                         f"1:4 are torchrun's, not pyxccl's)")
+    return int(lo)
+
+
+_RUN_VALUE_OPTIONS = {"-n", "--nproc-per-node", "--nproc_per_node", "--nproc", "--nnodes", "--node-rank",
+                      "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port"}
+_RUN_FLAGS = {"-h", "--help", "--standalone"}
 
 
 def _split_run_command(argv: list[str]) -> list[str]:
@@ -48,7 +83,8 @@ def _split_run_command(argv: list[str]) -> list[str]:
             return argv
         if a in _RUN_VALUE_OPTIONS:
             i += 2
-        elif a.startswith("--") and "=" in a or (a.startswith("-n") and a[2:].isdigit()) or a in ("-h", "--help"):
+        elif a.startswith("--") and "=" in a or a.startswith("-n") and a[2:].replace(",", "").isdigit() \
+                or a in _RUN_FLAGS:
             i += 1
         else:
             return argv[:i] + ["--"] + argv[i:]

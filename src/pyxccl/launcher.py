@@ -1,11 +1,33 @@
-"""`pyxccl run`: start N local ranks, like torchrun's standalone mode.
+"""`pyxccl run`: start this node's ranks of a job, like torchrun (static rendezvous).
 
-Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK=0,
-MASTER_ADDR, MASTER_PORT, PYXCCL_LAUNCHER=pyxccl and PYTHONUNBUFFERED=1; its
-stdout and stderr lines come out on ours, prefixed with ``[rank] ``. When a
-child fails, the others are stopped (SIGTERM to their process groups, SIGKILL
-after ``grace`` seconds) and the launcher returns the failing child's exit
-code (128 + signal number for a signal death).
+One host (torchrun --standalone)::
+
+    pyxccl run -n 4 script.py
+
+Several hosts: the same command on every host, each with its own
+``--node-rank`` (torchrun's flags and meaning)::
+
+    pyxccl run --nnodes 2 --node-rank 0 --nproc-per-node 4 --master-addr A --master-port P script.py
+    pyxccl run --nnodes 2 --node-rank 1 --nproc-per-node 4 --master-addr A --master-port P script.py
+
+Local rank ``l`` of node ``g`` gets RANK = g * nproc_per_node + l,
+WORLD_SIZE = nnodes * nproc_per_node, LOCAL_RANK = l, LOCAL_WORLD_SIZE =
+nproc_per_node, GROUP_RANK = g, GROUP_WORLD_SIZE = nnodes (and torchrun's
+ROLE_RANK / ROLE_WORLD_SIZE, equal to RANK / WORLD_SIZE), MASTER_ADDR,
+MASTER_PORT, PYXCCL_LAUNCHER=pyxccl and PYTHONUNBUFFERED=1. Rank 0 (on node 0)
+serves the store at MASTER_ADDR:MASTER_PORT, so MASTER_ADDR must be node 0's
+address as the other nodes reach it; with more than one node the port must be
+given (each node would pick a different free one). Nodes with different
+numbers of ranks (a pyxccl extension; torchrun gets there through its elastic
+rendezvous): ``--nproc-per-node 2,1,2`` gives every node's count, the same
+list on every node, and ranks are numbered node after node.
+
+Each child's stdout and stderr lines come out on ours, prefixed with its
+global rank as ``[rank] ``. When a child fails, this node's other children are
+stopped (SIGTERM to their process groups, SIGKILL after ``grace`` seconds) and
+the launcher returns the failing child's exit code (128 + signal number for
+a signal death); the other nodes' ranks see the lost peer
+(:class:`pyxccl.PeerLostError`) and fail in turn.
 """
 from __future__ import annotations
 
@@ -19,7 +41,7 @@ import time
 
 from ._errors import InvalidArgumentError
 
-__all__ = ["run", "free_port"]
+__all__ = ["run", "free_port", "node_ranks"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -82,20 +104,57 @@ def _pump(stream, out: _Out, prefix: bytes) -> None:
         stream.close()
 
 
-def run(nproc: int, cmd: list[str], *, master_addr: str = "127.0.0.1", master_port: int | None = None,
-        env: dict | None = None, grace: float = 5.0) -> int:
-    """Run ``cmd`` as ``nproc`` local ranks; return 0, or the first failing rank's exit code.
+def _positive(value, flag: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgumentError(f"pyxccl run: {flag} must be a positive integer, not {value!r}", op="run")
+    return value
 
-    ``cmd``: ``["script.py", args...]`` and ``["-m", "module", args...]`` run
-    with this Python; anything else runs as is. ``env`` replaces
-    ``os.environ`` as the children's base environment (as with subprocess).
-    ``master_port`` defaults to a free port. SIGINT/SIGTERM sent to the
-    launcher are forwarded to the children (a second one kills them).
+
+def node_ranks(nproc, nnodes: int = 1, node_rank: int = 0) -> tuple[int, int, int]:
+    """(first global rank, ranks on this node, world size) of node ``node_rank``.
+
+    ``nproc``: ranks per node, an int (every node the same, torchrun's
+    ``--nproc-per-node``) or a sequence of ``nnodes`` ints (one per node, in
+    node order). Raises InvalidArgumentError for values that do not fit.
     """
-    if not isinstance(nproc, int) or nproc < 1:
-        raise InvalidArgumentError(f"pyxccl run: -n must be a positive number of ranks, not {nproc!r}", op="run")
-    if master_port is not None and not 0 < master_port < 65536:
-        raise InvalidArgumentError(f"pyxccl run: --master-port {master_port} is not a port (1-65535)", op="run")
+    nnodes = _positive(nnodes, "--nnodes")
+    if isinstance(node_rank, bool) or not isinstance(node_rank, int) or not 0 <= node_rank < nnodes:
+        raise InvalidArgumentError(f"pyxccl run: --node-rank {node_rank!r} must be in 0..{nnodes - 1} "
+                                   f"(--nnodes {nnodes})", op="run")
+    if isinstance(nproc, (list, tuple)):
+        counts = [_positive(c, "--nproc-per-node") for c in nproc]
+        if len(counts) != nnodes:
+            raise InvalidArgumentError(f"pyxccl run: --nproc-per-node lists {len(counts)} node(s) "
+                                       f"({','.join(map(str, counts))}) but --nnodes is {nnodes}; give one "
+                                       f"count per node, or one count for all", op="run")
+    else:
+        counts = [_positive(nproc, "--nproc-per-node (-n)")] * nnodes
+    return sum(counts[:node_rank]), counts[node_rank], sum(counts)
+
+
+def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
+        master_port: int | None = None, env: dict | None = None, grace: float = 5.0) -> int:
+    """Run ``cmd`` as this node's ranks; return 0, or the first failing rank's exit code.
+
+    ``nproc``: ranks per node (an int), or a list of every node's count.
+    ``nnodes``/``node_rank``: the number of nodes and this one's place (see
+    the module docstring for the ranks each child gets). ``cmd``:
+    ``["script.py", args...]`` and ``["-m", "module", args...]`` run with this
+    Python; anything else runs as is. ``env`` replaces ``os.environ`` as the
+    children's base environment (as with subprocess). ``master_port``
+    defaults to a free port on one node and must be given with several.
+    SIGINT/SIGTERM sent to the launcher are forwarded to the children (a
+    second one kills them).
+    """
+    first, local_n, world = node_ranks(nproc, nnodes, node_rank)
+    if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
+                                    or not 0 < master_port < 65536):
+        raise InvalidArgumentError(f"pyxccl run: --master-port {master_port!r} is not a port (1-65535)", op="run")
+    if nnodes > 1 and master_port is None:
+        raise InvalidArgumentError(f"pyxccl run: with --nnodes {nnodes}, give --master-port: the same free port "
+                                   f"of the master's host (--master-addr {master_addr}) on every node", op="run")
+    if not master_addr:
+        raise InvalidArgumentError("pyxccl run: --master-addr is empty; give the address of node 0", op="run")
     argv = _command(cmd)
     port = master_port or free_port(master_addr)
     lock = threading.Lock()
@@ -122,13 +181,15 @@ def run(nproc: int, cmd: list[str], *, master_addr: str = "127.0.0.1", master_po
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 0
     try:
-        for r in range(nproc):
+        for local in range(local_n):
             if signals_seen:
                 break
+            r = first + local
             child_env = dict(os.environ if env is None else env)
-            child_env.update(RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(nproc),
-                             GROUP_RANK="0", MASTER_ADDR=master_addr, MASTER_PORT=str(port),
-                             PYXCCL_LAUNCHER="pyxccl", PYTHONUNBUFFERED="1")
+            child_env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
+                             LOCAL_WORLD_SIZE=str(local_n), GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(nnodes),
+                             ROLE_RANK=str(r), ROLE_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,
+                             MASTER_PORT=str(port), PYXCCL_LAUNCHER="pyxccl", PYTHONUNBUFFERED="1")
             try:
                 p = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -143,7 +204,7 @@ def run(nproc: int, cmd: list[str], *, master_addr: str = "127.0.0.1", master_po
                 t.start()
                 pumps.append(t)
         while code == 0 and None in [p.poll() for p in procs]:     # a list: poll every child, no short-circuit
-            failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            failed = [(first + i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
             if failed:
                 r, rc = failed[0]
                 code = _exit_code(rc)
@@ -151,8 +212,9 @@ def run(nproc: int, cmd: list[str], *, master_addr: str = "127.0.0.1", master_po
                 break
             time.sleep(0.02)
         if code == 0:                       # all exited: one may still have failed at the very end
-            for r, p in enumerate(procs):
+            for i, p in enumerate(procs):
                 if p.returncode:
+                    r = first + i
                     code = _exit_code(p.returncode)
                     err.write(f"pyxccl run: rank {r} {_describe(p.returncode)}\n".encode())
                     break

@@ -78,8 +78,13 @@ class ShmPeer(StreamPeer):
                 return super()._on_frame(-1, dcode, key, total, off, n, aux)
             self.mailbox.deliver(self.peer, key, dcode, total, off, self._in[aux * sb: aux * sb + n])
             if n:
-                with self._send_lock:
-                    self.sock.sendall(self.header(CREDIT, aux=aux))
+                try:
+                    with self._send_lock:
+                        self.sock.sendall(self.header(CREDIT, aux=aux))
+                except OSError:
+                    # The sender closed right after its last send (its GOODBYE is behind this frame):
+                    # it needs no slot back. A real loss shows as the stream's end, read next.
+                    pass
         elif kind == CREDIT:
             with self._free_cv:
                 self._free.append(aux)
