@@ -14,7 +14,7 @@ one way (time until the receiver has it all), pyxccl over TCP with each
 PYXCCL_NSOCKS, against netbench.py's one-stream bulk figure between the same
 hosts.
 
-Hosts come from tests/netns.py (../shared/netns scripts); they are removed at
+Hosts come from tests/netns.py (the scripts in tests/emuhosts); they are removed at
 the end, even on failure.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Emulated hosts for tests: network namespaces made by ../shared/netns (mkhosts.sh, inhost.sh, rmhosts.sh).
+"""Emulated hosts for tests: network namespaces made by tests/emuhosts (mkhosts.sh, inhost.sh, rmhosts.sh).
 
 >>> with EmulatedHosts(3) as hosts:                                  # doctest: +SKIP
 ...     p = hosts.popen(0, ["hostname"], stdout=subprocess.PIPE)     # runs "on" host 0
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NETNS_DIR = Path(os.environ.get("PYXCCL_NETNS_DIR", HERE.parent.parent / "shared" / "netns"))
+NETNS_DIR = Path(os.environ.get("PYXCCL_NETNS_DIR", HERE / "emuhosts"))
 OWNERS = Path("/run/pyxccl-test-netns")        # one file per live set: its prefix, holding "pid start-time"
 
 

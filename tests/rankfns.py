@@ -155,19 +155,22 @@ def check_p2p(comm, counts):
                     _cmp(fails, f"recv from {p}", got, data(p, count, np.int64))
             else:
                 comm.send(data(r, count, np.int64), 0, tag=7)
-            # any source: half the receives posted before the messages come, half after (buffered)
+            # any source: half the receives posted before the messages come, half after (buffered).
+            # A tag per count: a rank may already send the next count's message meanwhile, which an
+            # any-source receive of this count would rightly take.
+            tag = 100 + counts.index(count)
             if r == 0:
                 bufs = [np.empty(count, np.int64) for _ in range(n - 1)]
-                early = [comm.irecv(b, None, tag=8) for b in bufs[:(n - 1) // 2]]
+                early = [comm.irecv(b, None, tag=tag) for b in bufs[:(n - 1) // 2]]
                 comm.barrier()
-                works = early + [comm.irecv(b, None, tag=8) for b in bufs[(n - 1) // 2:]]
+                works = early + [comm.irecv(b, None, tag=tag) for b in bufs[(n - 1) // 2:]]
                 senders = [w.source_rank() for w in works]
                 if sorted(senders) != list(range(1, n)):
                     fails.append(f"irecv(src=None) n={count}: senders {senders}")
                 for p, b in zip(senders, bufs):
                     _cmp(fails, f"irecv(src=None) from {p} n={count}", b, data(p + 7, count, np.int64))
             else:
-                comm.send(data(r + 7, count, np.int64), 0, tag=8)
+                comm.send(data(r + 7, count, np.int64), 0, tag=tag)
                 comm.barrier()
     comm.barrier()
     return fails
