@@ -105,6 +105,14 @@ class _Check:
         counts[self.comm.rank] = own
         return counts
 
+    def only_direct(self, name) -> str:
+        """gatherv/scatterv: a rank knows only its own count (all of them at the root), and every
+        algorithm but "direct" routes other ranks' blocks: refuse those, or ranks would hang."""
+        if name not in (None, "direct"):
+            raise self.error(f"algorithm={name!r} routes other ranks' blocks, whose sizes only the root "
+                             f"knows; use 'direct', or gather/scatter for equal blocks")
+        return "direct"
+
     def algorithm(self, primitive: str, name, nbytes: int = 0, itemsize: int = 4):
         """The builder to use, as ``f(**args) -> Schedule`` for this rank: the one named by the
         call or PYXCCL_ALGO, else the tuner's choice for this size."""
@@ -455,7 +463,7 @@ class Communicator:
 
     def _gatherv_root(self, name, c, send, recvbuf, root, counts, algorithm, async_op, timeout):
         if name == "gatherv":     # only the root knows every count: the tree algorithms need them all
-            algorithm = algorithm or "direct"
+            algorithm = c.only_direct(algorithm)
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
         bufs = {"in": send}
@@ -495,7 +503,7 @@ class Communicator:
 
     def _scatterv(self, name, c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout):
         if name == "scatterv":    # only the root knows every count
-            algorithm = algorithm or "direct"
+            algorithm = c.only_direct(algorithm)
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(recv.size, "recvbuf"))
         bufs = {"out": recv}
