@@ -109,6 +109,14 @@ class _Layout:
         self.even = all(len(g) == self.L for g in self.groups)
         self.cols = [[g[j] for g in self.groups] for j in range(self.L)] if self.even else None
         self.flat = self.H == 1 or self.H == nranks     # one host, or one rank per host
+        self.host_order = [r for g in self.groups for r in g]
+        self.grid = [r for col in self.cols for r in col] if self.even else None   # column by column
+        self.leaders = [g[0] for g in self.groups]
+
+    @staticmethod
+    def sizes(counts: list[int], parts: list[list[int]]) -> list[int]:
+        """Elements of each part (a host's ranks, a column)."""
+        return [sum(counts[r] for r in part) for part in parts]
 
     def flat_name(self, inner: str, outer: str) -> str:
         """The algorithm a flat layout runs: ``inner`` on one host, ``outer`` across one-rank hosts."""
@@ -185,8 +193,7 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
     s = Schedule(rank, nranks)
     if t.even:
         # "grid": every block, column by column (column j: local rank j of host 0, of host 1, ...)
-        grid = [r for col in t.cols for r in col]
-        col_size = [sum(counts[r] for r in col) for col in t.cols]
+        grid, col_size = t.grid, t.sizes(counts, t.cols)
         col_off = offsets(col_size)[t.me]
         cross = _build("allgather", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
         intra = _build("allgather", inner, t.me, t.L, counts=col_size)
@@ -198,9 +205,7 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
             _move(s, counts.__getitem__, gbuf, grid, ("out", 0), ranks)
         return s
     # uneven: the host's first rank (its leader) gathers the host's blocks, leaders allgather, broadcast
-    leaders = [g[0] for g in t.groups]
-    host_order = [r for g in t.groups for r in g]
-    host_size = [sum(counts[r] for r in g) for g in t.groups]
+    leaders, host_order, host_size = t.leaders, t.host_order, t.sizes(counts, t.groups)
     hoff = offsets(host_size)[t.host]
     to_leader = _build("gather", "direct", t.me, t.L, counts=[counts[r] for r in t.local], root=0)
     hbuf, hsize = (("out", 0), 0) if host_order == ranks else (("tmp", 0), sum(counts))
@@ -225,8 +230,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner:
     ranks, total = list(range(nranks)), sum(counts)
     s = Schedule(rank, nranks)
     if t.even:
-        grid = [r for col in t.cols for r in col]          # the input's blocks, column by column
-        col_size = [sum(counts[r] for r in col) for col in t.cols]
+        grid, col_size = t.grid, t.sizes(counts, t.cols)         # the input's blocks, column by column
         intra = _build("reduce_scatter", inner, t.me, t.L, counts=col_size)
         cross = _build("reduce_scatter", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
         # tmp = [input in column order, unless it already is | my column's host sum | scratch]
@@ -239,10 +243,8 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner:
         embed(s, cross, t.cols[t.me], {"in": ("tmp", gsize), "out": ("out", 0), "tmp": ("tmp", mine)})
         return s
     # uneven: reduce the whole input to each host's leader, leaders reduce-scatter host blocks, scatter
-    leaders = [g[0] for g in t.groups]
+    leaders, host_order, host_size = t.leaders, t.host_order, t.sizes(counts, t.groups)
     lead = rank in leaders
-    host_order = [r for g in t.groups for r in g]
-    host_size = [sum(counts[r] for r in g) for g in t.groups]
     # tmp = [input in host order, unless it already is | leader: host-reduced input | leader: host block]
     hbuf, hsize = (("in", 0), 0) if host_order == ranks else (("tmp", 0), total)
     red_at = hsize
@@ -354,17 +356,21 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
     return s
 
 
+def _rooted(t, counts: list[int], root: int, nranks: int):
+    """gather/scatter through one rank per host: all ranks, the root's host, each host's leader (the
+    root on its own host), the ranks in host order, and the elements of each host."""
+    root_host = next(h for h, g in enumerate(t.groups) if root in g)
+    leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
+    return list(range(nranks)), root_host, leaders, t.host_order, t.sizes(counts, t.groups)
+
+
 @register("gather", "hierarchical")
 def gather(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inner: str = "direct",
            outer: str = "direct") -> Schedule:
     t = _Layout(rank, nranks, hosts)
     if t.flat:
         return _build("gather", t.flat_name(inner, outer), rank, nranks, counts=counts, root=root)
-    ranks = list(range(nranks))
-    root_host = next(h for h, g in enumerate(t.groups) if root in g)
-    leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
-    host_order = [r for g in t.groups for r in g]
-    host_size = [sum(counts[r] for r in g) for g in t.groups]
+    ranks, root_host, leaders, host_order, host_size = _rooted(t, counts, root, nranks)
     # where the leaders collect: the root, every block in host order ("out" when that is rank
     # order); the other leaders, their host's block
     if rank == root:
@@ -392,11 +398,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int, hosts=None, in
     t = _Layout(rank, nranks, hosts)
     if t.flat:
         return _build("scatter", t.flat_name(inner, outer), rank, nranks, counts=counts, root=root)
-    ranks = list(range(nranks))
-    root_host = next(h for h, g in enumerate(t.groups) if root in g)
-    leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
-    host_order = [r for g in t.groups for r in g]
-    host_size = [sum(counts[r] for r in g) for g in t.groups]
+    ranks, root_host, leaders, host_order, host_size = _rooted(t, counts, root, nranks)
     # tmp = [root: the input in host order, unless it already is | leaders: their host's block | scratch]
     whole, whole_size = ("in", 0), 0
     if rank == root and host_order != ranks:
