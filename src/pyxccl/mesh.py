@@ -112,7 +112,7 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
     lock = threading.Lock()
     want: dict[tuple, str] = {}      # (rank, channel) that dial us, and over what (once addresses are known)
     arrived: dict[int, dict] = {}    # rank -> {channel: connection}, until all its channels are in
-    lanes = [1]                      # connections per TCP peer pair: rank 0's PYXCCL_NSOCKS
+    channels = {"shm": 1, "tcp": 1}  # connections per peer pair; TCP: rank 0's PYXCCL_NSOCKS
 
     def make(kind: str, peer: int, socks: list):
         if kind == "shm":
@@ -137,7 +137,7 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
                 del want[(peer, channel)]
                 got = arrived.setdefault(peer, {})
                 got[channel] = conn
-                if any((peer, c) in want for c in range(lanes[0])):
+                if any((peer, c) in want for c in range(channels[kind])):
                     return           # the peer's last connection makes the transport
         except (OSError, auth.AuthError) as e:
             auth.refused(f"rank {rank}", conn, e)
@@ -190,15 +190,15 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
                 raise RendezvousError(
                     f"rank {rank}: PYXCCL_TRANSPORT=shm but rank {p} is on host {mesh.hosts[p]!r} and this "
                     f"rank on {me!r}; use PYXCCL_TRANSPORT=auto or tcp across hosts", rank=rank, peer=p, op="init")
-        lanes[0] = infos[0].get("nsocks", 1)
+        channels["tcp"] = infos[0].get("nsocks", 1)
         with lock:
             want.update({(p, c): mesh.kinds[rank][p] for p in range(rank + 1, size)
-                         for c in range(lanes[0] if mesh.kinds[rank][p] == "tcp" else 1)})
+                         for c in range(channels[mesh.kinds[rank][p]])})
         known.set()
         for p in range(rank):
             kind = mesh.kinds[rank][p]
             socks = []
-            for channel in range(lanes[0] if kind == "tcp" else 1):
+            for channel in range(channels[kind]):
                 socks.append(_dial(kind, infos[p], deadline))
                 try:
                     auth.dial(socks[-1], secret, rank, channel)

@@ -67,12 +67,10 @@ def recv_exact(sock: socket.socket, view: memoryview) -> bool:
     return True
 
 
-def recv_bytes(sock: socket.socket, n: int) -> bytes:
-    """Exactly ``n`` bytes from ``sock``; ConnectionError if it closes first."""
-    buf = bytearray(n)
-    if n and not recv_exact(sock, memoryview(buf)):
-        raise ConnectionError("connection closed")
-    return bytes(buf)
+def recv_into_all(sock: socket.socket, view) -> None:
+    """Fill ``view`` (any writable buffer) from ``sock``; ConnectionResetError if it closes first."""
+    if len(view) and not recv_exact(sock, memoryview(view).cast("B")):
+        raise ConnectionResetError("connection closed in the middle of a frame")
 
 
 class StreamPeer(Peer):

@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from .._errors import ProtocolError
-from .base import DATA, HEADER, STRIPE, StreamPeer, recv_exact
+from .base import DATA, HEADER, STRIPE, StreamPeer, recv_exact, recv_into_all
 
 _PIECE = 1 << 20     # reduce incoming data in pieces of this size (a multiple of every itemsize)
 STRIPE_BYTES = 1 << 20
@@ -96,7 +96,7 @@ class TcpPeer(StreamPeer):
             return entry[0]
 
     def _read(self, view: np.ndarray) -> None:
-        _read_into(self.sock, view)
+        recv_into_all(self.sock, view)
 
     def close(self) -> None:
         super().close()
@@ -143,7 +143,7 @@ class _Lane:
                     return owner._on_frame(kind, dcode, (comm, tag, seq), total, off, n, m)  # ProtocolError
                 target = owner._stripe_target(m)
                 owner.mailbox.fill(owner.peer, (comm, tag, seq), target, off, n,
-                                   lambda v: _read_into(self.sock, v), self._scratch)
+                                   lambda v: recv_into_all(self.sock, v), self._scratch)
         except BaseException as e:  # noqa: BLE001
             # A lane closing is not news: the first connection reports the peer's fate. A frame
             # that does not fit the protocol is.
@@ -169,11 +169,6 @@ class _Job:
         self.done.wait()
         if self.error is not None:
             raise self.error
-
-
-def _read_into(sock: socket.socket, view: np.ndarray) -> None:
-    if len(view) and not recv_exact(sock, memoryview(view)):
-        raise ConnectionResetError("connection closed in the middle of a frame")
 
 
 def _detect_link_loss(sock: socket.socket, seconds: float) -> None:
