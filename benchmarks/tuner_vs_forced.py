@@ -10,7 +10,6 @@ import argparse
 import statistics
 
 import pyxccl
-from pyxccl import algorithms
 from pyxccl.bench import methodology as M
 from pyxccl.bench.runner import Case, call_pyxccl, time_case
 
@@ -27,7 +26,7 @@ def main():
     sizes = M.sweep(M.parse_size(a.min), M.parse_size(a.max), a.factor)
     worst = 0.0
     for prim in a.prims.split(","):
-        names = algorithms.algorithms(prim)
+        names = comm.algorithms(prim)
         if comm.rank == 0:
             print(f"\n## {prim}, {comm.size} ranks (median us; * = best forced)")
             print(f"{'size':>9} " + "".join(f"{n[:16]:>17}" for n in names) + f"{'tuner pick':>22}{'ratio':>7}")
@@ -36,16 +35,10 @@ def main():
             for _ in range(a.rounds):          # interleaved, so that machine noise hits all alike
                 for name in names + [None]:
                     case = Case(prim, nbytes, "float32", comm.rank, comm.size, inplace=False)
-                    picked = []
-
-                    def call(c, name=name, picked=picked):
-                        call_pyxccl(comm, c, "sum", name)
-                        picked.append(comm.last_algorithm)     # before time_case's own collectives
-                    times, wrong = time_case(comm, case, call)
+                    times, wrong = time_case(comm, case, lambda c, name=name: call_pyxccl(comm, c, "sum", name))
                     assert wrong == 0, (prim, name, nbytes, wrong)
                     runs[name].append(M.summarize(times, case.nbytes, prim, comm.size)["time_us"])
-                    if name is None:
-                        pick = picked[-1]
+            pick = comm.algorithm_for(prim, case.nbytes)
             med = {name: statistics.median(v) for name, v in runs.items()}
             best = min(names, key=lambda n: med[n])
             ratio = med[None] / med[best]

@@ -436,8 +436,13 @@ def check_torch_tensors(comm):
 
 
 def check_forced(comm, primitive, names, counts, pairs):
-    """Run ``primitive`` with each algorithm in ``names`` forced; compare with numpy."""
+    """Run ``primitive`` with each algorithm in ``names`` forced ("usable": every one this communicator
+    can run; the one-host fast path included whenever it has a segment); compare with numpy."""
     fails, n, r = [], comm.size, comm.rank
+    if names == "usable":
+        names = comm.algorithms(primitive)
+        if ("shm" in names) != (n > 1 and all(comm.transport(p) in ("shm", "self") for p in range(n))):
+            fails.append(f"{primitive}: usable algorithms {names} (the fast path is missing or out of place)")
     movement_dtypes = sorted({np.dtype(dt) for dt, _ in pairs}, key=str)
     for name in names:
         for count in counts:
@@ -508,7 +513,7 @@ def idle_cpu_in_collective(comm, sleep_s: float):
         time.sleep(sleep_s)
     cpu = time.process_time()
     comm.allreduce(np.ones(4, np.float32))
-    return time.process_time() - cpu, comm.last_algorithm
+    return time.process_time() - cpu, comm.algorithm_for("allreduce", 16)
 
 
 def init_with_secrets(comm, port: int, secrets: list[str]):
@@ -543,12 +548,157 @@ def on_new_comm(comm, port: int, env: dict, checks: list):
             else:
                 os.environ[k] = v
     try:
-        kinds = {type(p).__name__ for r, p in c._mesh.peers.items() if r != c.rank}
-        lanes = {len(getattr(p, "_lanes", ())) for r, p in c._mesh.peers.items() if r != c.rank}
-        fails = [] if c.size == 1 or (kinds, lanes) == ({"TcpPeer"}, {int(env["PYXCCL_NSOCKS"]) - 1}) else \
-            [f"peers {kinds} with lanes {lanes}"]
+        links = {(c.connection(p)["transport"], c.connection(p)["connections"]) for p in range(c.size)
+                 if p != c.rank}
+        fails = [] if c.size == 1 or links == {("tcp", int(env["PYXCCL_NSOCKS"]))} else [f"connections {links}"]
         for fn, args in checks:
             fails += globals()[fn](c, *args)
         return fails
     finally:
         c.close()
+
+
+# --- ranks that disagree about a call ----------------------------------------------------------
+
+MISMATCHES = ("dtype", "count", "op", "primitive", "root", "extra_call", "algorithm", "single_copy_counts")
+FOREIGN = 1 << 20        # the disagreeing rank's values: a bit no agreeing rank's data has
+
+
+def _mismatched_call(comm, kind: str, odd: bool, timeout: float, path: str):
+    """Make call ``kind`` of the mismatch matrix: ``odd`` is the one rank that disagrees; ``path``:
+    "segment" (the one-host fast path) or "messages" (each primitive's default message algorithm).
+    Returns the buffer the call writes into (to be looked at afterwards)."""
+    from pyxccl.algorithms import registry
+    r, n = comm.rank, comm.size
+
+    def algo(prim):
+        return "shm" if path == "segment" else registry.default(prim)
+    mine = np.int32(FOREIGN if odd else 1 << r)
+    x = np.full(1000, mine, np.int32)
+    if kind == "dtype":
+        x = x.astype(np.int64) if odd else x
+        comm.allreduce(x, timeout=timeout, algorithm=algo("allreduce"))
+    elif kind == "count":
+        x = np.full(1001, mine, np.int32) if odd else x
+        comm.allreduce(x, timeout=timeout, algorithm=algo("allreduce"))
+    elif kind == "op":
+        comm.allreduce(x, op="max" if odd else "sum", timeout=timeout, algorithm=algo("allreduce"))
+    elif kind == "algorithm":
+        other = "ring" if path == "segment" else "direct"
+        comm.allreduce(x, algorithm=other if odd else algo("allreduce"), timeout=timeout)
+    elif kind == "primitive":
+        if odd:
+            x = np.zeros(1000 * n, np.int32)
+            comm.allgather(np.full(1000, mine, np.int32), x, timeout=timeout, algorithm=algo("allgather"))
+        else:
+            comm.allreduce(x, timeout=timeout, algorithm=algo("allreduce"))
+    elif kind == "root":
+        comm.broadcast(x, root=1 if odd else 0, timeout=timeout, algorithm=algo("broadcast"))
+    elif kind == "extra_call":
+        if odd:
+            comm.allreduce(x, timeout=timeout, algorithm=algo("allreduce"))
+        comm.barrier(timeout=timeout, algorithm=algo("barrier"))
+    elif kind == "single_copy_counts":
+        # a broadcast large enough for single-copy reads; the root's buffer is followed by a planted
+        # value that must never reach the others, who expect more elements than the root has
+        count = (1 << 20) // 4
+        if r == 0:
+            whole = np.full(count + 4096, -7, np.int32)
+            x = whole[:count]
+            x[:] = 1
+        else:
+            x = np.zeros(count + (4096 if odd else 0), np.int32)
+        comm.broadcast(x, root=0, timeout=timeout, algorithm=algo("broadcast"))
+    return x
+
+
+_SPARE = []
+
+
+def make_spare(comm):
+    """A communicator for the next check_mismatch, made in a call of its own: a rank that raced ahead
+    into the mismatch could otherwise abort it while another rank is still setting it up."""
+    _SPARE.append(comm.dup())
+
+
+def check_mismatch(comm, kind: str, path: str, timeout: float = 5.0):
+    """The last rank disagrees with the others about one call (``kind``, see MISMATCHES; ``path``,
+    see _mismatched_call). Every rank must raise ProtocolError (in that call, or in the next one at
+    the latest), soon; no rank may hold a byte of a disagreeing call; the communicator stays aborted.
+    Returns what this rank saw."""
+    import time
+
+    import pyxccl
+    c = _SPARE.pop()
+    odd = c.rank == c.size - 1
+    t0 = time.monotonic()
+    errors, x = [], None
+    try:
+        x = _mismatched_call(c, kind, odd, timeout, path)
+    except pyxccl.ProtocolError as e:
+        errors.append(("call", type(e).__name__, str(e)))
+    while not errors and time.monotonic() < t0 + 2:   # a rank that only sent may hear of it a moment later
+        try:
+            c.barrier(timeout=timeout)
+        except pyxccl.ProtocolError as e:
+            errors.append(("next", type(e).__name__, str(e)))
+    seconds = time.monotonic() - t0
+    try:
+        c.barrier(timeout=timeout)
+        still = "a later call ran"
+    except pyxccl.ProtocolError:
+        still = None
+    except Exception as e:  # noqa: BLE001
+        still = f"a later call raised {type(e).__name__}: {e}"
+    c.close()
+    foreign = _foreign(kind, comm, odd, x)
+    return dict(errors=errors, seconds=seconds, still=still, foreign=foreign)
+
+
+def _foreign(kind, comm, odd, x):
+    """Bytes in this rank's buffer that came from a call it did not make (None: none)."""
+    if x is None or kind == "extra_call":
+        return None
+    r, n = comm.rank, comm.size
+    if kind == "single_copy_counts":
+        return "the root's planted value" if (x == -7).any() else None
+    if kind == "root":
+        vals = set(np.unique(x).tolist())
+        return None if vals <= ({FOREIGN} if odd else {1 << r, 1}) else f"values {sorted(vals)}"
+    agreeing = sum(1 << p for p in range(n - 1))
+    vals = np.unique(x.astype(np.int64))
+    if odd:          # the odd rank's own data, untouched (or its allgather's own block next to zeros)
+        bad = [v for v in vals.tolist() if v not in (FOREIGN, 0)]
+    else:            # sums of agreeing ranks' values only
+        bad = [v for v in vals.tolist() if v <= 0 or v & ~agreeing]
+    return f"values {bad[:5]}" if bad else None
+
+
+def issue_from_two_threads(comm, calls: int = 150, timeout: float = 5.0):
+    """Two threads issue allreduces on one communicator, each with its own data. Returns, per thread,
+    the wrong results seen and the error that stopped it (if any)."""
+    import threading
+
+    import pyxccl
+    c = comm.dup()
+    n = c.size
+    out = {}
+
+    def hammer(k):
+        wrong, err = 0, None
+        try:
+            for i in range(calls):
+                x = np.full(4, (k + 1) * 1000 + i + c.rank, np.int64)
+                c.allreduce(x, timeout=timeout)
+                if not (x == n * ((k + 1) * 1000 + i) + n * (n - 1) // 2).all():
+                    wrong += 1
+        except pyxccl.PyxcclError as e:
+            err = (type(e).__name__, str(e))
+        out[k] = dict(wrong=wrong, error=err)
+    threads = [threading.Thread(target=hammer, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    c.close()
+    return out

@@ -9,15 +9,17 @@ import pytest
 import rankfns as rf
 from pyxccl import algorithms
 from pyxccl.algorithms import registry
+from pyxccl.algorithms.shm import Window
 from pyxccl.checker import CheckError, check, simulate
 from pyxccl.ops import ReduceOp
-from pyxccl.schedule import Copy, Recv, Schedule, Send
+from pyxccl.primitives import PRIMITIVES
+from pyxccl.schedule import Copy, Get, Recv, Schedule, Send
 from pyxccl.testing import RankPool
 
 PRIMS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter", "alltoall",
          "barrier")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
-ALL = [(p, a) for p in PRIMS for a in algorithms.algorithms(p)]
+ALL = [(p, a) for p in PRIMS for a in algorithms.algorithms(p) if not registry.lookup(p, a).segment]   # shm: below
 
 
 def _counts(n):
@@ -74,7 +76,7 @@ def test_halving_doubling_takes_2_log2_n_steps(n):
 def test_checker_catches_wrong_schedules(monkeypatch):
     """The checker is not a rubber stamp: a missing reduction, a race and a deadlock are caught."""
     def no_reduce(rank, nranks, count):
-        s = registry.lookup("allreduce", "ring")[1](rank, nranks, count)
+        s = registry.lookup("allreduce", "ring").build(rank, nranks, count)
         s.steps = [tuple(o._replace(reduce=False) if type(o) is Recv else o for o in st) for st in s.steps]
         return s
 
@@ -91,9 +93,72 @@ def test_checker_catches_wrong_schedules(monkeypatch):
         return s
     for name, fn, msg in (("t_no_reduce", no_reduce, "contributions"), ("t_racy", racy, "overlaps"),
                           ("t_deadlock", deadlock, "deadlock")):
-        monkeypatch.setitem(registry._REGISTRY, ("allreduce", name), fn)
+        monkeypatch.setitem(registry._REGISTRY, ("allreduce", name), registry.Algorithm("allreduce", name, fn))
         with pytest.raises(CheckError, match=msg):
             check("allreduce", name, 4, 9)
+
+
+# --- the one-host fast path: segment schedules --------------------------------------------------
+#: windows that make messages go in pieces, reductions take the two-round path, blocks move by
+#: single-copy reads; then the window the runtime computes for float32 on a 2 MiB area
+WINDOWS = (Window(elements=4, oneshot=2), Window(elements=64, oneshot=100), Window(elements=64, oneshot=8,
+           single_copy=3), Window(elements=5, oneshot=1, single_copy=1), Window.of(2 << 20, 4, True))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("prim", PRIMS)
+def test_checker_proves_the_one_host_path_for_1_to_64_ranks(prim):
+    """What runs on one host (segment schedules: windows, rounds, single-copy reads) is proven like
+    every other algorithm: results, rounds in step, nobody returning while its buffer is read. Up to
+    16 ranks with every window; beyond, one round of the runtime's window and single-copy reads."""
+    slots = prim in ("reduce_scatter", "alltoall", "scatter")      # a slot per rank in each window
+    for n in range(1, 65):
+        for window in (WINDOWS if n <= 16 else (WINDOWS[-1], Window(n * (n + 2), 8, single_copy=2))):
+            if slots and window.elements < n:
+                continue
+            for count in (sorted({0, 1, n + 1, 2 * window.elements + 3}) if window.elements < 100 and n <= 8
+                          else (1, n + 1)):
+                for root in (sorted({0, n - 1}) if prim in ROOTED else (0,)):
+                    check(prim, "shm", n, count, root, window=window)
+    if slots:
+        with pytest.raises(ValueError, match="no slot"):
+            args = PRIMITIVES[prim].args(8, 1)
+            registry.lookup(prim, "shm").schedule(0, 8, window=Window(4, 2), **args)
+
+
+def _broken(monkeypatch, prim, edit):
+    """Register "t_broken": the fast path's schedule for ``prim`` with ``edit(rank, schedule)`` applied."""
+    shm = registry.lookup(prim, "shm")
+
+    def build(rank, nranks, **args):
+        s = shm.build(rank, nranks, **args)
+        edit(rank, s)
+        return s
+    monkeypatch.setitem(registry._REGISTRY, (prim, "t_broken"), registry.Algorithm(prim, "t_broken", build,
+                                                                                   segment=True))
+
+
+def test_checker_catches_a_broken_fast_path_step(monkeypatch):
+    def unreduced(rank, s):          # the last round's reads copy instead of reducing
+        s.steps[-1] = tuple(o._replace(reduce=False) if type(o) is Get else o for o in s.steps[-1])
+
+    def no_last_round(rank, s):      # single copy: the owner may return while others read its buffer
+        s.steps.pop()
+
+    def early_read(rank, s):         # two-round reduction reading the others' windows of this round
+        s.steps[1] = tuple(o._replace(prev=False) if type(o) is Get and o.prev else o for o in s.steps[1])
+
+    def one_round_less(rank, s):     # rank 0 runs a round fewer: the counters part the ranks
+        if rank == 0:
+            s.steps.pop()
+    for prim, edit, window, msg in (
+            ("allreduce", unreduced, Window(64, 100), "contributions"),
+            ("allgather", no_last_round, Window(64, 8, single_copy=1), "may return while rank"),
+            ("allreduce", early_read, Window(64, 2), "writes its window after publishing"),
+            ("reduce_scatter", one_round_less, Window(8, 2), "different numbers of rounds")):
+        _broken(monkeypatch, prim, edit)
+        with pytest.raises(CheckError, match=msg):
+            check(prim, "t_broken", 3, 9, window=window)
 
 
 REAL_SIZES = tuple(range(1, 10))
@@ -103,8 +168,8 @@ REAL_PAIRS = rf.valid_pairs((np.float32, np.float16, rf.bfloat16, np.int32), tup
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", REAL_SIZES)
 def test_every_allreduce_algorithm_forced_matches_numpy(pools, transport, n):
-    out = pools(n).run(rf.check_forced, "allreduce", algorithms.algorithms("allreduce"), (0, 1, 7, 1000),
-                       REAL_PAIRS, transport=transport, timeout=250)
+    out = pools(n).run(rf.check_forced, "allreduce", "usable", (0, 1, 7, 1000), REAL_PAIRS, transport=transport,
+                       timeout=250)
     fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]
     assert not fails, "\n".join(fails[:20])
 
@@ -114,7 +179,7 @@ def test_every_allreduce_algorithm_forced_matches_numpy(pools, transport, n):
 def test_every_other_algorithm_forced_matches_numpy(pools, transport, n):
     fails = []
     for prim in PRIMS[1:]:
-        out = pools(n).run(rf.check_forced, prim, algorithms.algorithms(prim), (0, 1, 7, 1000), REAL_PAIRS,
+        out = pools(n).run(rf.check_forced, prim, "usable", (0, 1, 7, 1000), REAL_PAIRS,
                            transport=transport, timeout=250)
         fails += [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]
     assert not fails, "\n".join(fails[:20])
@@ -231,13 +296,13 @@ def test_hierarchical_is_flat_on_one_host_and_on_one_rank_hosts():
 
 
 def test_hierarchical_alltoall_refuses_unequal_blocks():
-    build = registry.lookup("alltoall", "hierarchical")[1]
+    algo = registry.lookup("alltoall", "hierarchical")
     with pytest.raises(ValueError, match="equal block sizes"):
-        registry.build(build, 0, 4, hosts=[0, 0, 1, 1], send_counts=[1, 2, 1, 1], recv_counts=[1, 2, 1, 1])
+        algo.schedule(0, 4, hosts=[0, 0, 1, 1], send_counts=[1, 2, 1, 1], recv_counts=[1, 2, 1, 1])
     with pytest.raises(ValueError, match="equal block sizes"):
-        registry.build(build, 0, 3, hosts=[0, 0, 1], send_counts=[2, 2, 2], recv_counts=[2, 2, 3])
+        algo.schedule(0, 3, hosts=[0, 0, 1], send_counts=[2, 2, 2], recv_counts=[2, 2, 3])
     # one host: the flat inner algorithm, which takes any counts
-    registry.build(build, 0, 3, hosts=[0, 0, 0], send_counts=[1, 2, 3], recv_counts=[1, 4, 5])
+    algo.schedule(0, 3, hosts=[0, 0, 0], send_counts=[1, 2, 3], recv_counts=[1, 4, 5])
 
 
 def test_tuner_prices_hierarchical_and_picks_it_over_a_slow_inter_host_link():
@@ -275,35 +340,17 @@ def test_hierarchical_forced_on_emulated_hosts_matches_numpy(hosts):
 
 
 @pytest.mark.parametrize("prim", ("allgather", "reduce_scatter", "gather", "scatter"))
-def test_hierarchical_with_unequal_counts(prim, monkeypatch):
-    """The checker's calls give every rank the same count; the v-variants (allgatherv, ...) don't.
-    Here the builders get unequal counts (zeros included) and the result is checked element by element."""
-    from pyxccl import checker
+def test_hierarchical_with_unequal_counts(prim):
+    """The v-variants (allgatherv, ...) give the builders unequal counts, zeros included."""
     for hosts in LAYOUTS.values():
         n = len(hosts)
         for counts in ([(p + k) % 5 for p in range(n)] for k in range(3)):
-            off = [sum(counts[:p]) for p in range(n + 1)]
-            total = off[-1]
             for root in (range(n) if prim in ROOTED else (0,)):
-                def args(primitive, nranks, rank, count, root, counts=counts):
-                    sizes = {"allgather": (counts[rank], total), "reduce_scatter": (total, counts[rank]),
-                             "gather": (counts[rank], total if rank == root else 0),
-                             "scatter": (total if rank == root else 0, counts[rank])}[primitive]
-                    kw = dict(counts=counts, root=root) if primitive in ROOTED else dict(counts=counts)
-                    return (kw, *sizes)
-                monkeypatch.setattr(checker, "_args", args)
-                bufs, _, _ = simulate(prim, "hierarchical", n, 0, root, hosts=hosts)
-                for r in range(n):
-                    out = bufs[r]["out"]
-                    if prim == "allgather" or (prim == "gather" and r == root):
-                        want_c = np.repeat(np.eye(n, dtype=np.int32), counts, axis=0)
-                        want_i = np.concatenate([np.arange(c) for c in counts])
-                    elif prim == "reduce_scatter":
-                        want_c = np.ones((counts[r], n), np.int32)
-                        want_i = np.arange(off[r], off[r + 1])
-                    elif prim == "scatter":
-                        want_c = np.tile(np.eye(n, dtype=np.int32)[root], (counts[r], 1))
-                        want_i = np.arange(off[r], off[r + 1])
-                    else:
-                        continue
-                    assert (out.c == want_c).all() and (out.i == want_i).all(), (hosts, counts, root, r)
+                check(prim, "hierarchical", n, root=root, hosts=hosts, counts=counts)
+
+
+def test_checker_takes_unequal_counts():
+    for prim, algo in (("allgather", "ring"), ("allgather", "shm"), ("reduce_scatter", "direct"),
+                       ("reduce_scatter", "shm"), ("allgather", "bruck")):
+        for counts in ([3, 0, 5, 1], [0, 0, 0, 2], [7, 1, 1, 1]):
+            check(prim, algo, 4, counts=counts, window=Window(elements=4, oneshot=2))

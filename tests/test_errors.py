@@ -80,3 +80,41 @@ def test_close_leaves_no_threads_and_later_calls_raise(transport):
     with RankPool(2, transports=(transport,)) as pool:
         counts = pool.run(rf.threads_after_close, transport=transport)
     assert counts == [0, 0], counts
+
+
+# --- ranks that disagree: a clear error on every rank, never wrong data ---------------------------
+
+def _mismatch_ok(out, kind, n):
+    for r, res in enumerate(out):
+        assert res["errors"], f"rank {r} saw no ProtocolError ({kind})"
+        assert res["seconds"] < 1.0, f"rank {r} took {res['seconds']:.2f} s to raise ({kind})"
+        assert res["still"] is None, f"rank {r}: the communicator was not left aborted: {res['still']}"
+        assert res["foreign"] is None, f"rank {r} holds bytes of a call it did not make: {res['foreign']}"
+    detectors = [res["errors"][0][2] for res in out if res["errors"][0][1] == "CollectiveMismatchError"]
+    assert detectors, f"no rank raised CollectiveMismatchError: {[res['errors'] for res in out]}"
+    assert any(f"rank {n - 1}" in msg for msg in detectors), detectors     # names the rank that disagreed
+
+
+@pytest.mark.parametrize("kind", rf.MISMATCHES)
+@pytest.mark.parametrize("n", (2, 4))
+@pytest.mark.parametrize("transport_, path", (("shm", "segment"), ("shm", "messages"), ("tcp", "messages")))
+def test_ranks_that_disagree_get_an_error_on_every_rank(pools, transport_, path, n, kind):
+    """dtype, count, op, primitive, root, algorithm, an extra call on one rank, and broadcast counts
+    that differ on the single-copy path, on the one-host fast path and over messages (shared memory
+    and TCP): every rank raises ProtocolError within a second, naming the ranks and both calls; no
+    rank holds a byte of a call it did not make; the communicator is aborted."""
+    pools(n).run(rf.make_spare, transport=transport_)
+    _mismatch_ok(pools(n).run(rf.check_mismatch, kind, path, transport=transport_), kind, n)
+
+
+@pytest.mark.parametrize("n", (2, 4))
+def test_two_threads_issuing_on_one_communicator_never_get_wrong_data(pools, transport, n):
+    """Calls of one communicator pair up across ranks in issue order; when two threads issue at once
+    the ranks may order them differently, which the fingerprints catch: right results or a clear error."""
+    out = pools(n).run(rf.issue_from_two_threads, transport=transport)
+    for r, threads in enumerate(out):
+        for k, res in threads.items():
+            assert res["wrong"] == 0, f"rank {r} thread {k}: {res['wrong']} wrong results"
+            if res["error"] is not None:
+                name, msg = res["error"]
+                assert name in ("CollectiveMismatchError", "ProtocolError"), res["error"]

@@ -129,7 +129,7 @@ def test_communicator_sees_the_hosts(job, hosts):
         assert info["hosts"] == len(job.counts)
         want = ["self" if p == r else "shm" if nodes[p] == me else "tcp" for p in range(n)]
         assert info["kinds"] == want
-        assert info["mesh_kinds"][r] == want
+        assert info["link_kinds"][r] == want
         # TCP peers are reached at their host's address, and this rank listens on its own
         assert {int(p): a for p, a in info["peer_addrs"].items()} == {
             p: hosts.addrs[nodes[p]] for p in range(n) if nodes[p] != me}

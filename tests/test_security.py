@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import pyxccl
-from pyxccl import auth
+from pyxccl.transport import auth
 from pyxccl.launcher import free_port
-from pyxccl.mailbox import Mailbox
+from pyxccl.transport.mailbox import Mailbox
 from pyxccl.rendezvous.tcp import TCPStore
 from pyxccl.transport.base import DATA, HEADER, MAGIC
 from pyxccl.transport.tcp import TcpPeer
@@ -49,7 +49,7 @@ def _strangers(addr) -> list[str]:
     knock("wrong secret", lambda s: auth.dial(s, b"not the job's secret", 1))
     knock("random bytes", lambda s: s.sendall(np.random.default_rng(0).bytes(4096)))
     knock("truncated header", lambda s: s.sendall(b"pyxccl02\x01\x00"))
-    knock("1 TB header", lambda s: s.sendall(HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0)))
+    knock("1 TB header", lambda s: s.sendall(HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0, 0, 0)))
     knock("store request of 1 TB", lambda s: s.sendall(struct.pack("<BI", 1, 1) + b"k" + struct.pack("<Q", TB)))
     return tried
 
@@ -69,12 +69,12 @@ def test_strangers_are_refused_and_the_job_goes_on(caplog, monkeypatch):
                                    timeout=30)
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
-    t0 = threading.Thread(target=rank, args=(0,))
+    t0 = threading.Thread(target=rank, args=(0,), name="rank")     # ranks' calls come from threads of one name
     t0.start()
     info = json.loads(store.get("pyxccl/1/addr/0", timeout=20))   # rank 0 listens now; rank 1 has not dialed
     before = _rss_mb()
     tried = _strangers(tuple(info["tcp"])) + _strangers(("127.0.0.1", store.port))
-    t1 = threading.Thread(target=rank, args=(1,))
+    t1 = threading.Thread(target=rank, args=(1,), name="rank")
     t1.start()
     for t in (t0, t1):
         t.join(30)
@@ -136,13 +136,13 @@ class _Lost:
 
 
 @pytest.mark.parametrize("frame, match", [
-    (HEADER.pack(0x1234, DATA, 0, 0, 0, 0, 8, 0, 8, 0), "malformed frame"),
-    (HEADER.pack(MAGIC, 99, 0, 0, 0, 0, 8, 0, 8, 0), "malformed frame"),
-    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 8, 4, 8, 0), "malformed frame"),
-    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 1 << 41, 0, 1 << 41, 0), "malformed frame"),
-    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 64, 32, 32, 0), "out of order|were due"),
-    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0) + b"x" * 100, "middle of a frame"),
-    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 8, 0, 8, 0)[:20], "middle of a frame"),
+    (HEADER.pack(0x1234, DATA, 0, 0, 0, 0, 8, 0, 8, 0, 0, 0), "malformed frame"),
+    (HEADER.pack(MAGIC, 99, 0, 0, 0, 0, 8, 0, 8, 0, 0, 0), "malformed frame"),
+    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 8, 4, 8, 0, 0, 0), "malformed frame"),
+    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 1 << 41, 0, 1 << 41, 0, 0, 0), "malformed frame"),
+    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 64, 32, 32, 0, 0, 0), "out of order|were due"),
+    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0, 0, 0) + b"x" * 100, "middle of a frame"),
+    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 8, 0, 8, 0, 0, 0)[:20], "middle of a frame"),
 ], ids=["bad magic", "unknown kind", "chunk past the end", "over 1 TiB", "chunk out of order",
         "1 TB claimed, then closed", "truncated header"])
 def test_a_bad_frame_from_a_connected_peer_is_a_clear_error(frame, match):

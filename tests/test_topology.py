@@ -10,8 +10,9 @@ import subprocess
 
 import pytest
 
-from pyxccl import InvalidArgumentError, topology
-from pyxccl.topology import Interface, ifname_matches, local_address, parse_ifname
+from pyxccl import InvalidArgumentError
+from pyxccl.transport import topology
+from pyxccl.transport.topology import Interface, ifname_matches, local_address, parse_ifname
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -191,8 +192,7 @@ def test_real_choice_is_consistent():
 
 def peer_addresses(comm):
     """(address of each TCP peer as this rank dialled or accepted it, the rank's own listener address)."""
-    mesh = comm._mesh
-    return [mesh.peer(p).host.rsplit("(", 1)[1].rstrip(")") for p in range(comm.size) if p != comm.rank]
+    return [comm.connection(p)["host"].rsplit("(", 1)[1].rstrip(")") for p in range(comm.size) if p != comm.rank]
 
 
 def test_init_listens_on_the_chosen_interface():

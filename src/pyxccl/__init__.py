@@ -12,16 +12,19 @@ import atexit
 import os
 import weakref
 
-from ._errors import (CommAbortedError, CommClosedError, CommError, CommTimeoutError, InvalidArgumentError,
-                      PeerLostError, ProtocolError, PyxcclError, RendezvousError, UnsupportedOpError)
+from ._errors import (CollectiveMismatchError, CommAbortedError, CommClosedError, CommError, CommTimeoutError,
+                      InvalidArgumentError, PeerLostError, ProtocolError, PyxcclError, RendezvousError,
+                      UnsupportedOpError)
 from .comm import Communicator, default_timeout
-from .engine import Work
+from .comm import world as _world
+from .core.engine import Work
 from .ops import ReduceOp
 
 __all__ = [
     "init", "Communicator", "Work", "ReduceOp",
     "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "CommClosedError", "RendezvousError",
-    "CommError", "CommTimeoutError", "PeerLostError", "ProtocolError", "CommAbortedError",
+    "CommError", "CommTimeoutError", "PeerLostError", "ProtocolError", "CollectiveMismatchError",
+    "CommAbortedError",
 ]
 __version__ = "0.1.0"
 
@@ -49,8 +52,8 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
     >>> comm = pyxccl.init(rank=0, size=2, init_method="tcp://127.0.0.1:29500")   # doctest: +SKIP
     """
     from .launch_env import read_launch_env
-    from .mesh import Mesh, build_mesh
     from .rendezvous import PrefixStore, create_store
+    from .transport.mesh import Mesh, build_mesh
 
     _setup_logging()
     timeout = default_timeout() if timeout is None else float(timeout)
@@ -73,7 +76,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
     owned = None
     if size == 1 and store is None and init_method is None:
         mesh = Mesh(0, 1)
-        from .topology import host_id
+        from .transport.topology import host_id
         mesh.hosts = [host_id()]
     else:
         if store is None:
@@ -84,11 +87,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
         gen = store.add(f"pyxccl/init-count/{rank}", 1)
         mesh = build_mesh(PrefixStore(f"pyxccl/{gen}", store), rank, size, transport=transport,
                           master_addr=master, timeout=timeout)
-    comm = Communicator(mesh, list(range(size)), 0, timeout=timeout)
-    comm._store = owned
-    comm._setup_segment()
-    if size > 1 and os.environ.get("PYXCCL_TUNE", "1") != "0":
-        comm._tune()
+    comm = _world(mesh, timeout, owned, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
     _open.add(comm)
     return comm
 

@@ -13,6 +13,7 @@ catches ``ValueError`` or ``TimeoutError`` keeps working::
         ├── CommTimeoutError (TimeoutError)  a deadline expired waiting for a peer
         ├── PeerLostError (ConnectionError)  a peer process exited, died or dropped its link
         ├── ProtocolError                    a peer sent a frame that does not fit the protocol
+        │   └── CollectiveMismatchError      the ranks made different calls (primitive, dtype, count, ...)
         └── CommAbortedError                 an earlier failure left the communicator unusable
 
 Messages name the rank, the peer (where there is one), the operation and
@@ -24,7 +25,7 @@ from __future__ import annotations
 __all__ = [
     "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "CommClosedError",
     "RendezvousError", "CommError", "CommTimeoutError", "PeerLostError",
-    "ProtocolError", "CommAbortedError",
+    "ProtocolError", "CollectiveMismatchError", "CommAbortedError",
 ]
 
 
@@ -71,6 +72,12 @@ class PeerLostError(CommError, ConnectionError):
 
 class ProtocolError(CommError):
     """A peer sent a frame that does not fit the protocol (wrong size, unknown kind, mismatched collective)."""
+
+
+class CollectiveMismatchError(ProtocolError):
+    """The ranks disagree about a collective call: a different primitive, dtype, count, root, op
+    or algorithm, an extra call on one rank, or calls issued in a different order by several
+    threads. Raised on every rank, naming the ranks and both calls; the communicator is aborted."""
 
 
 class CommAbortedError(CommError):

@@ -4,25 +4,39 @@ Every element carries, instead of a value, *who contributed to it*: a vector of
 multiplicities over ranks plus the index of the input element it came from.
 Reducing adds the vectors (and insists on one index); copying copies them.
 At the end each rank's output must hold exactly the contributions the
-primitive promises, each input counted once. Messages move between ranks
-FIFO per ordered pair, as on the real transports; a schedule that deadlocks,
-leaves messages unreceived, sizes a receive wrongly or races (a receive into
-memory that its own step also reads or writes) is reported.
+primitive promises, each input counted once. The schedules run through the
+same walker as the engine (``walk.py``): messages move FIFO per ordered pair,
+as on the real transports, and the windows of segment schedules are published
+round by round, as on the shared segment. A schedule that deadlocks, leaves
+messages unreceived, sizes a receive wrongly, races (a receive into memory its
+own step also reads or writes), reads outside a window or a posted buffer, or
+lets a rank return while another may still read its buffer is reported.
+
+Causality is tracked with vector clocks (what each rank can know of the
+others' progress), so the checks that depend on it (a barrier hears from
+everyone; an owner outlives the reads of its buffer) hold in every
+interleaving, not just the one walked.
 
 >>> check("allreduce", "ring", nranks=5, count=7)      # raises CheckError if wrong
 """
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 import numpy as np
 
-from . import algorithms
 from .algorithms import registry
-from .schedule import Copy, Recv, Send
+from .algorithms.shm import Window
+from .primitives import PRIMITIVES
+from .schedule import Copy, Get, Post, Recv, Schedule, Send, offsets
+from .walk import Semantics, walk
 
 MIXED = -1      # an element combining different input indices: always wrong
 UNSET = -2      # never written
+
+#: The window segment schedules get unless a test names one: small, so that messages go in pieces.
+DEFAULT_WINDOW = Window(elements=64, oneshot=8, single_copy=0)
 
 
 class CheckError(AssertionError):
@@ -40,52 +54,15 @@ class _Buf:
         return self
 
 
-def _args(primitive: str, nranks: int, rank: int, count: int, root: int):
-    """The builder arguments of one rank and the element counts of its buffers."""
-    per = [count] * nranks                                 # the per-rank part for split primitives
-    if primitive in ("allreduce",):
-        return dict(count=count), count, count
-    if primitive == "broadcast":
-        return dict(count=count, root=root), 0, count
-    if primitive == "reduce":
-        return dict(count=count, root=root), count, count
-    if primitive in ("allgather",):
-        return dict(counts=per), count, count * nranks
-    if primitive == "reduce_scatter":
-        return dict(counts=per), count * nranks, count
-    if primitive == "gather":
-        return dict(counts=per, root=root), count, count * nranks if rank == root else 0
-    if primitive == "scatter":
-        return dict(counts=per, root=root), count * nranks if rank == root else 0, count
-    if primitive == "alltoall":
-        return dict(send_counts=per, recv_counts=per), count * nranks, count * nranks
-    if primitive == "barrier":
-        return {}, 0, 0
-    raise ValueError(primitive)
-
-
-def _expected(primitive: str, nranks: int, rank: int, count: int, root: int):
-    """(contribution matrix, index vector) the output of ``rank`` must hold, or None if unconstrained."""
-    ones = np.ones(nranks, np.int32)
-
-    def hot(p):
-        v = np.zeros(nranks, np.int32)
-        v[p] = 1
-        return v
-    ar = np.arange(count)
-    if primitive == "allreduce" or (primitive == "reduce" and rank == root):
-        return np.tile(ones, (count, 1)), ar
-    if primitive == "broadcast":
-        return np.tile(hot(root), (count, 1)), ar
-    if primitive == "reduce_scatter":
-        return np.tile(ones, (count, 1)), ar + rank * count
-    if primitive == "allgather" or (primitive == "gather" and rank == root):
-        return np.repeat(np.eye(nranks, dtype=np.int32), count, axis=0), np.tile(ar, nranks)
-    if primitive == "scatter":
-        return np.tile(hot(root), (count, 1)), ar + rank * count
-    if primitive == "alltoall":
-        return np.repeat(np.eye(nranks, dtype=np.int32), count, axis=0), np.tile(ar + rank * count, nranks)
-    return None
+def _apply(dst: _Buf, off: int, c, i, reduce: bool) -> None:
+    sl = slice(off, off + len(i))
+    if reduce:
+        cur = dst.i[sl]
+        dst.i[sl] = np.where((cur == i) | (cur == UNSET), i, MIXED)
+        dst.c[sl] += c
+    else:
+        dst.c[sl] = c
+        dst.i[sl] = i
 
 
 def _overlap(a, b) -> bool:
@@ -100,126 +77,276 @@ def _races(step) -> list[str]:
         for x in others + recvs[i + 1:]:
             if _overlap(r, x):
                 out.append(f"receive into {r} overlaps {x} in the same step")
+    out += [f"{o} writes its window after publishing it" for o in step
+            if type(o) is Get and not o.prev and o.buf == "win"]
     return out
 
 
-def simulate(primitive: str, name: str, nranks: int, count: int, root: int = 0, inplace: bool = False,
-             hosts=None):
-    """Run ``name``'s schedules for every rank; return the final buffers and causal knowledge.
+class _Symbolic(Semantics):
+    """Symbolic contributions move through messages and windows; vector clocks track causality."""
 
-    ``inplace``: "in" and "out" are one buffer, as in ``allreduce(x)`` and ``reduce(x)``."""
-    _, build = algorithms.lookup(primitive, name)
+    def __init__(self, name: str, scheds, bufs, count: int):
+        self.name, self.scheds, self.bufs, self.count = name, scheds, bufs, count
+        n = self.n = len(scheds)
+        self.chan: dict[tuple[int, int], deque] = {}
+        self.published = [-1] * n
+        self.vc = np.eye(n, dtype=np.int64)          # vc[r][q]: events of q that r knows of
+        self.pub_vc: dict[tuple[int, int], np.ndarray] = {}
+        self.windows: dict[tuple[int, int], tuple] = {}     # (rank, round) -> (buf, first, elements)
+        self.posts: dict[tuple[int, int], Post] = {}
+        self.readers: dict[tuple[int, int], set] = {}        # (owner, round) -> ranks that read that window
+        for s in scheds:
+            for k, step in enumerate(s.steps):
+                for o in step:
+                    if type(o) is Get:
+                        self.readers.setdefault((o.peer, k - o.prev), set()).add(s.rank)
+
+    def fail(self, msg: str):
+        raise CheckError(f"{self.name} n={self.n} count={self.count}: {msg}")
+
+    def region(self, r, buf, off, cnt) -> _Buf:
+        b = self.bufs[r][buf]
+        if off < 0 or off + cnt > len(b.i):
+            self.fail(f"rank {r} touches {buf}[{off}:{off + cnt}] outside its {len(b.i)} elements")
+        return b
+
+    def merge(self, r, clock) -> None:
+        np.maximum(self.vc[r], clock, out=self.vc[r])
+
+    def read_window(self, r, k, o: Get) -> None:
+        if not 0 <= o.peer < self.n or k < 0:
+            self.fail(f"rank {r} reads the window of rank {o.peer} of round {k}")
+        buf, first, size = self.windows[(o.peer, k)]
+        if o.src_off < 0 or o.src_off + o.count > size:
+            what = "the buffer it posted" if (o.peer, k) in self.posts else "its window"
+            self.fail(f"rank {r} round {k} reads [{o.src_off}:{o.src_off + o.count}] of rank {o.peer}'s "
+                      f"{what} of {size} elements")
+        src = slice(first + o.src_off, first + o.src_off + o.count)
+        dst = self.region(r, o.buf, o.off, o.count)
+        _apply(dst, o.off, buf.c[src].copy(), buf.i[src].copy(), o.reduce)
+
+    # --- the walker's hooks ------------------------------------------------------
+    def begin(self, r, k):
+        if k and any(p < k - 1 for p in self.published):
+            return False
+        if k:
+            for p in range(self.n):
+                self.merge(r, self.pub_vc[(p, k - 1)])
+        self.bufs[r]["win"] = _Buf(self.scheds[r].window, self.n)
+        return True
+
+    def local(self, r, k, o):
+        if type(o) is Copy:
+            src = self.region(r, o.src, o.src_off, o.count)
+            dst = self.region(r, o.dst, o.dst_off, o.count)
+            sl = slice(o.src_off, o.src_off + o.count)
+            _apply(dst, o.dst_off, src.c[sl].copy(), src.i[sl].copy(), o.reduce)
+        elif type(o) is Post:
+            self.region(r, o.buf, o.off, o.count)
+            self.posts[(r, k)] = o
+        else:                                      # Get(prev=True): the peer's window of the round before
+            self.read_window(r, k - 1, o)
+
+    def send(self, r, k, o):
+        if not 0 <= o.peer < self.n or o.peer == r:
+            self.fail(f"rank {r} sends to {o.peer}")
+        self.vc[r][r] = max(self.vc[r][r], k + 2)
+        src = self.region(r, o.buf, o.off, o.count)
+        sl = slice(o.off, o.off + o.count)
+        self.chan.setdefault((r, o.peer), deque()).append((src.c[sl].copy(), src.i[sl].copy(), self.vc[r].copy()))
+
+    def publish(self, r, k):
+        self.published[r] = k
+        self.vc[r][r] = k + 2
+        self.pub_vc[(r, k)] = self.vc[r].copy()
+        post = self.posts.get((r, k))
+        self.windows[(r, k)] = ((self.bufs[r][post.buf], post.off, post.count) if post else
+                                (self.bufs[r]["win"], 0, self.scheds[r].window))
+
+    def agree(self, r):
+        if any(p < 0 for p in self.published):
+            return False
+        for p in range(self.n):
+            self.merge(r, self.pub_vc[(p, 0)])
+        return True
+
+    def take(self, r, k, o):
+        if type(o) is Recv:
+            if not 0 <= o.peer < self.n or o.peer == r:
+                self.fail(f"rank {r} receives from {o.peer}")
+            q = self.chan.get((o.peer, r))
+            if not q:
+                return False
+            c, i, clock = q.popleft()
+            if len(i) != o.count:
+                self.fail(f"rank {r} step {k} expects {o.count} elements from rank {o.peer}, which sent {len(i)}")
+            _apply(self.region(r, o.buf, o.off, o.count), o.off, c, i, o.reduce)
+            self.merge(r, clock)
+            return True
+        if not 0 <= o.peer < self.n:
+            self.fail(f"rank {r} waits for rank {o.peer}")
+        if self.published[o.peer] < k:
+            return False
+        if type(o) is Get:
+            self.read_window(r, k, o)
+        self.merge(r, self.pub_vc[(o.peer, k)])
+        return True
+
+    def end(self, r, k):
+        if k != len(self.scheds[r].steps) - 1:
+            return
+        for (owner, j), post in self.posts.items():     # nobody may still read a buffer I return to my caller
+            if owner != r:
+                continue
+            for q in self.readers.get((r, j), ()):
+                if q != r and self.vc[r][q] < j + 3:
+                    self.fail(f"rank {r} may return while rank {q} still reads the {post.buf} buffer it "
+                              f"posted in round {j}: it must wait for rank {q}'s next round")
+
+
+def _compact_windows(name: str, scheds: list[Schedule]) -> list[Schedule]:
+    """The segment schedules with their windows squeezed to the regions used (a window of the runtime
+    holds megabytes, of which a call may touch a few elements per rank), after checking that every
+    access stays inside the declared window. Reads of posted buffers are left alone."""
+    posted = {(s.rank, k) for s in scheds for k, step in enumerate(s.steps) if any(type(o) is Post for o in step)}
+    regions = []
+    for s in scheds:
+        for k, step in enumerate(s.steps):
+            for o in step:
+                if type(o) is Copy and o.dst == "win":
+                    regions.append((s, k, o.dst_off, o.count))
+                elif type(o) is Get:
+                    if o.buf == "win":
+                        regions.append((s, k, o.off, o.count))
+                    if (o.peer, k - o.prev) not in posted:
+                        regions.append((s, k, o.src_off, o.count))
+    for s, k, off, count in regions:
+        if off < 0 or off + count > s.window:
+            raise CheckError(f"{name}: rank {s.rank} round {k} touches a window at [{off}:{off + count}], "
+                             f"outside its {s.window} elements")
+    starts, ends = [], []
+    for _, _, off, count in sorted(regions, key=lambda x: x[2]):
+        if starts and off <= ends[-1]:
+            ends[-1] = max(ends[-1], off + count)
+        else:
+            starts.append(off)
+            ends.append(off + count)
+    base = offsets([e - b for b, e in zip(starts, ends)])
+
+    def at(off):
+        i = bisect.bisect_right(starts, off) - 1
+        return base[i] + off - starts[i]
+    out = []
+    for s in scheds:
+        steps = []
+        for k, step in enumerate(s.steps):
+            ops = []
+            for o in step:
+                if type(o) is Copy and o.dst == "win":
+                    o = o._replace(dst_off=at(o.dst_off))
+                elif type(o) is Get:
+                    o = o._replace(off=at(o.off)) if o.buf == "win" else o
+                    o = o._replace(src_off=at(o.src_off)) if (o.peer, k - o.prev) not in posted else o
+                ops.append(o)
+            steps.append(tuple(ops))
+        out.append(Schedule(s.rank, s.nranks, steps, s.scratch, True, base[-1]))
+    return out
+
+
+def _expected(primitive: str, nranks: int, rank: int, args: dict):
+    """(contribution matrix, index vector) the output of ``rank`` must hold, or None if unconstrained."""
+    ones, eye = np.ones(nranks, np.int32), np.eye(nranks, dtype=np.int32)
+    root = args.get("root")
+    if "count" in args:
+        ar = np.arange(args["count"])
+        if primitive == "allreduce" or (primitive == "reduce" and rank == root):
+            return np.tile(ones, (len(ar), 1)), ar
+        return (np.tile(eye[root], (len(ar), 1)), ar) if primitive == "broadcast" else None
+    counts = args.get("counts") or args.get("recv_counts")
+    off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    mine = np.arange(off[rank], off[rank + 1])
+    if primitive == "reduce_scatter":
+        return np.tile(ones, (counts[rank], 1)), mine
+    if primitive == "scatter":
+        return np.tile(eye[root], (counts[rank], 1)), mine
+    blocks = np.repeat(eye, counts, axis=0)
+    if primitive == "allgather" or (primitive == "gather" and rank == root):
+        return blocks, np.concatenate([np.arange(c) for c in counts])
+    if primitive == "alltoall":      # rank p's block for me sits at my index among its equal blocks
+        return blocks, np.concatenate([np.arange(c) + rank * c for c in counts])
+    return None
+
+
+def _arguments(primitive: str, nranks: int, count: int, root: int, counts) -> dict:
+    args = PRIMITIVES[primitive].args(nranks, count, root)
+    if counts is not None:
+        args["counts"] = list(counts)
+    return args
+
+
+def simulate(primitive: str, name: str, nranks: int, count: int = 0, root: int = 0, inplace: bool = False,
+             hosts=None, window: Window | None = None, counts: list[int] | None = None):
+    """Run ``name``'s schedules for every rank; return the final buffers, what each rank knows of
+    the others (vector clocks) and the schedules. ``count``: elements per rank's block (the count
+    for allreduce, broadcast, reduce); ``counts``: a block size per rank instead (allgather,
+    reduce_scatter, gather, scatter). ``inplace``: "in" and "out" are one buffer, as in
+    ``allreduce(x)``. ``window``: what segment schedules get (default: ``DEFAULT_WINDOW``)."""
+    algo, prim = registry.lookup(primitive, name), PRIMITIVES[primitive]
+    args = _arguments(primitive, nranks, count, root, counts)
     scheds, bufs = [], []
     for r in range(nranks):
-        kw, n_in, n_out = _args(primitive, nranks, r, count, root)
-        s = registry.build(build, r, nranks, hosts=hosts, **kw)
-        if s.rank != r or s.nranks != nranks:
-            raise CheckError(f"{name}: the schedule of rank {r} says rank {s.rank} of {s.nranks}")
+        s = algo.schedule(r, nranks, hosts=hosts, window=window or DEFAULT_WINDOW, **args)
+        if s.rank != r or s.nranks != nranks or s.segment != algo.segment:
+            raise CheckError(f"{name}: the schedule of rank {r} says rank {s.rank} of {s.nranks}"
+                             f"{', segment' if s.segment else ''}")
+        n_in, n_out = prim.buffers(r, args)
         b = {"in": _Buf(n_in, nranks).input(r), "out": _Buf(n_out, nranks), "tmp": _Buf(s.scratch, nranks)}
         if primitive == "broadcast" and r == root:
             b["out"].input(r)
         if inplace:
             b["out"] = b["in"]
+        for k, step in enumerate(s.steps):
+            races = _races(step)
+            if races:
+                raise CheckError(f"{name} n={nranks}: rank {r} step {k}: {races[0]}")
         scheds.append(s)
         bufs.append(b)
-    chan = {(a, b): deque() for a in range(nranks) for b in range(nranks)}
-    know = [{r} for r in range(nranks)]
-    pc = [0] * nranks                 # next step of each rank
-    entered = [False] * nranks        # the current step's copies and sends are done
-    pending = [0] * nranks            # receives of the current step already matched
-
-    def region(b, buf, off, cnt, who):
-        if off < 0 or off + cnt > len(b[buf].i):
-            raise CheckError(f"{name} n={nranks} count={count}: rank {who} touches {buf}[{off}:{off + cnt}] "
-                             f"outside its {len(b[buf].i)} elements")
-        return b[buf]
-
-    progress = True
-    while progress:
-        progress = False
-        for r in range(nranks):
-            while pc[r] < len(scheds[r].steps):
-                step, b = scheds[r].steps[pc[r]], bufs[r]
-                if not entered[r]:
-                    races = _races(step)
-                    if races:
-                        raise CheckError(f"{name} n={nranks}: rank {r} step {pc[r]}: {races[0]}")
-                    for o in step:
-                        if type(o) is Copy:
-                            src = region(b, o.src, o.src_off, o.count, r)
-                            dst = region(b, o.dst, o.dst_off, o.count, r)
-                            sc, si = src.c[o.src_off:o.src_off + o.count].copy(), src.i[o.src_off:o.src_off + o.count].copy()
-                            _apply(dst, o.dst_off, sc, si, o.reduce)
-                    for o in step:
-                        if type(o) is Send:
-                            if not 0 <= o.peer < nranks or o.peer == r:
-                                raise CheckError(f"{name} n={nranks}: rank {r} sends to {o.peer}")
-                            src = region(b, o.buf, o.off, o.count, r)
-                            chan[(r, o.peer)].append((src.c[o.off:o.off + o.count].copy(),
-                                                      src.i[o.off:o.off + o.count].copy(), set(know[r])))
-                    entered[r], pending[r] = True, 0
-                    progress = True
-                recvs = [o for o in step if type(o) is Recv]
-                while pending[r] < len(recvs):
-                    o = recvs[pending[r]]
-                    q = chan.get((o.peer, r))
-                    if q is None:
-                        raise CheckError(f"{name} n={nranks}: rank {r} receives from {o.peer}")
-                    if not q:
-                        break
-                    c, i, k = q.popleft()
-                    if len(i) != o.count:
-                        raise CheckError(f"{name} n={nranks} count={count}: rank {r} step {pc[r]} expects "
-                                         f"{o.count} elements from rank {o.peer}, which sent {len(i)}")
-                    region(b, o.buf, o.off, o.count, r)
-                    _apply(b[o.buf], o.off, c, i, o.reduce)
-                    know[r] |= k
-                    pending[r] += 1
-                    progress = True
-                if pending[r] < len(recvs):
-                    break
-                pc[r] += 1
-                entered[r] = False
-    stuck = [r for r in range(nranks) if pc[r] < len(scheds[r].steps)]
+    rounds = {len(s.steps) for s in scheds if s.segment}
+    if len(rounds) > 1:
+        raise CheckError(f"{name} n={nranks} count={count}: ranks run different numbers of rounds "
+                         f"{[len(s.steps) for s in scheds]}; the segment's round counters would part them")
+    sem = _Symbolic(name, _compact_windows(name, scheds) if algo.segment else scheds, bufs, count)
+    stuck = walk(sem.scheds, sem)
     if stuck:
-        raise CheckError(f"{name} n={nranks} count={count}: deadlock; ranks {stuck} wait at steps "
-                         f"{[pc[r] for r in stuck]}")
-    left = [k for k, q in chan.items() if q]
+        raise CheckError(f"{name} n={nranks} count={count}: deadlock; ranks {stuck} cannot go on")
+    left = [k for k, q in sem.chan.items() if q]
     if left:
         raise CheckError(f"{name} n={nranks} count={count}: messages never received on {left[:4]}")
-    return bufs, know, scheds
+    return bufs, sem.vc, scheds
 
 
-def _apply(dst: _Buf, off: int, c, i, reduce: bool) -> None:
-    sl = slice(off, off + len(i))
-    if reduce:
-        cur = dst.i[sl]
-        dst.i[sl] = np.where((cur == i) | (cur == UNSET), i, MIXED)
-        dst.c[sl] += c
-    else:
-        dst.c[sl] = c
-        dst.i[sl] = i
-
-
-def check(primitive: str, name: str, nranks: int, count: int, root: int = 0, hosts=None):
-    """Raise CheckError unless every rank ends with exactly the promised contributions.
+def check(primitive: str, name: str, nranks: int, count: int = 0, root: int = 0, hosts=None,
+          window: Window | None = None, counts: list[int] | None = None):
+    """Raise CheckError unless every rank ends with exactly the promised contributions
+    (arguments as for ``simulate``).
 
     Returns the schedules (for tests that also look at steps and bytes)."""
     if primitive in ("allreduce", "reduce"):
-        _check(primitive, name, nranks, count, root, True, hosts)
-    return _check(primitive, name, nranks, count, root, False, hosts)
+        _check(primitive, name, nranks, count, root, True, hosts, window, counts)
+    return _check(primitive, name, nranks, count, root, False, hosts, window, counts)
 
 
-def _check(primitive, name, nranks, count, root, inplace, hosts):
-    bufs, know, scheds = simulate(primitive, name, nranks, count, root, inplace, hosts)
+def _check(primitive, name, nranks, count, root, inplace, hosts, window, counts):
+    bufs, vc, scheds = simulate(primitive, name, nranks, count, root, inplace, hosts, window, counts)
+    args = _arguments(primitive, nranks, count, root, counts)
     if primitive == "barrier":
         for r in range(nranks):
-            if len(know[r]) != nranks:
-                raise CheckError(f"barrier {name} n={nranks}: rank {r} may leave before hearing from "
-                                 f"{sorted(set(range(nranks)) - know[r])}")
+            unheard = [q for q in range(nranks) if vc[r][q] < 1]
+            if unheard:
+                raise CheckError(f"barrier {name} n={nranks}: rank {r} may leave before hearing from {unheard}")
         return scheds
     for r in range(nranks):
-        exp = _expected(primitive, nranks, r, count, root)
+        exp = _expected(primitive, nranks, r, args)
         if exp is None:
             continue
         out = bufs[r]["out"]
@@ -237,4 +364,4 @@ def _check(primitive, name, nranks, count, root, inplace, hosts):
     return scheds
 
 
-__all__ = ["check", "simulate", "CheckError"]
+__all__ = ["check", "simulate", "CheckError", "DEFAULT_WINDOW"]

@@ -1,132 +1,28 @@
 """The Communicator: the operator interface of the adaptation layer.
 
 Every call checks its arguments on the calling rank before any byte moves
-(raising InvalidArgumentError and leaving the communicator usable), then
-hands the work to the communicator's ordered engine.
+(raising InvalidArgumentError and leaving the communicator usable), describes
+itself (primitive, buffers, counts, root, op; the rules are those of
+``pyxccl.primitives``) and hands the call to the communicator's context
+(``core/context.py``), which chooses a plan and runs it.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import pickle
-import threading
-import time
 
 import numpy as np
 
-from . import algorithms
-from .algorithms import registry
-from ._errors import (CommAbortedError, CommClosedError, CommError, InvalidArgumentError, PeerLostError,
-                      ProtocolError, UnsupportedOpError)
-from .dtypes import DTYPE_CODE, as_array, dtype_name
-from . import fastpath
-from .engine import _QUEUED, Engine, Work, _Call, annotate, run_schedule
-from .mailbox import RecvRequest
-from .ops import ReduceOp, as_op, op_error, reducer
-
-#: Collective codes carried (negated) in the tag of collective messages.
-_CODES = {name: i + 1 for i, name in enumerate((
-    "allreduce", "broadcast", "reduce", "allgather", "gather", "scatter", "reduce_scatter",
-    "alltoall", "barrier"))}
-_MAX_TAG = (1 << 31) - 1
+from ._checks import Check
+from .core.context import Context
+from .core.onehost import attach_segment
+from .ops import ReduceOp
+from .primitives import PRIMITIVES
 
 
 def default_timeout() -> float:
     return float(os.environ.get("PYXCCL_TIMEOUT", 300))
-
-
-class _Check:
-    """Argument checks of one call, raising errors that name the rank and the operation."""
-
-    def __init__(self, comm: "Communicator", op: str):
-        self.comm, self.op = comm, op
-
-    def error(self, msg: str, cls=InvalidArgumentError) -> InvalidArgumentError:
-        return cls(f"rank {self.comm.rank}: {self.op}: {msg}", rank=self.comm.rank, op=self.op)
-
-    def array(self, obj, what: str, *, writable: bool) -> np.ndarray:
-        return as_array(obj, what=what, writable=writable, ctx=self.error)
-
-    def same_dtype(self, a: np.ndarray, b: np.ndarray, what: str) -> None:
-        if a.dtype != b.dtype:
-            raise self.error(f"{what} has dtype {dtype_name(b.dtype)} but the input is "
-                             f"{dtype_name(a.dtype)}; pass buffers of one dtype")
-
-    def size(self, arr: np.ndarray, expected: int, what: str) -> None:
-        if arr.size != expected:
-            raise self.error(f"{what} has {arr.size} elements but this call needs {expected}")
-
-    def rank(self, r, what: str) -> int:
-        if not isinstance(r, (int, np.integer)) or isinstance(r, bool) or not 0 <= r < self.comm.size:
-            raise self.error(f"{what}={r!r} is not a rank of this communicator (0..{self.comm.size - 1})")
-        return int(r)
-
-    def tag(self, tag) -> int:
-        if not isinstance(tag, (int, np.integer)) or not 0 <= tag <= _MAX_TAG:
-            raise self.error(f"tag={tag!r} must be an integer in 0..{_MAX_TAG}")
-        return int(tag)
-
-    def op_for(self, op, dt: np.dtype) -> ReduceOp:
-        try:
-            op = as_op(op)
-        except ValueError as e:
-            raise self.error(str(e)) from None
-        why = op_error(op, dt)
-        if why:
-            raise self.error(why, UnsupportedOpError)
-        return op
-
-    def counts(self, counts, what: str, total: int | None = None,
-               own: tuple[int, str] | None = None) -> list[int]:
-        """Checked per-rank counts; ``total``: what they must add up to; ``own``: (elements, buffer name)
-        that this rank's count must match."""
-        try:
-            counts = [int(c) for c in counts]
-        except (TypeError, ValueError):
-            raise self.error(f"{what} must be a sequence of {self.comm.size} integers") from None
-        if len(counts) != self.comm.size:
-            raise self.error(f"{what} has {len(counts)} entries; it needs one per rank ({self.comm.size})")
-        if any(c < 0 for c in counts):
-            raise self.error(f"{what} has a negative count: {counts}")
-        if total is not None and sum(counts) != total:
-            raise self.error(f"{what} adds up to {sum(counts)} elements but the buffer has {total}")
-        me = self.comm.rank
-        if own is not None and counts[me] != own[0]:
-            raise self.error(f"{what}[{me}]={counts[me]} but {own[1]} has {own[0]} elements")
-        return counts
-
-    def root_counts(self, counts, root: int, own: int) -> list[int]:
-        """gatherv/scatterv counts: the root must pass them all; elsewhere None means just this rank's."""
-        if counts is not None:
-            return counts
-        if self.comm.rank == root:
-            raise self.error("the root needs counts (one per rank)")
-        counts = [0] * self.comm.size
-        counts[self.comm.rank] = own
-        return counts
-
-    def only_direct(self, name) -> str:
-        """gatherv/scatterv: a rank knows only its own count (all of them at the root), and every
-        algorithm but "direct" routes other ranks' blocks: refuse those, or ranks would hang."""
-        if name not in (None, "direct"):
-            raise self.error(f"algorithm={name!r} routes other ranks' blocks, whose sizes only the root "
-                             f"knows; use 'direct', or gather/scatter for equal blocks")
-        return "direct"
-
-    def algorithm(self, primitive: str, name, nbytes: int = 0, itemsize: int = 4):
-        """The builder to use, as ``f(**args) -> Schedule`` for this rank: the one named by the
-        call or PYXCCL_ALGO, else the tuner's choice for this size."""
-        comm = self.comm
-        name = name or comm._algo_env.get(primitive)
-        if name is None and comm._tuner is not None:
-            name = comm._tuner.choose(primitive, nbytes, itemsize)
-        try:
-            name, builder = algorithms.lookup(primitive, name)
-        except KeyError:
-            raise self.error(f"no algorithm {name!r} for {primitive}; known: "
-                             + ", ".join(algorithms.algorithms(primitive))) from None
-        comm.last_algorithm = name
-        return lambda **args: registry.build(builder, comm.rank, comm.size, hosts=comm._hosts, **args)
 
 
 class Communicator:
@@ -138,257 +34,102 @@ class Communicator:
     >>> w = comm.allgather(x, async_op=True); w.wait()
     """
 
-    def __init__(self, mesh, world_ranks: list[int], comm_id: int, *, timeout: float | None = None,
-                 parent: "Communicator | None" = None):
-        self._mesh = mesh
-        self._world_ranks = list(world_ranks)
-        self._world_to_comm = {w: i for i, w in enumerate(self._world_ranks)}
-        self._id = comm_id
-        self.rank = self._world_to_comm[mesh.rank]
-        self.size = len(self._world_ranks)
-        self.timeout = default_timeout() if timeout is None else float(timeout)
-        self._seq = 0
-        self._coll_seq = 0
-        self._splits = 0
-        self._closed = False
-        self._failed: BaseException | None = None
-        self._scratch = np.empty(0, np.uint8)
-        self._inflight: set[RecvRequest] = set()
-        self._lock = threading.Lock()
-        self._children: list[Communicator] = []
-        self._parent = parent
-        self._store = None      # the rendezvous store init() made, closed with the world
-        self._algo_env = _parse_algo_env(os.environ.get("PYXCCL_ALGO", ""))
-        host_index = {h: i for i, h in enumerate(dict.fromkeys(mesh.hosts[w] for w in self._world_ranks))}
-        self._hosts = [host_index[mesh.hosts[w]] for w in self._world_ranks]
-        self._tuner = None
-        self._seg = None        # shared segment of the one-host fast path (_setup_segment)
-        self.last_algorithm: str | None = None
-        self._engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
-        mesh.comms.add(self)
-        if mesh.machine is not None:
-            self._make_tuner()
-
-    def link_class(self, a: int, b: int) -> str:
-        """Link class between ranks ``a`` and ``b``: "self", "shm", "tcp_local" (one host) or "tcp"."""
-        if a == b:
-            return "self"
-        wa, wb = self._world_ranks[a], self._world_ranks[b]
-        kind = self._mesh.peer(wb).kind if wa == self._mesh.rank else (
-            self._mesh.peer(wa).kind if wb == self._mesh.rank else self._mesh.kind_between(wa, wb))
-        if kind == "shm":
-            return "shm"
-        return "tcp_local" if self._hosts[a] == self._hosts[b] else "tcp"
-
-    def _make_tuner(self) -> None:
-        from .tuning import Tuner
-        cls = [[self.link_class(a, b) for b in range(self.size)] for a in range(self.size)]
-        self._tuner = Tuner(self.size, self._hosts, lambda a, b: cls[a][b], self._mesh.machine,
-                            [self._mesh.cores[w] for w in self._world_ranks],
-                            fast_area=self._seg.area if self._seg is not None else 0)
-
-    def _setup_segment(self) -> None:
-        """Collective: give a one-host communicator its shared segment (the fast path)."""
-        if self.size < 2 or len(set(self._hosts)) > 1 or any(
-                self.link_class(0, p) != "shm" for p in range(1, self.size)):
-            return
-        from .transport.segment import HostSegment
-        area = int(os.environ.get("PYXCCL_SHM_AREA_BYTES", 2 << 20))
-        seg = HostSegment(0, self.size, area) if self.rank == 0 else None
-        where = self.broadcast_object((os.getpid(), seg.fd) if seg else None)
-        try:
-            if seg is None:
-                seg = HostSegment.open(self.rank, self.size, area, *where)
-            ok = True
-        except OSError:     # /proc/<pid>/fd not openable here (ptrace rules): no fast path
-            ok = False
-        cma = False
-        if ok:
-            from .transport.cma import works
-            cma = self.rank == 0 or works(int(seg.posts[0, 0]), int(seg.posts[0, 1]))
-        oks = self.allgather_object((ok, cma))
-        if all(o for o, _ in oks):
-            seg.cma = all(c for _, c in oks) and os.environ.get("PYXCCL_CMA", "1") != "0"
-            def check_alive(p, comm=self):
-                if comm._failed is not None:
-                    raise comm._failed
-                lost = comm._mesh.mailbox.lost(comm._world_ranks[p])
-                if lost is not None:
-                    raise lost
-            seg.check_alive = check_alive
-            self._seg = seg
-            if self._tuner is not None:
-                self._make_tuner()      # now with the fast path among the candidates
-        elif seg is not None:
-            seg.close()
-
-    def _tune(self) -> None:
-        """Measure (or load) the link figures and start choosing algorithms by cost. Collective."""
-        from .tuning.probe import measure
-        first = {}
-        for p in range(self.size):
-            k = self.link_class(0, p)
-            if k != "self":
-                first.setdefault(k, p)
-        self._mesh.machine = measure(self, first)
-        self._make_tuner()
+    def __init__(self, ctx: Context):
+        self._ctx = ctx
+        self.rank, self.size, self.timeout = ctx.rank, ctx.size, ctx.timeout
 
     # --- description -----------------------------------------------------------
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("failed" if self._failed else "open")
-        return f"<pyxccl.Communicator rank {self.rank} of {self.size}, id {self._id:08x}, {state}>"
+        state = "closed" if self._ctx.closed else ("failed" if self._ctx.error else "open")
+        return f"<pyxccl.Communicator rank {self.rank} of {self.size}, id {self._ctx.id:08x}, {state}>"
 
     @property
     def world_ranks(self) -> list[int]:
         """The world rank of each rank of this communicator."""
-        return list(self._world_ranks)
+        return list(self._ctx.world_ranks)
 
     def transport(self, peer: int) -> str:
         """How data moves to ``peer``: "shm", "tcp" or "self"."""
-        return self._peer(peer).kind
+        return self._ctx.peer(peer).kind
+
+    def connection(self, peer: int) -> dict:
+        """How this rank reaches ``peer``: ``transport`` ("shm", "tcp", "self"), the peer's ``host``
+        ("name (address)"; None for itself) and the ``connections`` of the pair (PYXCCL_NSOCKS)."""
+        p = self._ctx.peer(peer)
+        return dict(transport=p.kind, host=getattr(p, "host", None), connections=getattr(p, "connections", 1))
+
+    def link_class(self, a: int, b: int) -> str:
+        """Link class between ranks ``a`` and ``b``: "self", "shm", "tcp_local" (one host) or "tcp"."""
+        return self._ctx.link_class(a, b)
 
     @property
     def host_ranks(self) -> list[int]:
         """Ranks of this communicator on the same host as this rank (by host identity)."""
-        me = self._mesh.hosts[self._mesh.rank]
-        return [i for i, w in enumerate(self._world_ranks) if self._mesh.hosts[w] == me]
+        return [r for r, h in enumerate(self._ctx.hosts) if h == self._ctx.hosts[self.rank]]
 
-    # --- plumbing ----------------------------------------------------------------
-    def _peer(self, r: int):
-        return self._mesh.peer(self._world_ranks[r])
+    def topology(self) -> list[dict]:
+        """Per rank: its host's identity, index (in order of first rank), cores and NUMA node."""
+        m, c = self._ctx.mesh, self._ctx
+        return [dict(host=m.hosts[w], host_index=c.hosts[r], cores=m.cores[w], numa=m.numa[w])
+                for r, w in enumerate(c.world_ranks)]
 
-    def _from_world(self, w: int) -> int:
-        return self._world_to_comm.get(w, w)
+    def link_figures(self):
+        """The measured figures the tuner uses (a ``pyxccl.tuning.Machine``), or None."""
+        return self._ctx.mesh.machine
 
-    def _track(self, req: RecvRequest) -> None:
-        with self._lock:
-            self._inflight.add(req)
-            failed = self._failed
-        if failed is not None:
-            req.fail(failed)
+    @property
+    def thread_check(self) -> bool:
+        """Whether a call's fingerprint names its thread (default True), so that calls which threads
+        issued in different orders on different ranks raise CollectiveMismatchError instead of pairing
+        wrongly. Threads are known by name (the workers of one pool as one): matching calls must come
+        from threads of one name on every rank. Turn it off where the program orders calls from several
+        threads itself (the torch backend does: torch issues a group's calls from hooks and callbacks).
+        """
+        return self._ctx.thread_check
 
-    def _untrack(self, req: RecvRequest) -> None:
-        with self._lock:
-            self._inflight.discard(req)
+    @thread_check.setter
+    def thread_check(self, on: bool) -> None:
+        self._ctx.thread_check = bool(on)
 
-    def _abort(self, err: BaseException) -> None:
-        """Fail what is in flight and refuse later calls: after a lost peer or a broken collective."""
-        with self._lock:
-            if self._failed is None:
-                self._failed = err
-            reqs = list(self._inflight)
-        for r in reqs:
-            r.fail(err)
-        for c in list(self._children):
-            c._abort(err)
+    def algorithms(self, primitive: str) -> list[str]:
+        """The algorithms ``primitive`` can run with on this communicator (``algorithm=`` values)."""
+        return self._ctx.plans.usable(primitive)
 
-    def _usable(self, op: str) -> None:
-        if self._closed:
-            raise CommClosedError(f"rank {self.rank}: {op} called on a closed communicator; "
-                                  f"make a new one with pyxccl.init()", rank=self.rank, op=op)
-        cause = self._failed
-        if cause is not None:
-            msg = (f"rank {self.rank}: {op} refused: this communicator failed earlier ({cause}); "
-                   f"close it and make a new one")
-            if isinstance(cause, PeerLostError):   # keep the root cause's type: callers catch that
-                raise PeerLostError(msg, rank=self.rank, peer=cause.peer, op=op)
-            raise CommAbortedError(msg, cause=cause, rank=self.rank, peer=cause.peer, op=op)
-
-    def _submit(self, op: str, fn, *, async_op: bool, timeout, collective: bool) -> Work | object:
-        self._usable(op)
-        self._seq += 1
-        seq = self._seq
-        deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
-
-        def guarded(w: Work):
-            self._usable(op)
-            try:
-                return fn(w, deadline)
-            except CommError as e:
-                e = annotate(e, op, seq, self.rank)
-                if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
-                        or (isinstance(e, PeerLostError) and not self._mesh.graceful(e.peer)):
-                    self._abort(e)   # a half-done collective leaves the ranks out of step
-                raise e from None
-        if not async_op:
-            call = _Call(seq)
-            out = self._engine.try_inline(guarded, call)
-            if out is not _QUEUED:
-                if call._recvs:             # a recv posted its request: wait for it like a Work would
-                    work = Work(op, seq, self.rank, deadline)
-                    work._recvs, work._cancel, work._from_world = call._recvs, call._cancel, self._from_world
-                    work._ran.set()
-                    work.wait()
-                return out
-        work = Work(op, seq, self.rank, deadline)
-        work._from_world = self._from_world
-        self._engine.submit(guarded, work, async_op=async_op)
-        if async_op:
-            return work
-        return work.result()
-
-    def _collective(self, op: str, build, bufs_fn, *, reduce_op=None, after=None, result=None,
-                    async_op=False, timeout=None, fast=None):
-        """Queue one collective: ``build()`` gives the Schedule, ``bufs_fn()`` the buffers.
-
-        ``fast(reduce_fn)`` runs the call on the host segment instead, when the chosen algorithm
-        is "shm" and this communicator has a segment (all its ranks on one host)."""
-        self._coll_seq += 1
-        key = (self._id, -_CODES[op], self._coll_seq & 0xFFFFFFFF)
-        # last_algorithm: what _Check.algorithm just chose for this very call
-        seg = self._seg if fast is not None and self.last_algorithm == "shm" else None
-
-        def fn(work: Work, deadline: float):
-            if seg is not None:
-                seg.deadline, seg.who = deadline, f"{op} (#{work.seq} on this communicator)"
-                fast(reducer(reduce_op) if reduce_op is not None else None)
-                if after is not None:
-                    after()
-                return result
-            s = build()
-            bufs = bufs_fn()
-            if s.scratch:
-                bufs["tmp"] = self._tmp(s.scratch, next(iter(bufs.values())).dtype)
-            run_schedule(self, s, bufs, op=reduce_op, key=key, opname=op, seq=work.seq, deadline=deadline)
-            if after is not None:
-                after()
-            return result
-        return self._submit(op, fn, async_op=async_op, timeout=timeout, collective=True)
-
-    def _tmp(self, count: int, dt: np.dtype) -> np.ndarray:
-        nbytes = count * dt.itemsize
-        if self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch[:nbytes].view(dt)
+    def algorithm_for(self, primitive: str, nbytes: int, dtype="float32") -> str:
+        """The algorithm a ``primitive`` call of ``nbytes`` (nccl-tests' size) would run here."""
+        return self._ctx.plans.choose(primitive, np.dtype(dtype), nbytes).name
 
     # --- collectives --------------------------------------------------------------
+    def _run(self, c: Check, prim: str, bufs: dict, args: dict, size, nbytes: int, *, op=None, root=None,
+             algorithm=None, result=None, async_op=False, timeout=None):
+        for b, want in zip(("in", "out"), PRIMITIVES[prim].buffers(self.rank, args)):
+            if b in bufs:
+                c.size(bufs[b], want, "the output" if b == "out" else "the input")
+        plan = self._ctx.plans.plan(prim, next(iter(bufs.values())).dtype, nbytes, op, root, algorithm, c.error)
+        key = tuple(v if type(v) is int else tuple(v) for v in args.values())
+        return self._ctx.collective(c.op, plan, key, args, size, bufs, result=result, async_op=async_op,
+                                    timeout=c.timeout(timeout))
+
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None):
         """Reduce ``tensor`` over all ranks; every rank gets the result (in place, or in ``out``).
 
         >>> comm.allreduce(grad, op=pyxccl.ReduceOp.AVG)   # doctest: +SKIP
         """
-        c = _Check(self, "allreduce")
+        c = Check(self, "allreduce")
         buf = c.array(tensor, "tensor", writable=out is None)
-        dst = buf if out is None else c.array(out, "out", writable=True)
-        c.same_dtype(buf, dst, "out")
-        c.size(dst, buf.size, "out")
+        dst = buf if out is None else c.same_dtype(buf, c.array(out, "out", writable=True), "out")
         rop = c.op_for(op, buf.dtype)
-        build = c.algorithm("allreduce", algorithm, buf.nbytes, buf.itemsize)
-        after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG else None
-        return self._collective("allreduce", lambda: build(count=buf.size),
-                                lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
-                                fast=lambda red: fastpath.allreduce(self._seg, buf, dst, red),
-                                result=tensor if out is None else out, async_op=async_op, timeout=timeout)
+        return self._run(c, "allreduce", {"in": buf, "out": dst}, dict(count=buf.size), buf.size, buf.nbytes,
+                         op=rop, algorithm=algorithm, result=tensor if out is None else out, async_op=async_op,
+                         timeout=timeout)
 
     def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Copy ``tensor`` of rank ``root`` into ``tensor`` of every rank."""
-        c = _Check(self, "broadcast")
+        c = Check(self, "broadcast")
         root = c.rank(root, "root")
         buf = c.array(tensor, "tensor", writable=self.rank != root)
-        build = c.algorithm("broadcast", algorithm, buf.nbytes, buf.itemsize)
-        return self._collective("broadcast", lambda: build(count=buf.size, root=root),
-                                lambda: {"out": buf}, fast=lambda _: fastpath.broadcast(self._seg, buf, root),
-                                result=tensor, async_op=async_op, timeout=timeout)
+        return self._run(c, "broadcast", {"out": buf}, dict(count=buf.size, root=root), buf.size, buf.nbytes,
+                         root=root, algorithm=algorithm, result=tensor, async_op=async_op, timeout=timeout)
 
     def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
                timeout=None):
@@ -396,211 +137,158 @@ class Communicator:
 
         The other ranks' buffers are left unchanged.
         """
-        c = _Check(self, "reduce")
+        c = Check(self, "reduce")
         root = c.rank(root, "root")
         is_root = self.rank == root
         buf = c.array(tensor, "tensor", writable=is_root and out is None)
         dst = buf
         if is_root and out is not None:
-            dst = c.array(out, "out", writable=True)
-            c.same_dtype(buf, dst, "out")
-            c.size(dst, buf.size, "out")
+            dst = c.same_dtype(buf, c.array(out, "out", writable=True), "out")
         rop = c.op_for(op, buf.dtype)
-        build = c.algorithm("reduce", algorithm, buf.nbytes, buf.itemsize)
-        after = (lambda: np.divide(dst, self.size, out=dst)) if rop is ReduceOp.AVG and is_root else None
-        return self._collective("reduce", lambda: build(count=buf.size, root=root),
-                                lambda: {"in": buf, "out": dst}, reduce_op=rop, after=after,
-                                fast=lambda red: fastpath.allreduce(self._seg, buf, dst, red, root=root),
-                                result=(out if out is not None and is_root else tensor),
-                                async_op=async_op, timeout=timeout)
+        return self._run(c, "reduce", {"in": buf, "out": dst}, dict(count=buf.size, root=root), buf.size,
+                         buf.nbytes, op=rop, root=root, algorithm=algorithm,
+                         result=out if out is not None and is_root else tensor, async_op=async_op, timeout=timeout)
 
     def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None):
         """Concatenate every rank's ``sendbuf`` (in rank order) into ``recvbuf`` on every rank.
 
         ``recvbuf`` needs ``size * len(sendbuf)`` elements; None allocates and returns a numpy array.
         """
-        c = _Check(self, "allgather")
+        c = Check(self, "allgather")
         send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._gatherv("allgather", c, sendbuf, recvbuf, [send.size] * self.size, algorithm, async_op,
-                             timeout)
+        return self._allgatherv(c, send, recvbuf, [send.size] * self.size, algorithm, async_op, timeout)
 
     def allgatherv(self, sendbuf, recvbuf, counts, *, async_op=False, algorithm=None, timeout=None):
         """Like allgather, rank i contributing ``counts[i]`` elements."""
-        c = _Check(self, "allgatherv")
-        return self._gatherv("allgatherv", c, sendbuf, recvbuf, counts, algorithm, async_op, timeout)
+        c = Check(self, "allgatherv")
+        return self._allgatherv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, counts, algorithm,
+                                async_op, timeout)
 
-    def _gatherv(self, name, c, sendbuf, recvbuf, counts, algorithm, async_op, timeout):
-        send = c.array(sendbuf, "sendbuf", writable=False)
+    def _allgatherv(self, c, send, recvbuf, counts, algorithm, async_op, timeout):
         counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
-        recvbuf = np.empty(sum(counts), send.dtype) if recvbuf is None else recvbuf
-        recv = c.array(recvbuf, "recvbuf", writable=True)
-        c.same_dtype(send, recv, "recvbuf")
-        c.size(recv, sum(counts), "recvbuf")
-        build = c.algorithm("allgather", algorithm, recv.nbytes, recv.itemsize)
-        return self._collective("allgather", lambda: build(counts=counts),
-                                lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
-                                fast=lambda _: fastpath.allgather(self._seg, send, recv, counts),
-                                timeout=timeout)
+        recvbuf = c.allocate(recvbuf, sum(counts), send.dtype)
+        recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
+        return self._run(c, "allgather", {"in": send, "out": recv}, dict(counts=counts), counts, recv.nbytes,
+                         algorithm=algorithm, result=recvbuf, async_op=async_op, timeout=timeout)
 
     def gather(self, sendbuf, recvbuf=None, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Concatenate every rank's ``sendbuf`` into ``recvbuf`` of rank ``root``.
 
         Only the root needs ``recvbuf`` (None there allocates one); the others get None back.
         """
-        c = _Check(self, "gather")
+        c = Check(self, "gather")
         send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._gatherv_root("gather", c, send, recvbuf, root, [send.size] * self.size, algorithm,
-                                  async_op, timeout)
+        return self._gatherv(c, send, recvbuf, root, [send.size] * self.size, algorithm, async_op, timeout)
 
     def gatherv(self, sendbuf, recvbuf=None, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                 timeout=None):
         """Like gather, rank i contributing ``counts[i]`` elements (``counts`` needed at the root)."""
-        c = _Check(self, "gatherv")
+        c = Check(self, "gatherv")
         send = c.array(sendbuf, "sendbuf", writable=False)
-        root = c.rank(root, "root")
-        counts = c.root_counts(counts, root, send.size)
-        return self._gatherv_root("gatherv", c, send, recvbuf, root, counts, algorithm, async_op, timeout)
+        counts = c.root_counts(counts, c.rank(root, "root"), send.size)
+        return self._gatherv(c, send, recvbuf, root, counts, c.only_direct(algorithm), async_op, timeout)
 
-    def _gatherv_root(self, name, c, send, recvbuf, root, counts, algorithm, async_op, timeout):
-        if name == "gatherv":     # only the root knows every count: the tree algorithms need them all
-            algorithm = c.only_direct(algorithm)
+    def _gatherv(self, c, send, recvbuf, root, counts, algorithm, async_op, timeout):
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
-        bufs = {"in": send}
+        bufs, recvbuf = {"in": send}, None if self.rank != root else c.allocate(recvbuf, sum(counts), send.dtype)
         if self.rank == root:
-            recvbuf = np.empty(sum(counts), send.dtype) if recvbuf is None else recvbuf
-            recv = c.array(recvbuf, "recvbuf", writable=True)
-            c.same_dtype(send, recv, "recvbuf")
-            c.size(recv, sum(counts), "recvbuf")
-            bufs["out"] = recv
-        else:
-            recvbuf = None
-        build = c.algorithm("gather", algorithm, send.nbytes * self.size, send.itemsize)
-        fast = None
-        if name == "gather":       # gatherv: only the root knows every count, and the fast path needs them all
-            fast = lambda _: fastpath.allgather(self._seg, send, bufs.get("out"), counts, root=root)  # noqa: E731
-        return self._collective("gather", lambda: build(counts=counts, root=root),
-                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout, fast=fast)
+            bufs["out"] = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
+        return self._run(c, "gather", bufs, dict(counts=counts, root=root), c.agreed(counts),
+                         send.nbytes * self.size, root=root, algorithm=algorithm, result=recvbuf,
+                         async_op=async_op, timeout=timeout)
 
     def scatter(self, sendbuf, recvbuf, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Rank ``root`` cuts ``sendbuf`` into ``size`` equal parts; rank i receives part i in ``recvbuf``.
 
         ``sendbuf`` is only read on the root (pass None elsewhere).
         """
-        c = _Check(self, "scatter")
+        c = Check(self, "scatter")
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._scatterv("scatter", c, sendbuf, recv, recvbuf, root, [recv.size] * self.size, algorithm,
-                              async_op, timeout)
+        return self._scatterv(c, sendbuf, recv, recvbuf, root, [recv.size] * self.size, algorithm, async_op,
+                              timeout)
 
     def scatterv(self, sendbuf, recvbuf, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                  timeout=None):
         """Like scatter, rank i receiving ``counts[i]`` elements (``counts`` needed at the root)."""
-        c = _Check(self, "scatterv")
+        c = Check(self, "scatterv")
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        root = c.rank(root, "root")
-        counts = c.root_counts(counts, root, recv.size)
-        return self._scatterv("scatterv", c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout)
+        counts = c.root_counts(counts, c.rank(root, "root"), recv.size)
+        return self._scatterv(c, sendbuf, recv, recvbuf, root, counts, c.only_direct(algorithm), async_op, timeout)
 
-    def _scatterv(self, name, c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout):
-        if name == "scatterv":    # only the root knows every count
-            algorithm = c.only_direct(algorithm)
+    def _scatterv(self, c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout):
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(recv.size, "recvbuf"))
         bufs = {"out": recv}
         if self.rank == root:
             if sendbuf is None:
                 raise c.error("the root must pass sendbuf")
-            send = c.array(sendbuf, "sendbuf", writable=False)
-            c.same_dtype(send, recv, "recvbuf")
-            c.size(send, sum(counts), "sendbuf")
-            bufs = {"in": send, "out": recv}
-        build = c.algorithm("scatter", algorithm, recv.nbytes * self.size, recv.itemsize)
-        fast = None
-        if name == "scatter":      # scatterv: only the root knows every count
-            rc = [0] * self.size
-            rc[root] = counts[self.rank]
-            fast = lambda _: fastpath.alltoall(self._seg, bufs.get("in"), recv, counts, rc,  # noqa: E731
-                                               most=counts[root], root=root)
-        return self._collective("scatter", lambda: build(counts=counts, root=root),
-                                lambda: bufs, result=recvbuf, async_op=async_op, timeout=timeout, fast=fast)
+            bufs = {"in": c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf"), "out": recv}
+        return self._run(c, "scatter", bufs, dict(counts=counts, root=root), c.agreed(counts),
+                         recv.nbytes * self.size, root=root, algorithm=algorithm, result=recvbuf,
+                         async_op=async_op, timeout=timeout)
 
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                        timeout=None):
         """Reduce ``sendbuf`` (``size`` equal parts) over all ranks; rank i gets part i in ``recvbuf``."""
-        c = _Check(self, "reduce_scatter")
+        c = Check(self, "reduce_scatter")
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv("reduce_scatter", c, sendbuf, recv, recvbuf, [recv.size] * self.size, op,
-                                     algorithm, async_op, timeout)
+        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, [recv.size] * self.size, op, algorithm,
+                                     async_op, timeout)
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                         timeout=None):
         """Like reduce_scatter, rank i getting ``counts[i]`` elements."""
-        c = _Check(self, "reduce_scatterv")
+        c = Check(self, "reduce_scatterv")
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv("reduce_scatterv", c, sendbuf, recv, recvbuf, counts, op, algorithm,
-                                     async_op, timeout)
+        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, counts, op, algorithm, async_op, timeout)
 
-    def _reduce_scatterv(self, name, c, sendbuf, recv, recvbuf, counts, op, algorithm, async_op, timeout):
-        send = c.array(sendbuf, "sendbuf", writable=False)
-        c.same_dtype(send, recv, "recvbuf")
+    def _reduce_scatterv(self, c, sendbuf, recv, recvbuf, counts, op, algorithm, async_op, timeout):
+        send = c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf")
         counts = c.counts(counts, "counts", total=send.size, own=(recv.size, "recvbuf"))
         rop = c.op_for(op, send.dtype)
-        build = c.algorithm("reduce_scatter", algorithm, send.nbytes, send.itemsize)
-        after = (lambda: np.divide(recv, self.size, out=recv)) if rop is ReduceOp.AVG else None
-        return self._collective("reduce_scatter", lambda: build(counts=counts),
-                                lambda: {"in": send, "out": recv}, reduce_op=rop, after=after, result=recvbuf,
-                                fast=lambda red: fastpath.reduce_scatter(self._seg, send, recv, red, counts),
-                                async_op=async_op, timeout=timeout)
+        return self._run(c, "reduce_scatter", {"in": send, "out": recv}, dict(counts=counts), counts, send.nbytes,
+                         op=rop, algorithm=algorithm, result=recvbuf, async_op=async_op, timeout=timeout)
 
     def alltoall(self, sendbuf, recvbuf, *, async_op=False, algorithm=None, timeout=None):
         """Rank i sends part j of ``sendbuf`` (``size`` equal parts) to rank j, which stores it as part i."""
-        c = _Check(self, "alltoall")
+        c = Check(self, "alltoall")
         send = c.array(sendbuf, "sendbuf", writable=False)
         if send.size % self.size:
             raise c.error(f"sendbuf has {send.size} elements, not a multiple of the {self.size} ranks")
         counts = [send.size // self.size] * self.size
-        return self._alltoallv("alltoall", c, send, recvbuf, counts, counts, algorithm, async_op, timeout)
+        return self._alltoallv(c, send, recvbuf, counts, counts, algorithm, async_op, timeout)
 
     def alltoallv(self, sendbuf, recvbuf, send_counts, recv_counts, *, async_op=False, algorithm=None,
                   timeout=None):
         """Rank i sends ``send_counts[j]`` elements to rank j and receives ``recv_counts[j]`` from it."""
-        c = _Check(self, "alltoallv")
-        send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._alltoallv("alltoallv", c, send, recvbuf, send_counts, recv_counts, algorithm, async_op,
-                               timeout)
+        c = Check(self, "alltoallv")
+        if algorithm in ("bruck", "hierarchical", "shm"):   # ranks with equal blocks would go ahead and hang
+            raise c.error(f"algorithm={algorithm!r} needs equal blocks on every rank; use alltoall, or "
+                          f"'pairwise' or 'direct' for alltoallv")
+        return self._alltoallv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, send_counts, recv_counts,
+                               algorithm or "pairwise", async_op, timeout)
 
-    def _alltoallv(self, name, c, send, recvbuf, send_counts, recv_counts, algorithm, async_op, timeout):
-        if name == "alltoallv":   # a rank knows only its own blocks: no algorithm that forwards others'
-            if algorithm in ("bruck", "hierarchical"):   # ranks with equal blocks would go ahead and hang
-                raise c.error(f"algorithm={algorithm!r} forwards other ranks' blocks, so it needs equal blocks "
-                              f"on every rank; use alltoall, or 'pairwise' or 'direct' for alltoallv")
-            algorithm = algorithm or "pairwise"
-        recv = c.array(recvbuf, "recvbuf", writable=True)
-        c.same_dtype(send, recv, "recvbuf")
+    def _alltoallv(self, c, send, recvbuf, send_counts, recv_counts, algorithm, async_op, timeout):
+        recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
         sc = c.counts(send_counts, "send_counts", total=send.size)
         rc = c.counts(recv_counts, "recv_counts", total=recv.size)
         if sc[self.rank] != rc[self.rank]:
             raise c.error(f"this rank sends itself {sc[self.rank]} elements but expects {rc[self.rank]}")
         if np.shares_memory(send, recv):
             raise c.error("sendbuf and recvbuf overlap; alltoall needs separate buffers")
-        build = c.algorithm("alltoall", algorithm, send.nbytes, send.itemsize)
-        fast = None
-        if name == "alltoall":     # alltoallv: a rank does not know the others' block sizes
-            fast = lambda _: fastpath.alltoall(self._seg, send, recv, sc, rc, most=sc[0])  # noqa: E731
-        return self._collective("alltoall", lambda: build(send_counts=sc, recv_counts=rc),
-                                lambda: {"in": send, "out": recv}, result=recvbuf, async_op=async_op,
-                                timeout=timeout, fast=fast)
+        return self._run(c, "alltoall", {"in": send, "out": recv}, dict(send_counts=sc, recv_counts=rc),
+                         sc if c.op == "alltoall" else None, send.nbytes, algorithm=algorithm, result=recvbuf,
+                         async_op=async_op, timeout=timeout)
 
-    def barrier(self, *, async_op=False, timeout=None):
+    def barrier(self, *, async_op=False, algorithm=None, timeout=None):
         """Return once every rank has entered the barrier."""
-        c = _Check(self, "barrier")
-        build = c.algorithm("barrier", None)
-        return self._collective("barrier", lambda: build(),
-                                lambda: {"in": np.empty(0, np.uint8)}, async_op=async_op, timeout=timeout,
-                                fast=lambda _: fastpath.barrier(self._seg))
+        c = Check(self, "barrier")
+        return self._run(c, "barrier", {"in": np.empty(0, np.uint8)}, {}, 0, 0, algorithm=algorithm,
+                         async_op=async_op, timeout=timeout)
 
     # --- point to point -----------------------------------------------------------
-    def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None) -> Work:
+    def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None):
         """Start sending ``tensor`` to rank ``dst``; don't modify it until the Work is done."""
         return self._send("isend", tensor, dst, tag, timeout, async_op=True)
 
@@ -609,16 +297,11 @@ class Communicator:
         self._send("send", tensor, dst, tag, timeout, async_op=False)
 
     def _send(self, name, tensor, dst, tag, timeout, async_op):
-        c = _Check(self, name)
+        c = Check(self, name)
         buf = c.array(tensor, "tensor", writable=False)
-        dst, tag = c.rank(dst, "dst"), c.tag(tag)
-        key, dcode = (self._id, tag, 0), DTYPE_CODE[buf.dtype]
+        return self._ctx.send(name, buf, c.rank(dst, "dst"), c.tag(tag), async_op=async_op, timeout=c.timeout(timeout))
 
-        def fn(work, deadline):
-            self._peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
-        return self._submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
-
-    def irecv(self, tensor, src: int | None, tag: int = 0, *, timeout=None) -> Work:
+    def irecv(self, tensor, src: int | None, tag: int = 0, *, timeout=None):
         """Start receiving into ``tensor`` from rank ``src`` (None: from any rank).
 
         >>> w = comm.irecv(buf, None, tag=3)     # doctest: +SKIP
@@ -632,18 +315,10 @@ class Communicator:
         return self._recv("recv", tensor, src, tag, timeout, async_op=False)
 
     def _recv(self, name, tensor, src, tag, timeout, async_op):
-        c = _Check(self, name)
+        c = Check(self, name)
         buf = c.array(tensor, "tensor", writable=True)
-        src, tag = None if src is None else c.rank(src, "src"), c.tag(tag)
-
-        def fn(work, deadline):
-            peer = None if src is None else self._world_ranks[src]
-            req = RecvRequest(peer, (self._id, tag, 0), buf, None, name)
-            work._recvs.append(req)
-            work._cancel = self._mesh.mailbox.cancel
-            self._mesh.mailbox.post(req)
-            return tensor
-        return self._submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
+        src = None if src is None else c.rank(src, "src")
+        return self._ctx.recv(name, buf, src, c.tag(tag), tensor, async_op=async_op, timeout=c.timeout(timeout))
 
     # --- Python objects ------------------------------------------------------------
     def broadcast_object(self, obj=None, root: int = 0, *, timeout=None):
@@ -674,22 +349,21 @@ class Communicator:
 
         >>> tp = comm.split(color=comm.rank // 2)        # doctest: +SKIP
         """
-        c = _Check(self, "split")
+        c = Check(self, "split")
         if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
             raise c.error(f"color={color!r} must be a non-negative integer or None")
         if not isinstance(key, (int, np.integer)):
             raise c.error(f"key={key!r} must be an integer")
         infos = self.allgather_object((None if color is None else int(color), int(key)), timeout=timeout)
-        self._splits += 1
+        ctx = self._ctx
+        ctx.splits += 1
         if color is None:
             return None
         members = sorted((k, r) for r, (col, k) in enumerate(infos) if col == color)
-        digest = hashlib.blake2b(f"{self._id}/{self._splits}/{color}".encode(), digest_size=4).digest()
-        child = Communicator(self._mesh, [self._world_ranks[r] for _, r in members],
-                             int.from_bytes(digest, "little"), timeout=self.timeout, parent=self)
-        self._children.append(child)
-        child._setup_segment()
-        return child
+        digest = hashlib.blake2b(f"{ctx.id}/{ctx.splits}/{color}".encode(), digest_size=4).digest()
+        child = Context(ctx.mesh, [ctx.world_ranks[r] for _, r in members], int.from_bytes(digest, "little"),
+                        self.timeout, parent=ctx)
+        return _ready(Communicator(child))
 
     def dup(self) -> "Communicator":
         """A new communicator with the same ranks (collective), whose calls never mix with this one's."""
@@ -699,21 +373,14 @@ class Communicator:
     def close(self) -> None:
         """Release the communicator. Closing the world communicator also closes every
         communicator split from it and releases sockets, threads and shared memory."""
-        if self._closed:
+        ctx = self._ctx
+        if ctx.closed:
             return
-        for c in list(self._children):
-            c.close()
-        self._closed = True
-        self._engine.stop()
-        if self._seg is not None:
-            self._seg.close()
-        self._mesh.comms.discard(self)
-        if self._parent is None:
-            self._mesh.close()
-            if self._store is not None:
-                self._store.close()
-        else:
-            self._parent._children.remove(self)
+        ctx.close()
+        if ctx.parent is None:
+            ctx.mesh.close()
+            if ctx.store is not None:
+                ctx.store.close()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -722,11 +389,31 @@ class Communicator:
         self.close()
 
 
-def _parse_algo_env(spec: str) -> dict[str, str]:
-    """PYXCCL_ALGO="allreduce=ring,allgather=ring" -> {"allreduce": "ring", ...}."""
-    out = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        prim, _, name = part.partition("=")
-        if name:
-            out[prim.strip()] = name.strip()
-    return out
+def _ready(comm: Communicator, tune: bool = False) -> Communicator:
+    """Give a new communicator its one-host segment, link figures (``tune``) and tuner (collective).
+    The set-up's own calls come from whichever thread makes the communicator: not checked."""
+    ctx = comm._ctx
+    ctx.thread_check = False
+    try:
+        attach_segment(ctx, comm.broadcast_object, comm.allgather_object)
+        if tune and comm.size > 1:
+            from .tuning.probe import measure
+            first = {}
+            for p in range(comm.size):
+                first.setdefault(comm.link_class(0, p), p)
+            first.pop("self", None)
+            ctx.mesh.machine = measure(comm, first)
+    except BaseException:
+        comm.close()
+        raise
+    ctx.make_tuner()
+    ctx.thread_check = True
+    return comm
+
+
+def world(mesh, timeout: float, store=None, tune: bool = True) -> Communicator:
+    """The world communicator of ``mesh`` (collective): its segment, its link figures, its tuner.
+    ``store``: closed with the world."""
+    ctx = Context(mesh, list(range(mesh.size)), 0, timeout)
+    ctx.store = store
+    return _ready(Communicator(ctx), tune)

@@ -5,8 +5,8 @@ import os
 
 import pyxccl
 
-from . import algorithms
-from .algorithms.registry import _DEFAULT
+
+from .algorithms import registry
 
 PRIMITIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 _ABBREV = {"self": "  - ", "shm": " shm", "tcp_local": "tcpL", "tcp": " tcp"}
@@ -22,31 +22,30 @@ def _size(n: int) -> str:
 
 def report() -> None:
     comm = pyxccl.init()
-    mesh = comm._mesh
     rows = comm.allgather_object((os.uname().nodename, os.getpid()))
     if comm.rank == 0:
-        print(f"pyxccl {pyxccl.__version__}: {comm.size} ranks on {len(set(comm._hosts))} host(s)")
+        topo = comm.topology()
+        print(f"pyxccl {pyxccl.__version__}: {comm.size} ranks on {len({t['host'] for t in topo})} host(s)")
         print(f"{'rank':>4}  {'host':<20}{'pid':>8}{'cores':>6}{'numa':>5}  transport to each rank")
         for r, (node, pid) in enumerate(rows):
-            cores, numa = mesh.cores[comm.world_ranks[r]], mesh.numa[comm.world_ranks[r]]
             kinds = " ".join(_ABBREV[comm.link_class(r, p)] for p in range(comm.size))
-            print(f"{r:>4}  {node:<20}{pid:>8}{cores:>6}{numa:>5}  {kinds}")
-        m = comm._mesh.machine
+            print(f"{r:>4}  {node:<20}{pid:>8}{topo[r]['cores']:>6}{topo[r]['numa']:>5}  {kinds}")
+        m = comm.link_figures()
         if m is not None:
             print("\nmeasured link figures (alpha = latency per message, beta as bandwidth):")
             for k, link in sorted(m.links.items()):
                 bw = f"{1 / link.beta / 1e9:6.2f} GB/s" if link.beta else "(copies, below)"
                 print(f"  {k:<10} alpha {link.alpha * 1e6:8.1f} us   {bw}")
             print(f"  reduce {1 / m.gamma / 1e9:.2f} GB/s, copy {1 / m.copy / 1e9:.2f} GB/s, {m.cores} cores")
-        if comm._tuner is not None:
-            print("\nalgorithm the tuner picks (size = nccl-tests convention, float32):")
+        if comm.size > 1:
+            print("\nalgorithm chosen (size = nccl-tests convention, float32):")
             print(f"{'size':>6}  " + "".join(f"{p:<22}" for p in PRIMITIVES))
             for size in SIZES:
-                names = [comm._tuner.choose(p, size, 4) for p in PRIMITIVES]
+                names = [comm.algorithm_for(p, size) for p in PRIMITIVES]
                 print(f"{_size(size):>6}  " + "".join(f"{nm:<22}" for nm in names))
         else:
             print("\none rank: no algorithm choice to make; defaults: "
-                  + ", ".join(f"{p}={_DEFAULT[p]}" for p in PRIMITIVES))
-        print("\nregistered algorithms: " + "; ".join(f"{p}: {', '.join(algorithms.algorithms(p))}"
-                                                       for p in PRIMITIVES + ("barrier",)))
+                  + ", ".join(f"{p}={registry.default(p)}" for p in PRIMITIVES))
+        print("\nalgorithms usable here: " + "; ".join(f"{p}: {', '.join(comm.algorithms(p))}"
+                                                     for p in PRIMITIVES + ("barrier",)))
     comm.close()

@@ -1,20 +1,34 @@
 """Schedules: what an algorithm is.
 
 An algorithm builds, for one rank, an ordered list of steps. A step is a
-tuple of operations that may run at the same time:
+tuple of operations that may run at the same time. Two kinds of schedule:
+
+**Message schedules** (the default), run over any transport:
 
 - ``Send(peer, buf, off, count)``: send ``count`` elements of ``buf`` from ``off``;
 - ``Recv(peer, buf, off, count, reduce)``: receive into ``buf`` at ``off``, copying
   or, with ``reduce=True``, reducing the incoming elements into what is there;
 - ``Copy(src, src_off, dst, dst_off, count, reduce)``: a local copy or reduce.
 
-Buffers are named: ``"in"`` (the user's input), ``"out"`` (the user's output:
-the same array as ``"in"`` for in-place calls) and ``"tmp"`` (scratch of
-``Schedule.scratch`` elements). Offsets and counts are in elements.
+**Segment schedules** (``Schedule.segment``), run on the shared segment of the
+ranks of one host. Every step is a *round*: each rank owns a window (its area
+of the segment, ``window`` elements, named ``"win"`` as a buffer); in a round it
+writes its window, publishes it, then reads the windows of others:
 
-Within a step, local ``Copy`` operations run first, then the transfers; a step
-ends when all its transfers are done. The engine runs a schedule on real
-transports; nothing in a schedule depends on how bytes move.
+- ``Copy(..., dst="win", ...)``: write my window (before publishing);
+- ``Get(peer, src_off, buf, off, count, reduce, prev)``: read ``count`` elements of
+  ``peer``'s window of this round (``prev``: of the round before, read before
+  publishing) into ``buf``, copying or reducing; ``peer`` may be this rank;
+- ``Post(buf, off, count)``: in this round the others read ``buf[off:off+count]``
+  of this rank in place (a single copy, through process_vm_readv) instead of its
+  area; its ``Get``s then read that region;
+- ``Sync(peer)``: wait until ``peer`` has published this round (no data).
+
+Buffers are named: ``"in"`` (the user's input), ``"out"`` (the user's output:
+the same array as ``"in"`` for in-place calls), ``"tmp"`` (scratch of
+``Schedule.scratch`` elements) and, in segment schedules, ``"win"``. Offsets and
+counts are in elements. The order in which a step's operations run is defined
+once, in ``walk.py``, for the engine, the checker and the cost model alike.
 """
 from __future__ import annotations
 
@@ -46,7 +60,28 @@ class Copy(NamedTuple):
     reduce: bool = False
 
 
-Op = Send | Recv | Copy
+class Get(NamedTuple):
+    peer: int
+    src_off: int
+    buf: str
+    off: int
+    count: int
+    reduce: bool = False
+    prev: bool = False
+
+
+class Post(NamedTuple):
+    buf: str
+    off: int
+    count: int
+
+
+class Sync(NamedTuple):
+    peer: int
+    count: int = 1          # never empty: a step of Syncs is a round of its own
+
+
+Op = Send | Recv | Copy | Get | Post | Sync
 
 
 @dataclass
@@ -56,6 +91,8 @@ class Schedule:
     nranks: int
     steps: list[tuple[Op, ...]] = field(default_factory=list)
     scratch: int = 0          # elements of "tmp" the schedule needs
+    segment: bool = False     # a segment schedule: every step is a round on the host's shared segment
+    window: int = 0           # elements of "win" it writes (segment schedules)
 
     def step(self, *ops: Op) -> None:
         """Append a step made of ``ops``, leaving out empty transfers."""
@@ -80,13 +117,16 @@ def offsets(counts: list[int]) -> list[int]:
 
 def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple[str, int]],
           at: int | None = None) -> None:
-    """Append ``sub`` (a schedule among ``group``, in group ranks) to ``into`` (in communicator ranks).
+    """Append ``sub`` (a message schedule among ``group``, in group ranks) to ``into`` (in communicator ranks).
 
     ``bufs`` maps each buffer name of ``sub`` to (buffer name, element offset) of ``into``:
     that is how a hierarchical algorithm runs an inner algorithm on part of its buffers.
     With ``at``, sub's step k joins ``into``'s step ``at + k`` instead (running alongside what
     is there: how a pipeline overlaps one chunk's phase with another's).
     """
+    if sub.segment:
+        raise ValueError("a segment schedule runs on its own rounds; it cannot be embedded")
+
     def mv(name: str, off: int) -> tuple[str, int]:
         b, base = bufs[name]
         return b, base + off

@@ -124,7 +124,7 @@ class _Layout:
 
 
 def _build(primitive: str, name: str, rank: int, nranks: int, **args) -> Schedule:
-    return lookup(primitive, name)[1](rank, nranks, **args)
+    return lookup(primitive, name).build(rank, nranks, **args)
 
 
 def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[str, int], dst_order: list):
@@ -157,9 +157,9 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
         parts, base = split_counts(count, chunks), 0
         for c, (off, n) in enumerate(zip(offsets(parts), parts)):
             shards = split_counts(n, L)
-            rs = lookup("reduce_scatter", inner)[1](me, L, counts=shards)
-            ar = lookup("allreduce", outer)[1](cross.index(rank), len(cross), count=shards[me])
-            ag = lookup("allgather", inner)[1](me, L, counts=shards)
+            rs = lookup("reduce_scatter", inner).build(me, L, counts=shards)
+            ar = lookup("allreduce", outer).build(cross.index(rank), len(cross), count=shards[me])
+            ag = lookup("allgather", inner).build(me, L, counts=shards)
             # this chunk's tmp = [this rank's shard | scratch of whichever phase needs the most]
             tmp = {"tmp": ("tmp", base + shards[0])}
             at = 1 + c * len(ar.steps)        # chunk c+1's phases run one inter-host phase behind c's
@@ -171,14 +171,14 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
         s.scratch = base
         return s
     leaders = [g[0] for g in peers_by_host]
-    red = lookup("reduce", "binomial")[1](me, L, count=count, root=0)
+    red = lookup("reduce", "binomial").build(me, L, count=count, root=0)
     s.scratch = red.scratch
     embed(s, red, local, {"in": ("out", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
     if rank in leaders:
-        ar = lookup("allreduce", outer)[1](leaders.index(rank), len(leaders), count=count)
+        ar = lookup("allreduce", outer).build(leaders.index(rank), len(leaders), count=count)
         s.scratch = max(s.scratch, ar.scratch)
         embed(s, ar, leaders, {"in": ("out", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
-    bc = lookup("broadcast", "binomial")[1](me, L, count=count, root=0)
+    bc = lookup("broadcast", "binomial").build(me, L, count=count, root=0)
     embed(s, bc, local, {"out": ("out", 0)})
     return s
 

@@ -66,7 +66,7 @@ def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -
 def reduce_rs_gather(rank: int, nranks: int, count: int, root: int) -> Schedule:
     pieces = split_counts(count, nranks)
     off = offsets(pieces)
-    rs = lookup("reduce_scatter", "ring")[1](rank, nranks, counts=pieces)
+    rs = lookup("reduce_scatter", "ring").build(rank, nranks, counts=pieces)
     s = Schedule(rank, nranks, scratch=rs.scratch + max(pieces, default=0))
     mine = ("out", off[rank]) if rank == root else ("tmp", rs.scratch)
     embed(s, rs, list(range(nranks)), {"in": ("in", 0), "out": mine, "tmp": ("tmp", 0)})

@@ -1,40 +1,52 @@
-"""(primitive, algorithm name) -> schedule builder.
+"""(primitive, algorithm name) -> the algorithm's record: its schedule builder and where it runs.
 
-A builder is ``f(rank, nranks, **args) -> Schedule``; the arguments per primitive:
-
-=================  ======================================================
-allreduce          count
-reduce_scatter     counts (elements each rank ends with)
-allgather          counts (elements each rank contributes)
-broadcast          count, root
-reduce             count, root
-gather / scatter   counts, root
-alltoall           send_counts, recv_counts (this rank's, per peer)
-barrier            (none)
-=================  ======================================================
-
-Builders that also take ``hosts`` (the host index of every rank) get it:
-that is how hierarchical algorithms see the topology.
+A builder is ``f(rank, nranks, **args) -> Schedule``; the arguments per
+primitive are described in ``pyxccl.primitives``. Builders that also take
+``hosts`` (the host index of every rank) get it: that is how hierarchical
+algorithms see the topology. Segment algorithms (``segment=True``) build
+segment schedules, which run on the shared segment of one host's ranks; their
+builders take ``window`` (an ``algorithms.shm.Window``: what the segment holds
+for this call).
 """
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Callable
 
 from ..schedule import Schedule
 
 Builder = Callable[..., Schedule]
-_REGISTRY: dict[tuple[str, str], Builder] = {}
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    primitive: str
+    name: str
+    build: Builder
+    segment: bool = False         # runs on the host's shared segment (its schedules are segment schedules)
+    wants_hosts: bool = False
+
+    def schedule(self, rank: int, nranks: int, *, hosts=None, window=None, **args) -> Schedule:
+        """This rank's schedule, passing ``hosts`` and ``window`` only to builders that use them."""
+        if self.wants_hosts:
+            args["hosts"] = hosts
+        if self.segment:
+            args["window"] = window
+        return self.build(rank, nranks, **args)
+
+
+_REGISTRY: dict[tuple[str, str], Algorithm] = {}
 _DEFAULT: dict[str, str] = {}
-_WANTS_HOSTS: set[Builder] = set()
+_IDS: dict[str, int] = {}      # algorithm name -> small number carried in call fingerprints
 
 
-def register(primitive: str, name: str, *, default: bool = False):
+def register(primitive: str, name: str, *, default: bool = False, segment: bool = False):
     """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``."""
     def deco(builder: Builder) -> Builder:
-        _REGISTRY[(primitive, name)] = builder
-        if "hosts" in inspect.signature(builder).parameters:
-            _WANTS_HOSTS.add(builder)
+        _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
+                                                 "hosts" in inspect.signature(builder).parameters)
+        _IDS.clear()
         if default:
             _DEFAULT[primitive] = name
         return builder
@@ -45,14 +57,22 @@ def algorithms(primitive: str) -> list[str]:
     return sorted(n for p, n in _REGISTRY if p == primitive)
 
 
-def lookup(primitive: str, name: str | None) -> tuple[str, Builder]:
-    """The builder for ``name`` (the primitive's default when None); KeyError if unknown."""
-    name = name or _DEFAULT[primitive]
-    return name, _REGISTRY[(primitive, name)]
+def lookup(primitive: str, name: str | None) -> Algorithm:
+    """The record of ``name`` (the primitive's default when None); KeyError if unknown."""
+    return _REGISTRY[(primitive, name or _DEFAULT[primitive])]
 
 
-def build(builder: Builder, rank: int, nranks: int, hosts=None, **args) -> Schedule:
-    """Call ``builder``, passing ``hosts`` only to builders that use it."""
-    if builder in _WANTS_HOSTS:
-        return builder(rank, nranks, hosts=hosts, **args)
-    return builder(rank, nranks, **args)
+def default(primitive: str) -> str:
+    return _DEFAULT[primitive]
+
+
+def algorithm_id(name: str) -> int:
+    """A number for ``name``, the same in every process that registered the same algorithms."""
+    if not _IDS:
+        _IDS.update({n: i + 1 for i, n in enumerate(sorted({n for _, n in _REGISTRY}))})
+    return _IDS.get(name, 0)
+
+
+def algorithm_name(ident: int) -> str:
+    algorithm_id("")
+    return next((n for n, i in _IDS.items() if i == ident), f"#{ident}")

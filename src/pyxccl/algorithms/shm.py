@@ -1,73 +1,198 @@
-"""The shared-memory fast path, as schedules.
+"""The one-host fast path ("shm"): segment schedules on the ranks' shared segment.
 
-On one host, pyxccl runs these primitives on a shared segment (fastpath.py):
-each rank writes its data once into its own area and reads what it needs
-from the others' areas. Counted as messages, that is the direct all-pairs
-exchange below: one step, every rank to every rank. These schedules are what
-the checker proves, what the cost model prices and what runs when the fast
-path can't (ranks on several hosts).
+Every rank of a one-host communicator owns a window (its area of the shared
+segment). A round: write my window, publish it, read the windows I need;
+numpy reduces straight on the shared windows, in rank order, so every rank
+gets bit-identical results. A message larger than a window goes in pieces,
+a round each (two for large reductions). From ``Window.single_copy``
+elements on, blocks move by single-copy reads of their owner's own buffer
+(``Post``, then ``Get``s through process_vm_readv), and a last round keeps
+every owner from returning while others still read its buffer.
+
+Every rank runs the same number of rounds (the round counters pair them), so
+a rank with nothing to do in a round still takes part (``Sync`` on itself).
+These schedules are what runs, what the checker proves and what the cost
+model prices.
 """
 from __future__ import annotations
 
-from ..schedule import Copy, Recv, Schedule, Send
-from . import direct
+from typing import NamedTuple
+
+from ..schedule import Copy, Get, Post, Schedule, Sync, offsets, split_counts
 from .registry import register
 
-#: primitive -> name of its fast-path function in fastpath.py
-FAST = {"allreduce": "allreduce", "reduce": "allreduce", "reduce_scatter": "reduce_scatter",
-        "allgather": "allgather", "gather": "allgather", "alltoall": "alltoall", "scatter": "alltoall",
-        "broadcast": "broadcast", "barrier": "barrier"}
+ONESHOT_BYTES = 64 << 10   # up to this, every rank reduces everything: one round, least latency
+CMA_BYTES = 256 << 10      # blocks from this size move by single-copy reads, when the kernel allows them
 
 
-def _reduce_all(s: Schedule, count: int, dst: str, dst_off: int, src_off=lambda p: 0):
-    """dst = tmp block 0 (op) tmp block 1 (op) ... in rank order: the same bits on every rank."""
-    s.step(Copy("tmp", src_off(0), dst, dst_off, count),
-           *(Copy("tmp", src_off(p), dst, dst_off, count, reduce=True) for p in range(1, s.nranks)))
+class Window(NamedTuple):
+    """What the segment offers one call, in elements of its dtype."""
+    elements: int           # one rank's window
+    oneshot: int            # allreduce/reduce up to this count: one round, every rank reduces it all
+    single_copy: int = 0    # blocks of at least this many elements move by single-copy reads (0: never)
+
+    @classmethod
+    def of(cls, area_bytes: int, itemsize: int, cma: bool) -> "Window":
+        return cls(area_bytes // itemsize, ONESHOT_BYTES // itemsize, CMA_BYTES // itemsize if cma else 0)
+
+    def copies_once(self, block: int) -> bool:
+        return 0 < self.single_copy <= block
 
 
-@register("allreduce", "shm")
-def allreduce(rank: int, nranks: int, count: int) -> Schedule:
-    s = Schedule(rank, nranks, scratch=count * nranks)
-    s.step(Copy("in", 0, "tmp", rank * count, count),
-           *(Send(p, "in", 0, count) for p in range(nranks) if p != rank),
-           *(Recv(p, "tmp", p * count, count) for p in range(nranks) if p != rank))
-    _reduce_all(s, count, "out", 0, lambda p: p * count)
+def _new(rank: int, nranks: int, window: Window, per_rank_slots: int = 1) -> Schedule:
+    if window.elements < per_rank_slots:
+        raise ValueError(f"a window of {window.elements} elements holds no slot for each of {nranks} ranks")
+    return Schedule(rank, nranks, segment=True, window=window.elements)
+
+
+def _round(s: Schedule, *ops) -> None:
+    """One round; a rank with nothing to move in it still takes part."""
+    ops = [o for o in ops if o.count > 0]
+    s.steps.append(tuple(ops) or (Sync(s.rank),))
+
+
+def _clip(count: int, a: int, per: int) -> int:
+    """Elements of a ``count``-element block in the piece [a, a+per)."""
+    return max(0, min(count, a + per) - a)
+
+
+def _equal(counts: list[int]) -> int:
+    if len(set(counts)) > 1:
+        raise ValueError("the fast path needs blocks of one size on every rank")
+    return counts[0] if counts else 0
+
+
+def _reduction(rank, n, count, window, root):
+    s = _new(rank, n, window)
+    W, reads = window.elements, root is None or rank == root
+    for a in range(0, count, W):
+        c = min(W, count - a)
+        if c <= window.oneshot or n == 1:
+            _round(s, Copy("in", a, "win", 0, c),
+                   *(Get(p, 0, "out", a, c, reduce=p > 0) for p in range(n) if reads))
+            continue
+        shares = split_counts(c, n)                 # large: every rank reduces its share at once
+        off = offsets(shares)
+        _round(s, Copy("in", a, "win", 0, c))
+        _round(s, *(Get(p, off[rank], "win", 0, shares[rank], reduce=p > 0, prev=True) for p in range(n)),
+               *(Get(p, 0, "out", a + off[p], shares[p]) for p in range(n) if reads))
+    if not s.steps:
+        _round(s)
     return s
 
 
-@register("reduce", "shm")
-def reduce(rank: int, nranks: int, count: int, root: int) -> Schedule:
-    if rank != root:
-        s = Schedule(rank, nranks)
-        s.step(Send(root, "in", 0, count))
+@register("allreduce", "shm", segment=True)
+def allreduce(rank: int, nranks: int, count: int, window: Window) -> Schedule:
+    return _reduction(rank, nranks, count, window, None)
+
+
+@register("reduce", "shm", segment=True)
+def reduce(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
+    return _reduction(rank, nranks, count, window, root)
+
+
+@register("reduce_scatter", "shm", segment=True)
+def reduce_scatter(rank: int, nranks: int, counts: list[int], window: Window) -> Schedule:
+    """Each window holds, per piece, block q's piece at q * per: rank q reads its block from every window."""
+    s = _new(rank, nranks, window, nranks)
+    per, off = window.elements // nranks, offsets(counts)
+    for a in range(0, max(counts, default=0), per):
+        k = _clip(counts[rank], a, per)
+        _round(s, *(Copy("in", off[q] + a, "win", q * per, _clip(counts[q], a, per)) for q in range(nranks)),
+               *(Get(p, rank * per, "out", a, k, reduce=p > 0) for p in range(nranks)))
+    if not s.steps:
+        _round(s)
+    return s
+
+
+def _gathering(rank, n, counts, window, root):
+    """allgather, or gather to ``root``: every rank's block to every rank (the root)."""
+    s, off = _new(rank, n, window), offsets(counts)
+    reads = root is None or rank == root
+    if window.copies_once(max(counts, default=0)):
+        _round(s, Post("in", 0, counts[rank]),
+               *((Copy("in", 0, "out", off[rank], counts[rank]),
+                  *(Get(p, 0, "out", off[p], counts[p]) for p in range(n) if p != rank)) if reads else ()))
+        _round(s, *(Sync(p) for p in range(n) if p != rank and (root is None or p == root)))
         return s
-    s = Schedule(rank, nranks, scratch=count * nranks)
-    s.step(Copy("in", 0, "tmp", rank * count, count),
-           *(Recv(p, "tmp", p * count, count) for p in range(nranks) if p != rank))
-    _reduce_all(s, count, "out", 0, lambda p: p * count)
+    W = window.elements
+    for a in range(0, max(counts, default=0), W):
+        _round(s, Copy("in", a, "win", 0, _clip(counts[rank], a, W)),
+               *(Get(p, 0, "out", off[p] + a, _clip(counts[p], a, W)) for p in range(n) if reads))
+    if not s.steps:
+        _round(s)
     return s
 
 
-# The data-movement primitives' direct schedules are exactly what the fast path does.
-for _prim, _builder in (("reduce_scatter", direct.reduce_scatter), ("allgather", direct.allgather),
-                        ("gather", direct.gather), ("alltoall", direct.alltoall_direct),
-                        ("scatter", direct.scatter)):
-    register(_prim, "shm")(_builder)
+@register("allgather", "shm", segment=True)
+def allgather(rank: int, nranks: int, counts: list[int], window: Window) -> Schedule:
+    return _gathering(rank, nranks, counts, window, None)
 
 
-@register("broadcast", "shm")
-def broadcast(rank: int, nranks: int, count: int, root: int) -> Schedule:
-    s = Schedule(rank, nranks)
-    if rank == root:
-        s.step(*(Send(p, "out", 0, count) for p in range(nranks) if p != root))
-    else:
-        s.step(Recv(root, "out", 0, count))
+@register("gather", "shm", segment=True)
+def gather(rank: int, nranks: int, counts: list[int], root: int, window: Window) -> Schedule:
+    _equal(counts)
+    return _gathering(rank, nranks, counts, window, root)
+
+
+def _dealing(rank, n, send_counts, recv_counts, window, root):
+    """alltoall, or scatter from ``root``: block q of a sender's input to rank q. Blocks have one size,
+    ``most``, on every rank, so a reader finds its block at ``rank * most`` (or ``rank * per`` in a
+    window) knowing only its own counts, and every rank runs the same rounds."""
+    s = _new(rank, n, window, n)
+    most = _equal([c for c in send_counts + recv_counts if root is None or c])
+    senders = range(n) if root is None else [root]
+    soff, roff = offsets(send_counts), offsets(recv_counts)
+    sends = root is None or rank == root
+    if window.copies_once(most):
+        _round(s, *((Post("in", 0, soff[-1]), Copy("in", soff[rank], "out", roff[rank], send_counts[rank]))
+                    if sends else ()),
+               *(Get(p, rank * most, "out", roff[p], recv_counts[p]) for p in senders if p != rank))
+        readers = [p for p in range(n) if p != rank] if sends else []
+        _round(s, *(Sync(p) for p in readers))
+        return s
+    per = window.elements // n
+    for a in range(0, most, per):
+        _round(s, *(Copy("in", soff[q] + a, "win", q * per, _clip(send_counts[q], a, per))
+                    for q in range(n) if sends),
+               *(Get(p, rank * per, "out", roff[p] + a, _clip(recv_counts[p], a, per)) for p in senders))
+    if not s.steps:
+        _round(s)
     return s
 
 
-@register("barrier", "shm")
-def barrier(rank: int, nranks: int) -> Schedule:
-    s = Schedule(rank, nranks, scratch=nranks)
-    s.step(*(Send(p, "tmp", rank, 1) for p in range(nranks) if p != rank),
-           *(Recv(p, "tmp", p, 1) for p in range(nranks) if p != rank))
+@register("alltoall", "shm", segment=True)
+def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], window: Window) -> Schedule:
+    return _dealing(rank, nranks, send_counts, recv_counts, window, None)
+
+
+@register("scatter", "shm", segment=True)
+def scatter(rank: int, nranks: int, counts: list[int], root: int, window: Window) -> Schedule:
+    most = _equal(counts)
+    send = counts if rank == root else [0] * nranks
+    recv = [0] * nranks
+    recv[root] = most
+    return _dealing(rank, nranks, send, recv, window, root)
+
+
+@register("broadcast", "shm", segment=True)
+def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
+    s = _new(rank, nranks, window)
+    if window.copies_once(count):
+        _round(s, Post("out", 0, count) if rank == root else Get(root, 0, "out", 0, count))
+        _round(s, *(Sync(p) for p in range(nranks) if p != rank and rank == root))
+        return s
+    W = window.elements
+    for a in range(0, count, W):
+        c = min(W, count - a)
+        _round(s, Copy("out", a, "win", 0, c) if rank == root else Get(root, 0, "out", a, c))
+    if not s.steps:
+        _round(s)
+    return s
+
+
+@register("barrier", "shm", segment=True)
+def barrier(rank: int, nranks: int, window: Window) -> Schedule:
+    s = _new(rank, nranks, window)
+    _round(s, *(Sync(p) for p in range(nranks)))
     return s

@@ -11,8 +11,8 @@ from .registry import lookup, register
 def allreduce_tree(rank: int, nranks: int, count: int) -> Schedule:
     """Binomial reduce to rank 0, then binomial broadcast: 2 ceil(log2 n) steps, the whole
     vector on every link: good for small messages."""
-    red = lookup("reduce", "binomial")[1](rank, nranks, count=count, root=0)
-    bc = lookup("broadcast", "binomial")[1](rank, nranks, count=count, root=0)
+    red = lookup("reduce", "binomial").build(rank, nranks, count=count, root=0)
+    bc = lookup("broadcast", "binomial").build(rank, nranks, count=count, root=0)
     s = Schedule(rank, nranks, scratch=red.scratch)
     ident = list(range(nranks))
     embed(s, red, ident, {"in": ("in", 0), "out": ("out", 0), "tmp": ("tmp", 0)})

@@ -1,6 +1,7 @@
 """How a benchmark measures, the same for pyxccl and for its peers (MPI, Gloo),
 and the same as ../shared/peers: nccl-tests sizes, per-iteration max over ranks,
-median of the iterations, busbw by nccl-tests' factors."""
+median of the iterations, busbw by nccl-tests' factors (the primitives' sizes
+and factors are those of ``pyxccl.primitives``)."""
 from __future__ import annotations
 
 import re
@@ -8,10 +9,10 @@ import statistics
 
 import numpy as np
 
+from ..primitives import PRIMITIVES as _DESCRIBED
+
+#: The primitives a benchmark sweeps, in nccl-tests' order.
 PRIMITIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall", "gather", "scatter")
-#: Primitives whose size is the whole buffer split over ranks (allgather: output, reduce_scatter: input,
-#: alltoall: one rank's send buffer, gather: root's output, scatter: root's input).
-SPLIT = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 
 
 def parse_size(text: str) -> int:
@@ -41,19 +42,14 @@ def iters_for(nbytes: int) -> tuple[int, int]:
 
 def counts(prim: str, nbytes: int, itemsize: int, n: int) -> tuple[int, int]:
     """(total elements, elements per rank); split primitives give every rank at least one."""
-    total = max(1, nbytes // itemsize)
-    if prim in SPLIT:
-        per = max(1, total // n)
-        return per * n, per
-    return total, total
+    p = _DESCRIBED[prim]
+    args = p.sized(n, max(nbytes, itemsize), itemsize)
+    per = args["count"] if "count" in args else (args.get("counts") or args["send_counts"])[0]
+    return (per * n if p.split else per), per
 
 
 def busbw_factor(prim: str, n: int) -> float:
-    if prim == "allreduce":
-        return 2.0 * (n - 1) / n
-    if prim in SPLIT:
-        return (n - 1) / n
-    return 1.0
+    return _DESCRIBED[prim].busbw_factor(n)
 
 
 def pattern(count: int, dtype) -> np.ndarray:

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 
+from ..primitives import PRIMITIVES
 from . import methodology as M
 
 
@@ -41,9 +42,7 @@ class Case:
             self.expect = (np.tile(M.pattern(self.per, self.dtype), n) + 3 * np.repeat(np.arange(n), self.per)
                            + rank).astype(self.dtype)
         self.ref = self.ref.astype(self.dtype)
-        out_count = {"allreduce": self.total, "reduce": self.total, "broadcast": self.total,
-                     "allgather": self.total, "gather": self.total, "reduce_scatter": self.per,
-                     "scatter": self.per, "alltoall": self.total}[prim]
+        out_count = PRIMITIVES[prim].buffers(root, PRIMITIVES[prim].args(n, self.per, root))[1]   # the root's
         if inplace and prim in ("allgather", "gather"):
             self.recv = np.zeros(self.total, self.dtype)
             self.send = self.recv[rank * self.per:(rank + 1) * self.per]
@@ -117,7 +116,7 @@ def run_pyxccl(comm, prims, sizes, *, dtype="float32", op="sum", algo=None, iter
                     case = Case(prim, nbytes, dtype, comm.rank, comm.size, inplace)
                     times, wrong = time_case(comm, case, lambda c: call_pyxccl(comm, c, op, algo), iters, warmup)
                     part = dict(M.summarize(times, case.nbytes, prim, comm.size), wrong=wrong,
-                                algorithm=comm.last_algorithm)
+                                algorithm=algo or comm.algorithm_for(prim, case.nbytes, case.dtype))
                 if row is None:
                     row = dict(lib="pyxccl", op=prim, n=comm.size, size=case.nbytes, count=case.total,
                                type=case.dtype.name, redop=op if prim in ("allreduce", "reduce",

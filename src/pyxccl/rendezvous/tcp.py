@@ -9,7 +9,7 @@ A blocking ``get`` waits on the server (a condition variable), so clients
 never poll. The server runs one daemon thread per connection; a client that
 sends something outside the protocol, or vanishes, is dropped alone (and
 logged). With ``PYXCCL_SECRET`` set, every connection first passes the job's
-HMAC handshake (``pyxccl.auth``), so only the job's ranks can read or write.
+HMAC handshake (``pyxccl.transport.auth``), so only the job's ranks can read or write.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 
-from .. import auth
+from ..transport import auth
 from .._errors import InvalidArgumentError, RendezvousError
 from .base import Store
 

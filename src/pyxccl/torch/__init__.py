@@ -109,10 +109,11 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         super().__init__(rank, size)
         secs = timeout.total_seconds() if timeout is not None else None
         self.comm = pyxccl.init(rank, size, store=TorchStore(store, secs or 300.0), timeout=secs)
+        self.comm.thread_check = False   # torch orders a group's calls itself, across hooks and callbacks
         # torch runs a Future's then() callbacks on the thread that completes it, and a callback
         # may wait for a later collective (PowerSGD's hook does). Completing futures on the
         # communicator's worker, or on one thread, would deadlock that: a small pool does it.
-        self._completer = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"pyxccl-torch-r{rank}")
+        self._completer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyxccl-torch-completer")
 
     def getBackendName(self) -> str:
         return "pyxccl"

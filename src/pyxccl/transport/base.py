@@ -2,9 +2,10 @@
 
 A transport connects this process to one peer process. Its whole interface:
 
-- ``send(key, dtype_code, payload, deadline)``: send one message (a flat
-  uint8 numpy array), blocking until it no longer needs ``payload``; a message
-  is delivered even when the receiver has not posted its receive yet;
+- ``send(key, dtype_code, payload, deadline, call=None)``: send one message (a
+  flat uint8 numpy array; ``call``: the two fingerprint words of a collective's
+  message), blocking until it no longer needs ``payload``; a message is
+  delivered even when the receiver has not posted its receive yet;
 - incoming messages go to ``mailbox.deliver(...)`` from the transport's own
   thread; a lost connection goes to ``on_lost(peer, exc)``;
 - ``close()``: say goodbye and release everything.
@@ -24,11 +25,11 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from .._errors import CommTimeoutError, ProtocolError
-from ..mailbox import Mailbox, lost_error
+from .mailbox import Mailbox, lost_error
 
 MAGIC = 0x7863          # "xc"
-# magic, kind, dtype code, comm id, tag, seq, total bytes, chunk offset, chunk bytes, aux
-HEADER = struct.Struct("<HBBIiIQQQQ")
+# magic, kind, dtype code, comm id, tag, seq, total bytes, chunk offset, chunk bytes, aux, call (2 words)
+HEADER = struct.Struct("<HBBIiIQQQQQQ")
 DATA, SHM_DATA, CREDIT, GOODBYE, STRIPE = 1, 2, 3, 4, 5
 _KINDS = (DATA, SHM_DATA, CREDIT, GOODBYE, STRIPE)
 MAX_MESSAGE = 1 << 40
@@ -44,7 +45,7 @@ class Peer(ABC):
 
     @abstractmethod
     def send(self, key: tuple[int, int, int], dtype_code: int, payload: np.ndarray,
-             deadline: float) -> None: ...
+             deadline: float, call: tuple[int, int] | None = None) -> None: ...
 
     @abstractmethod
     def close(self) -> None: ...
@@ -122,8 +123,9 @@ class StreamPeer(Peer):
                 f"rank {self.rank}: sending to rank {self.peer} made no progress before the deadline; "
                 f"that rank is stuck or not calling the same operation", rank=self.rank, peer=self.peer)
 
-    def header(self, kind, key=(0, 0, 0), dtype_code=0, total=0, off=0, n=0, aux=0) -> bytes:
-        return HEADER.pack(MAGIC, kind, dtype_code, key[0], key[1], key[2], total, off, n, aux)
+    def header(self, kind, key=(0, 0, 0), dtype_code=0, total=0, off=0, n=0, aux=0, call=None) -> bytes:
+        w0, w1 = call or (0, 0)
+        return HEADER.pack(MAGIC, kind, dtype_code, key[0], key[1], key[2], total, off, n, aux, w0, w1)
 
     # --- receiving -------------------------------------------------------------
     def _recv_loop(self) -> None:
@@ -132,11 +134,11 @@ class StreamPeer(Peer):
             while True:
                 if not recv_exact(self.sock, view):
                     break
-                magic, kind, dcode, comm, tag, seq, total, off, n, aux = self.parse(self._hdr)
+                magic, kind, dcode, comm, tag, seq, total, off, n, aux, w0, w1 = self.parse(self._hdr)
                 if kind == GOODBYE:
                     self.closed_by_peer = True
                     break
-                self._on_frame(kind, dcode, (comm, tag, seq), total, off, n, aux)
+                self._on_frame(kind, dcode, (comm, tag, seq), total, off, n, aux, (w0, w1) if w0 else None)
         except BaseException as e:  # noqa: BLE001  (the thread must report every failure)
             if not self._closing:
                 if isinstance(e, ProtocolError):
@@ -153,7 +155,7 @@ class StreamPeer(Peer):
 
     def parse(self, hdr) -> tuple:
         """A frame header's fields, checked: ProtocolError naming the peer if they cannot be right."""
-        magic, kind, dcode, comm, tag, seq, total, off, n, aux = fields = HEADER.unpack(hdr)
+        magic, kind, dcode, comm, tag, seq, total, off, n, aux, _, _ = fields = HEADER.unpack(hdr)
         if magic != MAGIC or kind not in _KINDS or total > MAX_MESSAGE or off + n > total:
             raise ProtocolError(
                 f"rank {self.rank}: malformed frame from rank {self.peer} (magic {magic:#x}, kind {kind}, "
@@ -164,7 +166,7 @@ class StreamPeer(Peer):
     def _lost(self, why: str):
         return lost_error(self.rank, self.peer, why, self.host)
 
-    def _on_frame(self, kind, dcode, key, total, off, n, aux) -> None:
+    def _on_frame(self, kind, dcode, key, total, off, n, aux, call) -> None:
         raise ProtocolError(f"rank {self.rank}: unexpected frame kind {kind} from rank {self.peer}",
                             rank=self.rank, peer=self.peer)
 

@@ -1,12 +1,17 @@
 """A shared memory segment for the ranks of one communicator on one host.
 
-The fast path of one-host collectives works on it (fastpath.py): every rank
-owns a 64-byte control line (its round counter, a futex word, and flags
-saying who sleeps waiting on it) and two data areas (the current round's and
-the previous round's). A round: wait until everyone finished the round before
-last (its area is about to be reused), write my area, publish my counter,
-wait for the counters I need, read their areas. No locks, no syscalls while
-the peers keep up: a waiter spins briefly, then sleeps on the futex.
+The one-host fast path runs segment schedules on it (``algorithms/shm.py``,
+executed by ``core/onehost.py``): every rank owns a 64-byte control line (its
+round counter, a futex word, and flags saying who sleeps waiting on it), and
+per round parity a 64-byte header (the fingerprint of its call: seq and two
+words; the address and size of a buffer it posted for single-copy reads) and
+a data area, its window. A round: wait until everyone finished the round
+before last (its parity's window and header are about to be reused), write
+my window, publish (header, then counter), wait for the counters I need,
+check the call, read. No locks, no syscalls while the peers keep up: a
+waiter spins briefly, then sleeps on the futex. Readers see a window's data
+and header once they see its counter (stores are not reordered with stores,
+nor loads with loads, on x86-64).
 
 The segment is a ``memfd``: peers open it through /proc/<pid>/fd of the rank
 that made it, so nothing ever has a name in /dev/shm.
@@ -17,16 +22,20 @@ import ctypes
 import mmap
 import os
 import platform
+import struct
 import time
 
 import numpy as np
 
-from .._errors import CommTimeoutError
+from .._errors import CommTimeoutError, ProtocolError
 
 _LINE = 64
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
+SEQ, W0, W1, ADDR, NBYTES = range(5)     # fields of a round header
+_CALL = struct.Struct("<QQQ")            # seq, w0, w1 at the start of a round header
+_U32 = struct.Struct("<I")
 
 
 class _Timespec(ctypes.Structure):
@@ -47,7 +56,8 @@ class HostSegment:
         self.area = area_bytes - area_bytes % _LINE
         self.line = _LINE * ((4 * (nranks + 1) + _LINE - 1) // _LINE)    # counter + a sleep flag per rank
         ctl_bytes = self.line * nranks
-        head = ctl_bytes + 32 * nranks            # + per rank: pid, address, bytes of a posted buffer
+        pids = _LINE * ((16 * nranks + _LINE - 1) // _LINE)
+        head = ctl_bytes + pids + 2 * nranks * _LINE
         size = head + 2 * nranks * self.area
         if fd is None:      # we make it
             fd = os.memfd_create("pyxccl-segment", os.MFD_CLOEXEC)
@@ -60,18 +70,20 @@ class HostSegment:
             os.close(fd)
         buf = np.frombuffer(self._map, np.uint8)
         self.ctl = buf[:ctl_bytes].view(np.uint32).reshape(nranks, self.line // 4)  # [r,0] counter, [r,1+w] sleeps
-        self.posts = buf[ctl_bytes:head].view(np.uint64).reshape(nranks, 4)   # [r] = pid, address, bytes, -
-        self.posts[rank, 0] = os.getpid()
-        self.cma = False          # single-copy reads between the ranks work (set by the communicator)
+        self.pids = buf[ctl_bytes:ctl_bytes + 16 * nranks].view(np.uint64).reshape(nranks, 2)  # pid, an address
+        self.hdr = buf[ctl_bytes + pids:head].view(np.uint64).reshape(2, nranks, _LINE // 8)
+        self._hdr_at = ctl_bytes + pids      # byte offset of the round headers (struct access on the hot path)
         self.data = buf[head:].reshape(2, nranks, self.area)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
-        self.posts[rank, 1] = self._base          # something the others may try to read (cma.works)
+        self.pids[rank] = (os.getpid(), self._base)    # something the others may try to read (cma.works)
+        self.cma = False          # single-copy reads between the ranks work (set by the communicator)
         self.round = 0
+        self._typed: dict = {}
         oversubscribed = nranks > len(os.sched_getaffinity(0))
         self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 50)) * 1e-6
         self.yields = int(os.environ.get("PYXCCL_YIELDS", 20)) if oversubscribed else 0
         self.deadline = 0.0
-        self.who = "fast path"
+        self.who = ("fast path", 0)       # (operation, its sequence number), named in errors
 
     @classmethod
     def open(cls, rank, nranks, area_bytes, owner_pid: int, owner_fd: int) -> "HostSegment":
@@ -82,49 +94,78 @@ class HostSegment:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
-        self.ctl = self.data = None
+        self.ctl = self.data = self.hdr = self.pids = None
+        self._typed.clear()
         try:
             self._map.close()
         except BufferError:
             pass      # a view is still alive; the map goes with it
 
     # --- one round -------------------------------------------------------------------
-    def begin(self) -> np.ndarray:
-        """Start the next round: wait until my area may be reused; return it (uint8)."""
-        self.round = (self.round + 1) & 0xFFFFFFFF
-        prev = (self.round - 1) & 0xFFFFFFFF
+    def begin(self) -> int:
+        """Start the next round: wait until my window of this parity may be reused; return the parity."""
+        prev = self.round
+        self.round = (prev + 1) & 0xFFFFFFFF
+        m, line = self._map, self.line
         for p in range(self.n):
-            if p != self.rank:
+            if p != self.rank and not _ge(_U32.unpack_from(m, p * line)[0], prev):
                 self.wait(p, prev)
-        return self.data[self.round & 1, self.rank]
+        parity = self.round & 1
+        if self.hdr[parity, self.rank, NBYTES]:
+            self.hdr[parity, self.rank, NBYTES] = 0     # nothing posted this round, unless post() says so
+        return parity
 
-    def publish(self) -> None:
-        line = self.ctl[self.rank]
-        line[0] = self.round
-        if line[1:1 + self.n].any():
-            _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + self.rank * self.line), _FUTEX_WAKE,
-                          ctypes.c_int(self.n), None, None, 0)
+    def window(self, parity: int, p: int, dtype: np.dtype) -> np.ndarray:
+        """Rank ``p``'s window of ``parity`` as an array of ``dtype`` (views made once)."""
+        key = (parity, p, dtype)
+        v = self._typed.get(key)
+        if v is None:
+            v = self._typed[key] = self.data[parity, p, :self.area - self.area % dtype.itemsize].view(dtype)
+        return v
 
-    def post(self, arr: np.ndarray) -> None:
-        """Let the others read ``arr`` (this round) straight from this process's memory."""
-        self.posts[self.rank, 1] = arr.ctypes.data
-        self.posts[self.rank, 2] = arr.nbytes
+    def publish(self, seq: int, w0: int, w1: int) -> None:
+        """Make this round's window (and the call's fingerprint) visible: header, then counter."""
+        m, at = self._map, self.rank * self.line
+        _CALL.pack_into(m, self._hdr_at + ((self.round & 1) * self.n + self.rank) * _LINE, seq, w0, w1)
+        _U32.pack_into(m, at, self.round)
+        if any(m[at + 4:at + 4 + 4 * self.n]):      # somebody sleeps on my counter
+            _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + at), _FUTEX_WAKE, ctypes.c_int(self.n),
+                          None, None, 0)
 
-    def read(self, p: int, dst: np.ndarray, offset: int = 0) -> None:
-        """Fill ``dst`` from rank ``p``'s posted buffer, ``offset`` bytes in (single copy)."""
+    def call_of(self, p: int, parity: int) -> tuple[int, int, int]:
+        """The fingerprint (seq, w0, w1) rank ``p`` published for its round of ``parity``."""
+        return _CALL.unpack_from(self._map, self._hdr_at + (parity * self.n + p) * _LINE)
+
+    def post(self, parity: int, arr: np.ndarray) -> None:
+        """Let the others read ``arr`` in this round straight from this process's memory."""
+        h = self.hdr[parity, self.rank]
+        h[ADDR], h[NBYTES] = arr.ctypes.data, arr.nbytes
+
+    def posted(self, p: int, parity: int) -> int:
+        """Bytes rank ``p`` posted in its round of ``parity`` (0: none; read its window)."""
+        return int(self.hdr[parity, p, NBYTES])
+
+    def read(self, p: int, parity: int, dst: np.ndarray, offset: int) -> None:
+        """Fill ``dst`` from the buffer rank ``p`` posted, ``offset`` bytes in (single copy), never
+        outside what ``p`` declared."""
+        h = self.hdr[parity, p]
+        if offset < 0 or offset + dst.nbytes > int(h[NBYTES]):
+            raise ProtocolError(f"rank {self.rank}: {self._who()}: reading bytes {offset}..{offset + dst.nbytes} of "
+                                f"the {int(h[NBYTES])}-byte buffer rank {p} posted: the ranks disagree on sizes",
+                                rank=self.rank, peer=p)
         from .cma import read
-        if dst.nbytes:
-            read(int(self.posts[p, 0]), dst.ctypes.data, int(self.posts[p, 1]) + offset, dst.nbytes)
-
-    def area_of(self, p: int) -> np.ndarray:
-        return self.data[self.round & 1, p]
+        try:
+            read(int(self.pids[p, 0]), dst.ctypes.data, int(h[ADDR]) + offset, dst.nbytes)
+        except OSError as e:
+            raise ProtocolError(f"rank {self.rank}: {self._who()}: reading the buffer rank {p} posted failed ({e}); "
+                                f"that rank freed or changed it during the call", rank=self.rank, peer=p) from None
 
     def wait(self, p: int, target: int | None = None) -> None:
         """Until rank ``p`` has published round ``target`` (default: this round)."""
         target = self.round if target is None else target
-        ctl = self.ctl
-        if _ge(int(ctl[p, 0]), target):
+        if _ge(_U32.unpack_from(self._map, p * self.line)[0], target):
             return
+        ctl = self.ctl
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < self.spin:
             if _ge(int(ctl[p, 0]), target):
@@ -146,9 +187,12 @@ class HostSegment:
             if _ge(int(ctl[p, 0]), target):
                 return
             if time.monotonic() > self.deadline:
-                raise CommTimeoutError(f"rank {self.rank}: {self.who} timed out waiting for rank {p}; that rank "
+                raise CommTimeoutError(f"rank {self.rank}: {self._who()} timed out waiting for rank {p}; that rank "
                                        f"is slow, stuck or did not make the same call", rank=self.rank, peer=p)
             self.check_alive(p)
+
+    def _who(self) -> str:
+        return f"{self.who[0]} (#{self.who[1]} on this communicator)"
 
     def check_alive(self, p: int) -> None:
         """Overridden by the communicator: raise if rank ``p`` is lost."""

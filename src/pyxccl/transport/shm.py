@@ -52,16 +52,16 @@ class ShmPeer(StreamPeer):
         self._free = deque(range(SLOTS))
         self._free_cv = threading.Condition()
 
-    def send(self, key, dtype_code, payload, deadline) -> None:
+    def send(self, key, dtype_code, payload, deadline, call=None) -> None:
         total, sb = payload.nbytes, self.slot_bytes
         if total == 0:
-            self._send_frames([self.header(SHM_DATA, key, dtype_code, 0, 0, 0, 0)], deadline)
+            self._send_frames([self.header(SHM_DATA, key, dtype_code, 0, 0, 0, 0, call)], deadline)
             return
         for off in range(0, total, sb):
             n = min(sb, total - off)
             slot = self._take_slot(deadline)
             np.copyto(self._out[slot * sb: slot * sb + n], payload[off:off + n])
-            self._send_frames([self.header(SHM_DATA, key, dtype_code, total, off, n, slot)], deadline)
+            self._send_frames([self.header(SHM_DATA, key, dtype_code, total, off, n, slot, call)], deadline)
 
     def _take_slot(self, deadline: float) -> int:
         with self._free_cv:
@@ -71,12 +71,12 @@ class ShmPeer(StreamPeer):
                     self._check_deadline(deadline)
             return self._free.popleft()
 
-    def _on_frame(self, kind, dcode, key, total, off, n, aux) -> None:
+    def _on_frame(self, kind, dcode, key, total, off, n, aux, call) -> None:
         if kind == SHM_DATA:
             sb = self.slot_bytes
             if n > sb or aux >= SLOTS:
-                return super()._on_frame(-1, dcode, key, total, off, n, aux)
-            self.mailbox.deliver(self.peer, key, dcode, total, off, self._in[aux * sb: aux * sb + n])
+                return super()._on_frame(-1, dcode, key, total, off, n, aux, call)
+            self.mailbox.deliver(self.peer, key, dcode, total, off, self._in[aux * sb: aux * sb + n], call)
             if n:
                 try:
                     with self._send_lock:
@@ -90,7 +90,7 @@ class ShmPeer(StreamPeer):
                 self._free.append(aux)
                 self._free_cv.notify()
         else:
-            super()._on_frame(kind, dcode, key, total, off, n, aux)
+            super()._on_frame(kind, dcode, key, total, off, n, aux, call)
 
     def _check_deadline(self, deadline: float) -> None:
         if self._closing:

@@ -40,6 +40,7 @@ class TcpPeer(StreamPeer):
         self._scratch = np.empty(_PIECE, np.uint8)
         self._stripe_bytes = int(os.environ.get("PYXCCL_STRIPE_BYTES", STRIPE_BYTES))
         self._lanes = [_Lane(self, s, i + 1) for i, s in enumerate(lanes)]
+        self.connections = 1 + len(self._lanes)
         self._order = threading.Lock()      # stripes of one message go out in the same order on every lane
         self._sent = 0                      # numbers the striped messages we send
         self._striped: dict[int, list] = {}  # message number -> [target, stripes still to fill]
@@ -51,10 +52,10 @@ class TcpPeer(StreamPeer):
             lane.start()
 
     # --- sending ---------------------------------------------------------------------
-    def send(self, key, dtype_code, payload, deadline) -> None:
+    def send(self, key, dtype_code, payload, deadline, call=None) -> None:
         n = payload.nbytes
         if not self._lanes or n < self._stripe_bytes:
-            self._send_frames([self.header(DATA, key, dtype_code, n, 0, n), payload], deadline)
+            self._send_frames([self.header(DATA, key, dtype_code, n, 0, n, 0, call), payload], deadline)
             return
         k = len(self._lanes) + 1
         cuts = [min(n, (n * i // k) // _ALIGN * _ALIGN) for i in range(k)] + [n]
@@ -63,20 +64,20 @@ class TcpPeer(StreamPeer):
             m = self._sent
             jobs = [lane.post([self.header(STRIPE, key, dtype_code, n, a, b - a, m), payload[a:b]], deadline)
                     for lane, a, b in zip(self._lanes, cuts[1:], cuts[2:])]
-            self._send_frames([self.header(DATA, key, dtype_code, n, 0, cuts[1], m), payload[:cuts[1]]],
+            self._send_frames([self.header(DATA, key, dtype_code, n, 0, cuts[1], m, call), payload[:cuts[1]]],
                               deadline)
         for job in jobs:
             job.wait()
 
     # --- receiving -------------------------------------------------------------------
-    def _on_frame(self, kind, dcode, key, total, off, n, aux) -> None:
+    def _on_frame(self, kind, dcode, key, total, off, n, aux, call) -> None:
         if kind != DATA:
-            return super()._on_frame(kind, dcode, key, total, off, n, aux)
+            return super()._on_frame(kind, dcode, key, total, off, n, aux, call)
         if not aux:
-            self.mailbox.deliver_from(self.peer, key, dcode, total, off, n, self._read, self._scratch)
+            self.mailbox.deliver_from(self.peer, key, dcode, total, off, n, self._read, self._scratch, call)
             return
         # The first stripe of message `aux`: match the whole message now, then let the lanes in.
-        target = self.mailbox.target(self.peer, key, dcode, total, 0, total)
+        target = self.mailbox.target(self.peer, key, dcode, total, 0, total, call)
         with self._striped_cv:
             self._striped[aux] = [target, len(self._lanes)]
             self._striped_cv.notify_all()
@@ -138,9 +139,9 @@ class _Lane:
         view, owner = memoryview(self._hdr), self.owner
         try:
             while recv_exact(self.sock, view):
-                _, kind, dcode, comm, tag, seq, total, off, n, m = owner.parse(view)
+                _, kind, dcode, comm, tag, seq, total, off, n, m, _, _ = owner.parse(view)
                 if kind != STRIPE:
-                    return owner._on_frame(kind, dcode, (comm, tag, seq), total, off, n, m)  # ProtocolError
+                    return owner._on_frame(kind, dcode, (comm, tag, seq), total, off, n, m, None)  # ProtocolError
                 target = owner._stripe_target(m)
                 owner.mailbox.fill(owner.peer, (comm, tag, seq), target, off, n,
                                    lambda v: recv_into_all(self.sock, v), self._scratch)

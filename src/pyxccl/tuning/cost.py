@@ -10,6 +10,10 @@ can't complete before the sender sent it. On a host with more ranks than
 cores every CPU cost (per-message overheads, copies, reductions,
 shared-memory transfers) stretches by ranks/cores.
 
+Segment schedules (the one-host fast path) are priced by the same walk: a
+round's window becomes readable after the measured round latency, and the
+copies and reductions on windows cost what copies and reductions cost.
+
 The model's answer for a collective is the time of the slowest rank.
 """
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..schedule import Copy, Recv, Schedule, Send
+from ..schedule import Copy, Get, Post, Recv, Schedule
+from ..walk import Semantics, walk
 
 
 SOCKET_BUFFER = 4 << 20     # bytes a TCP send hands to the kernel before it waits for the wire
@@ -55,112 +60,127 @@ class Machine:
         return cls({k: Link(*v) for k, v in d["links"].items()}, d["gamma"], d["copy"], d["cores"])
 
 
-
-
 @dataclass
 class Estimate:
     time: float           # seconds, slowest rank
     steps: int            # most steps of any rank
-    bytes_sent: int       # most bytes sent by any rank
+    bytes_sent: int       # most bytes sent (or published) by any rank
+
+
+class _Timing(Semantics):
+    """Time instead of data: each rank's clock, messages carrying their arrival time, windows the
+    time they become readable."""
+
+    def __init__(self, scheds, itemsize, machine, klass, stretch, hosts):
+        n = len(scheds)
+        self.itemsize, self.m, self.klass, self.stretch, self.hosts = itemsize, machine, klass, stretch, hosts
+        self.seg = scheds[0].segment if scheds else False
+        self.half = machine.link("seg").alpha / 2 if self.seg else 0.0
+        self.up: dict = {}          # host -> time its outgoing link is free (class "tcp" only)
+        self.down: dict = {}
+        self.clock = [0.0] * n
+        self.chan: dict[tuple[int, int], deque] = {}
+        self.cur = [-1] * n                        # the step whose sends and receives are being timed
+        self.t, self.recv_free, self.out_done, self.sent = [0.0] * n, [0.0] * n, [0.0] * n, [0] * n
+        self.published = [-1] * n
+        self.visible: dict[tuple[int, int], float] = {}     # (rank, round) -> when others can read its window
+
+    def _enter(self, r, k) -> None:
+        if self.cur[r] != k:        # local operations are done: time the rest of the step from here
+            self.cur[r] = k
+            self.t[r] = self.recv_free[r] = self.out_done[r] = self.clock[r]
+
+    def _work(self, r, count, reduce) -> float:
+        return count * self.itemsize * (self.m.gamma if reduce else self.m.copy) * self.stretch[r]
+
+    def begin(self, r, k):
+        if k and any(p < k - 1 for p in self.published):
+            return False
+        if k:
+            self.clock[r] = max([self.clock[r]] + [self.visible[(p, k - 1)] for p in range(len(self.clock))
+                                                   if p != r])
+        return True
+
+    def local(self, r, k, o):
+        if type(o) is Post:
+            self.sent[r] += o.count * self.itemsize
+            return
+        self.clock[r] += self._work(r, o.count, o.reduce)
+        if type(o) is Copy and o.dst == "win":
+            self.sent[r] += o.count * self.itemsize
+
+    def send(self, r, k, o):
+        self._enter(r, k)
+        f, kl = self.stretch[r], self.klass(r, o.peer)
+        link = self.m.link(kl)
+        nb = o.count * self.itemsize
+        t = self.t[r] + link.alpha / 2 * f
+        if kl == "tcp" and self.hosts is not None:
+            # the wire runs on after the kernel took the data: the sender waits only until what is
+            # left fits in the socket buffer
+            hs, hd = self.hosts[r], self.hosts[o.peer]
+            arrive = max(t, self.up.get(hs, 0.0), self.down.get(hd, 0.0)) + nb * link.beta
+            self.up[hs] = self.down[hd] = arrive
+            t = max(t, arrive - min(nb, SOCKET_BUFFER) * link.beta)
+        else:
+            t += nb * link.beta * (f if kl == "shm" else 1.0)
+            arrive = t
+        self.t[r] = t
+        self.sent[r] += nb
+        self.chan.setdefault((r, o.peer), deque()).append((arrive, link.alpha / 2 * f))
+
+    def publish(self, r, k):
+        self.clock[r] += self.half
+        self.visible[(r, k)] = self.clock[r] + self.half
+        self.published[r] = k
+
+    def agree(self, r):
+        if any(p < 0 for p in self.published):
+            return False
+        self.clock[r] = max([self.clock[r]] + [self.visible[(p, 0)] for p in range(len(self.clock)) if p != r])
+        return True
+
+    def take(self, r, k, o):
+        if type(o) is Recv:
+            self._enter(r, k)
+            q = self.chan.get((o.peer, r))
+            if not q:
+                return False
+            arrive, overhead = q.popleft()
+            done = max(self.recv_free[r], arrive) + overhead       # receives are handled one by one
+            self.recv_free[r] = done
+            if o.reduce:
+                done += o.count * self.itemsize * self.m.gamma * self.stretch[r]
+            self.out_done[r] = max(self.out_done[r], done)
+            return True
+        if self.published[o.peer] < k:
+            return False
+        if o.peer != r:
+            self.clock[r] = max(self.clock[r], self.visible[(o.peer, k)])
+        if type(o) is Get:
+            self.clock[r] += self._work(r, o.count, o.reduce)
+        return True
+
+    def end(self, r, k):
+        if not self.seg:
+            self._enter(r, k)
+            self.clock[r] = max(self.out_done[r], self.t[r])
 
 
 def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, stretch: list[float],
              hosts: list | None = None) -> Estimate:
-    """Model the run of ``scheds`` (one per rank).
+    """Model the run of ``scheds`` (one per rank) through the walker.
 
     ``klass(a, b)`` is the link class between ranks a and b; ``stretch[r]`` the
     CPU oversubscription factor of rank r's host (>= 1). With ``hosts`` (the host
     of each rank), messages between hosts share their hosts' network links: a
     host's outgoing messages cross its link one after another, and so do its
     incoming ones (which is what makes combining a host's traffic pay).
+    Segment schedules: publishing a round costs half the measured round latency
+    ("seg" alpha) and the window becomes readable the other half later; copies
+    and reductions from windows cost their per-byte rates.
     """
-    n = len(scheds)
-    up: dict = {}                  # host -> time its outgoing link is free (class "tcp" only)
-    down: dict = {}
-    clock = [0.0] * n
-    chan: dict[tuple[int, int], deque] = {}
-    pc, entered, got, sent = [0] * n, [False] * n, [0] * n, [0] * n
-    out_done, recv_free = [0.0] * n, [0.0] * n
-    progress = True
-    while progress:
-        progress = False
-        for r in range(n):
-            steps = scheds[r].steps
-            while pc[r] < len(steps):
-                step, f = steps[pc[r]], stretch[r]
-                if not entered[r]:
-                    t = clock[r]
-                    for o in step:
-                        if type(o) is Copy:
-                            t += o.count * itemsize * (machine.gamma if o.reduce else machine.copy) * f
-                    clock[r] = t
-                    for o in step:
-                        if type(o) is Send:
-                            k = klass(r, o.peer)
-                            link = machine.link(k)
-                            nb = o.count * itemsize
-                            t += link.alpha / 2 * f
-                            if k == "tcp" and hosts is not None:
-                                # the wire runs on after the kernel took the data: the sender waits
-                                # only until what is left fits in the socket buffer
-                                hs, hd = hosts[r], hosts[o.peer]
-                                arrive = max(t, up.get(hs, 0.0), down.get(hd, 0.0)) + nb * link.beta
-                                up[hs] = down[hd] = arrive
-                                t = max(t, arrive - min(nb, SOCKET_BUFFER) * link.beta)
-                            else:
-                                t += nb * link.beta * (f if k == "shm" else 1.0)
-                                arrive = t
-                            sent[r] += nb
-                            chan.setdefault((r, o.peer), deque()).append((arrive, link.alpha / 2 * f))
-                    out_done[r], entered[r], got[r] = t, True, 0
-                    recv_free[r] = clock[r]
-                    progress = True
-                recvs = [o for o in step if type(o) is Recv]
-                while got[r] < len(recvs):
-                    o = recvs[got[r]]
-                    q = chan.get((o.peer, r))
-                    if not q:
-                        break
-                    arrive, overhead = q.popleft()
-                    done = max(recv_free[r], arrive) + overhead      # receives are handled one by one
-                    recv_free[r] = done
-                    if o.reduce:
-                        done += o.count * itemsize * machine.gamma * f
-                    out_done[r] = max(out_done[r], done)
-                    got[r] += 1
-                    progress = True
-                if got[r] < len(recvs):
-                    break
-                clock[r] = out_done[r]
-                pc[r] += 1
-                entered[r] = False
-    return Estimate(max(clock, default=0.0), max((len(s.steps) for s in scheds), default=0), max(sent, default=0))
-
-
-def fast_estimate(primitive: str, n: int, nbytes: int, machine: Machine, stretch: float, area: int,
-                  oneshot: int) -> Estimate:
-    """The one-host fast path (fastpath.py), which moves data by rounds on a shared segment:
-    ``alpha`` of link class "seg" per round, copies at ``copy``, reductions at ``gamma``,
-    CPU costs stretched when the host has more ranks than cores."""
-    a = machine.link("seg").alpha
-    c, g = machine.copy * stretch, machine.gamma * stretch
-    B, per_rank = nbytes, nbytes / n
-
-    def rounds(span):
-        return max(1, -(-int(span) // area)) if span else 0
-    if primitive in ("allreduce", "reduce"):
-        if B <= oneshot:
-            t = rounds(B) * a + 2 * B * c + (n - 1) * B * g
-        else:
-            t = 2 * rounds(B) * a + 2 * B * c + (n - 1) * per_rank * g
-    elif primitive == "reduce_scatter":
-        t = rounds(B) * a + B * c + per_rank * c + (n - 1) * per_rank * g
-    elif primitive in ("allgather", "gather"):
-        t = rounds(per_rank) * a + per_rank * c + B * c
-    elif primitive in ("alltoall", "scatter"):
-        t = rounds(B) * a + 2 * B * c
-    elif primitive == "broadcast":
-        t = rounds(B) * a + 2 * B * c
-    else:
-        t = a
-    return Estimate(t, max(1, rounds(B)), int(B))
+    sem = _Timing(scheds, itemsize, machine, klass, stretch, hosts)
+    walk(scheds, sem)
+    return Estimate(max(sem.clock, default=0.0), max((len(s.steps) for s in scheds), default=0),
+                    max(sem.sent, default=0))

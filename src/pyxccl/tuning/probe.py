@@ -63,23 +63,20 @@ def _pingpong(comm, peer: int, lead: bool) -> Link:
 
 
 def _rounds(comm) -> Link:
-    """Latency of one round of the shared-segment fast path (a barrier on it)."""
-    from ..fastpath import barrier
-    seg = comm._seg
-    seg.deadline = time.monotonic() + comm.timeout
+    """Latency of one round of the one-host fast path (its barrier)."""
     for _ in range(5):
-        barrier(seg)
+        comm.barrier(algorithm="shm")
     t = time.perf_counter()
     for _ in range(50):
-        barrier(seg)
-    alpha = (time.perf_counter() - t) / 50
-    return Link(alpha, 0.0)
+        comm.barrier(algorithm="shm")
+    return Link((time.perf_counter() - t) / 50, 0.0)
 
 
 def measure(comm, classes: dict[str, int]) -> Machine:
     """Collective: rank 0 probes one peer of each class in ``classes`` (class -> peer rank);
     returns the same Machine on every rank."""
-    if comm._seg is not None:
+    segment = "shm" in comm.algorithms("barrier")
+    if segment:
         classes = dict(classes, seg=-1)      # measured below, with every rank taking part
     known, complete = None, False
     if comm.rank == 0:
@@ -105,7 +102,7 @@ def measure(comm, classes: dict[str, int]) -> Machine:
             continue
         if comm.rank in (0, peer):
             links[klass] = _pingpong(comm, peer if comm.rank == 0 else 0, comm.rank == 0)
-    if comm._seg is not None and "seg" not in links:
+    if segment and "seg" not in links:
         links["seg"] = _rounds(comm)
     comm.barrier()
     m = Machine(links, gamma, copy, len(os.sched_getaffinity(0)))

@@ -1,55 +1,43 @@
-"""The tuner: for a call, model every registered algorithm on this communicator's
+"""The tuner: for a call, model every algorithm that can run on this communicator's
 topology and take the cheapest (NCCL's argmin over a cost table, but the table
-comes from the schedules). Choices are cached per size bucket (powers of two)."""
+comes from the schedules, walked by the cost model). Choices are cached per size
+bucket (powers of two)."""
 from __future__ import annotations
 
 import logging
 
 from .. import algorithms
 from ..algorithms import registry
-from .cost import Estimate, Machine, estimate, fast_estimate
+from ..algorithms.shm import Window
+from ..primitives import PRIMITIVES
+from .cost import Estimate, Machine, estimate
 
 log = logging.getLogger("pyxccl")
 
 
-def representative_args(primitive: str, n: int, count: int) -> dict:
-    """Builder arguments for a ``count``-element call (nccl-tests sizes: the full buffer)."""
-    per = max(1, count // n) if count else 0
-    if primitive == "allreduce":
-        return dict(count=count)
-    if primitive in ("broadcast", "reduce"):
-        return dict(count=count, root=0)
-    if primitive in ("allgather", "reduce_scatter"):
-        return dict(counts=[per] * n)
-    if primitive in ("gather", "scatter"):
-        return dict(counts=[per] * n, root=0)
-    if primitive == "alltoall":
-        return dict(send_counts=[per] * n, recv_counts=[per] * n)
-    return {}
-
-
 class Tuner:
     def __init__(self, nranks: int, hosts: list[int], klass, machine: Machine, cores: list[int],
-                 fast_area: int = 0):
-        """``fast_area``: bytes per rank area of the one-host fast path (0: no fast path here)."""
+                 segment: tuple[int, bool] | None = None):
+        """``segment``: (bytes of a rank's window, single-copy reads work) of the one-host fast path,
+        or None where there is none."""
         self.n, self.hosts, self.klass, self.machine = nranks, hosts, klass, machine
-        self.fast_area = fast_area
+        self.segment = segment
         per_host = {h: hosts.count(h) for h in set(hosts)}
         self.stretch = [max(1.0, per_host[hosts[r]] / max(1, cores[r])) for r in range(nranks)]
         self._cache: dict[tuple, str] = {}
 
+    def usable(self, algo: registry.Algorithm) -> bool:
+        return self.segment is not None or not algo.segment
+
     def model(self, primitive: str, name: str, nbytes: int, itemsize: int = 4) -> Estimate | None:
-        """The model's estimate for ``name`` (None if the algorithm can't run this call)."""
-        if name == "shm":
-            if not self.fast_area:
-                return None
-            from ..fastpath import ONESHOT_BYTES
-            return fast_estimate(primitive, self.n, nbytes, self.machine, max(self.stretch), self.fast_area,
-                                 ONESHOT_BYTES)
-        builder = registry.lookup(primitive, name)[1]
-        args = representative_args(primitive, self.n, nbytes // itemsize)
+        """The model's estimate for ``name`` (None if the algorithm can't run this call here)."""
+        algo = registry.lookup(primitive, name)
+        if not self.usable(algo):
+            return None
+        args = PRIMITIVES[primitive].sized(self.n, nbytes, itemsize)
+        window = Window.of(self.segment[0], itemsize, self.segment[1]) if algo.segment else None
         try:
-            scheds = [registry.build(builder, r, self.n, hosts=self.hosts, **args) for r in range(self.n)]
+            scheds = [algo.schedule(r, self.n, hosts=self.hosts, window=window, **args) for r in range(self.n)]
         except ValueError:
             return None
         return estimate(scheds, itemsize, self.machine, self.klass, self.stretch, self.hosts)

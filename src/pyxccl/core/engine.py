@@ -1,10 +1,13 @@
-"""The engine: one ordered worker per communicator (its "communication stream"),
-Work handles, and the executor that runs a Schedule on the transports.
+"""The engine: one ordered worker per communicator (its "communication stream")
+and Work handles.
 
 Operations of a communicator run in the order they were issued. An async
 operation is queued for the worker; a blocking one runs on the caller's thread
 when nothing is queued ahead of it (saving two thread switches on the hot
-path) and is queued otherwise. Either way an execution lock keeps them in order.
+path) and is queued otherwise. A call takes its sequence number and its place
+in line under one lock (``Engine.lock``), so two threads issuing on one
+communicator run in the order of their numbers; an execution lock keeps them
+from overlapping.
 """
 from __future__ import annotations
 
@@ -12,13 +15,8 @@ import queue
 import threading
 import time
 
-import numpy as np
-
-from ._errors import CommAbortedError, CommError, CommTimeoutError, PyxcclError
-from .dtypes import DTYPE_CODE
-from .mailbox import RecvRequest
-from .ops import reducer
-from .schedule import Copy, Recv, Schedule, Send
+from .._errors import CommAbortedError, CommTimeoutError, PyxcclError
+from ..transport.mailbox import RecvRequest
 
 
 class Work:
@@ -29,8 +27,9 @@ class Work:
     >>> w.wait()
     """
 
-    def __init__(self, op: str, seq: int, rank: int, deadline: float):
+    def __init__(self, op: str, seq: int, rank: int, deadline: float, algorithm: str | None = None):
         self.op, self.seq, self._rank, self._deadline = op, seq, rank, deadline
+        self.algorithm = algorithm            # the algorithm a collective runs
         self._ran = threading.Event()
         self._exc: BaseException | None = None
         self._result = None
@@ -121,11 +120,8 @@ class Work:
             f"the deadline with timeout= or PYXCCL_TIMEOUT", rank=self._rank, peer=peer, op=self.op, seq=self.seq)
 
 
-_QUEUED = object()
-
-
 class _Call:
-    """What an inline call's function sees of its Work: the sequence number."""
+    """What an inline call's function sees of its Work: the sequence number and its receives."""
     __slots__ = ("seq", "_recvs", "_cancel")
 
     def __init__(self, seq: int):
@@ -133,57 +129,51 @@ class _Call:
 
 
 class Engine:
-    """The ordered worker of one communicator."""
+    """The ordered worker of one communicator.
+
+    Under ``lock`` a caller takes its numbers, then either ``claim()``s the engine to run its
+    call inline (when nothing is queued or running; then ``release()`` after) or ``enqueue``s it.
+    """
 
     def __init__(self, name: str):
+        self.lock = threading.Lock()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
         self._exec = threading.Lock()
         self._pending = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def try_inline(self, fn, arg):
-        """Run ``fn(arg)`` now on this thread if nothing is queued or running; else return
-        ``_QUEUED`` without running it. The blocking hot path: no Work, no thread switch."""
-        with self._lock:
-            if self._pending:
-                return _QUEUED
-            self._pending = 1
-        try:
-            with self._exec:
-                return fn(arg)
-        finally:
-            with self._lock:
-                self._pending -= 1
+    def claim(self) -> bool:
+        """(Holding ``lock``.) True, and the engine is this caller's until ``release()``, if idle."""
+        if self._pending:
+            return False
+        self._pending = 1
+        self._exec.acquire()        # at most a moment: the worker is past its last item
+        return True
 
-    def submit(self, fn, work: Work, *, async_op: bool) -> Work:
-        with self._lock:
-            inline = not async_op and self._pending == 0
-            self._pending += 1
-        if inline:
-            with self._exec:
-                self._run(fn, work)
-        else:
-            self._q.put((fn, work))
-        return work
+    def release(self) -> None:
+        self._exec.release()
+        with self.lock:
+            self._pending -= 1
 
-    def _run(self, fn, work: Work) -> None:
-        try:
-            work._finish(fn(work))
-        except BaseException as e:  # noqa: BLE001  (handed to the caller through Work)
-            work._finish(exc=e)
-        finally:
-            with self._lock:
-                self._pending -= 1
+    def enqueue(self, fn, work: Work) -> None:
+        """(Holding ``lock``.) Run ``fn(work)`` on the worker after everything issued before."""
+        self._pending += 1
+        self._q.put((fn, work))
 
     def _loop(self) -> None:
         while True:
             item = self._q.get()
             if item is None:
                 return
+            fn, work = item
             with self._exec:
-                self._run(*item)
+                try:
+                    work._finish(fn(work))
+                except BaseException as e:  # noqa: BLE001  (handed to the caller through Work)
+                    work._finish(exc=e)
+            with self.lock:
+                self._pending -= 1
 
     def stop(self) -> None:
         self._q.put(None)
@@ -200,48 +190,3 @@ def annotate(err: BaseException, op: str, seq: int, rank: int) -> BaseException:
     if isinstance(err, CommAbortedError):
         return CommAbortedError(msg, cause=err.cause, **kw)
     return type(err)(msg, **kw)
-
-
-def run_schedule(comm, s: Schedule, bufs: dict, *, op, key, opname: str, seq: int, deadline: float) -> None:
-    """Run rank ``s.rank``'s steps; ``bufs`` maps buffer names to flat typed arrays."""
-    reduce = reducer(op) if op is not None else None
-    mailbox, to_world = comm._mesh.mailbox, comm._world_ranks
-    dcode = DTYPE_CODE[next(iter(bufs.values())).dtype]
-    for step in s.steps:
-        reqs = []
-        for o in step:
-            if type(o) is Copy:
-                src = bufs[o.src][o.src_off:o.src_off + o.count]
-                dst = bufs[o.dst][o.dst_off:o.dst_off + o.count]
-                if o.reduce:
-                    reduce(dst, src)
-                elif src.ctypes.data != dst.ctypes.data:   # an in-place call copies nothing
-                    np.copyto(dst, src)
-        for o in step:
-            if type(o) is Recv:
-                req = RecvRequest(to_world[o.peer], key, bufs[o.buf][o.off:o.off + o.count],
-                                  reduce if o.reduce else None, opname)
-                comm._track(req)
-                mailbox.post(req)
-                reqs.append(req)
-        try:
-            for o in step:
-                if type(o) is Send:
-                    comm._peer(o.peer).send(key, dcode, bufs[o.buf][o.off:o.off + o.count].view(np.uint8),
-                                            deadline)
-            for req in reqs:
-                if not req.event.wait(max(0.0, deadline - time.monotonic())):
-                    raise CommTimeoutError(
-                        f"rank {comm.rank}: {opname} (#{seq} on this communicator) timed out waiting for "
-                        f"rank {comm._from_world(req.peer)}; that rank is slow, stuck or did not call "
-                        f"{opname}: check its output, or raise the deadline with timeout= or PYXCCL_TIMEOUT",
-                        rank=comm.rank, peer=comm._from_world(req.peer), op=opname, seq=seq)
-                if req.error is not None:
-                    raise req.error
-        except CommError:
-            for req in reqs:
-                mailbox.cancel(req)
-            raise
-        finally:
-            for req in reqs:
-                comm._untrack(req)

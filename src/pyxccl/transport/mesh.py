@@ -7,7 +7,7 @@ shared memory when both ranks report the same host identity, TCP otherwise
 (``PYXCCL_TRANSPORT=tcp|shm|auto`` forces one). All communicators split from
 the world share the mesh; messages carry the communicator id.
 
-Every connection starts with the job's HMAC handshake (``pyxccl.auth``): a
+Every connection starts with the job's HMAC handshake (``pyxccl.transport.auth``): a
 connection that fails it is logged and dropped, and never reaches a
 transport. Listening sockets bind to this rank's chosen address only.
 """
@@ -22,11 +22,11 @@ import threading
 import time
 
 from . import auth
-from ._errors import InvalidArgumentError, RendezvousError
+from .._errors import InvalidArgumentError, RendezvousError
 from .mailbox import Mailbox
 from .topology import host_id, local_address, numa_node
-from .transport.shm import ShmPeer
-from .transport.tcp import TcpPeer
+from .shm import ShmPeer
+from .tcp import TcpPeer
 
 _HANDSHAKE_SECONDS = 10.0     # a connection that has not proved itself by then is dropped
 
@@ -38,24 +38,33 @@ class SelfPeer:
     def __init__(self, rank: int, mailbox: Mailbox):
         self.rank, self.mailbox = rank, mailbox
 
-    def send(self, key, dtype_code, payload, deadline) -> None:
-        self.mailbox.deliver(self.rank, key, dtype_code, payload.nbytes, 0, payload)
+    def send(self, key, dtype_code, payload, deadline, call=None) -> None:
+        self.mailbox.deliver(self.rank, key, dtype_code, payload.nbytes, 0, payload, call)
 
     def close(self) -> None:
         pass
 
 
 class Mesh:
+    """This process's connections, and the communicators that use them.
+
+    A communicator's context registers with ``attach`` and is told of a lost peer
+    (``peer_lost(world_rank, error)``) and of errors found in its calls by this rank's
+    receiver threads or by another rank (``failed(error, remote)``): the mesh never
+    looks inside it.
+    """
+
     def __init__(self, rank: int, size: int):
         self.rank, self.size = rank, size
         self.mailbox = Mailbox(rank)
+        self.mailbox.on_comm_error = self._comm_error
         self.peers: dict[int, object] = {rank: SelfPeer(rank, self.mailbox)}
         self.hosts: list[str] = []
         self.cores: list[int] = [len(os.sched_getaffinity(0))]
         self.numa: list[int] = [numa_node()]
         self.kinds: list[list[str]] = []    # transport kind between every pair of world ranks
         self.machine = None                 # link figures, once measured (tuning.probe)
-        self.comms: set = set()
+        self._contexts: dict[int, object] = {}     # communicator id -> its context
         self._graceful: set[int] = set()
         self._closed = False
 
@@ -69,14 +78,25 @@ class Mesh:
     def graceful(self, peer) -> bool:
         return peer in self._graceful
 
+    def attach(self, comm_id: int, ctx) -> None:
+        self._contexts[comm_id] = ctx
+
+    def detach(self, comm_id: int) -> None:
+        self._contexts.pop(comm_id, None)
+        self.mailbox.calls(comm_id, None)
+
     def on_lost(self, peer: int, err: BaseException, graceful: bool = False) -> None:
         if graceful:
             self._graceful.add(peer)
         self.mailbox.peer_lost(peer, err)
         if not graceful:
-            for c in list(self.comms):
-                if peer in c._world_ranks:
-                    c._abort(err)
+            for ctx in list(self._contexts.values()):
+                ctx.peer_lost(peer, err)
+
+    def _comm_error(self, comm_id: int, err: BaseException, remote: bool) -> None:
+        ctx = self._contexts.get(comm_id)
+        if ctx is not None:
+            ctx.failed(err, remote)
 
     def close(self) -> None:
         if self._closed:

@@ -8,7 +8,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from ._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError
 
 
 def host_id() -> str:

@@ -1,0 +1,310 @@
+"""The context of a communicator: everything below the public API.
+
+A ``Communicator`` (comm.py) checks a call's arguments and describes it; its
+``Context`` runs it: the ranks in the mesh and the links between them, the
+sequence numbers, the failure state, the ordered engine, the one-host
+segment, the tuner and the plans. The mesh reaches a context through two
+methods, ``peer_lost`` and ``failed``; nothing here reads the Communicator.
+
+Failure: a collective that fails (timeout, lost peer, mismatch) leaves the
+ranks out of step, so it aborts the communicator: what is in flight fails,
+later calls are refused, and the other ranks are told (an ``ABORT`` message
+with the reason) so that they fail within milliseconds instead of at their
+deadlines. A lost peer needs no telling: every rank sees its connection end.
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+import zlib
+
+import numpy as np
+
+from .._errors import (CollectiveMismatchError, CommAbortedError, CommClosedError, CommError, InvalidArgumentError,
+                       PeerLostError, ProtocolError)
+from ..algorithms import registry
+from ..dtypes import DTYPE_CODE
+from ..primitives import describe_words, differences
+from ..transport.mailbox import ABORT, ABORT_MISMATCH, RecvRequest
+from .engine import Engine, Work, _Call, annotate
+from .plan import Planner
+
+_RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
+
+
+class Context:
+    def __init__(self, mesh, world_ranks: list[int], comm_id: int, timeout: float, parent: "Context | None" = None):
+        self.mesh, self.mailbox = mesh, mesh.mailbox
+        self.world_ranks = list(world_ranks)
+        self._to_comm = {w: i for i, w in enumerate(self.world_ranks)}
+        self.id = comm_id
+        self.rank, self.size = self._to_comm[mesh.rank], len(self.world_ranks)
+        self.timeout = timeout
+        host_index = {h: i for i, h in enumerate(dict.fromkeys(mesh.hosts[w] for w in self.world_ranks))}
+        self.hosts = [host_index[mesh.hosts[w]] for w in self.world_ranks]    # host index of every rank
+        self.seq = 0              # every call
+        self.coll_seq = 0         # collectives (their messages' key)
+        self.closed = False
+        self.error: BaseException | None = None
+        self.splits = 0           # split() calls made (each child's id depends on it)
+        self.store = None         # the rendezvous store init() made, closed with the world
+        self.thread_check = True  # fingerprints name the issuing thread
+        self._threads: dict = {}  # thread -> (its name, its name in fingerprints, their digest)
+        self.segment = None       # the one-host fast path's HostSegment (onehost.attach_segment)
+        self.tuner = None
+        self.parent, self.children = parent, []
+        self.plans = Planner(self)
+        self.engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
+        self._lock = threading.Lock()
+        self._inflight: set[RecvRequest] = set()
+        self._calls: dict[int, tuple] = {}      # collective seq -> (Call, words), the last few
+        self._scratch = np.empty(0, np.uint8)
+        self._telling: threading.Thread | None = None
+        mesh.attach(comm_id, self)
+        self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
+        if parent is not None:
+            parent.children.append(self)
+
+    # --- ranks and links -------------------------------------------------------------
+    def peer(self, r: int):
+        return self.mesh.peer(self.world_ranks[r])
+
+    def to_comm(self, world_rank: int) -> int:
+        return self._to_comm.get(world_rank, world_rank)
+
+    def link_class(self, a: int, b: int) -> str:
+        """Link class between ranks ``a`` and ``b``: "self", "shm", "tcp_local" (one host) or "tcp"."""
+        if a == b:
+            return "self"
+        wa, wb, me = self.world_ranks[a], self.world_ranks[b], self.mesh.rank
+        kind = self.mesh.peer(wb).kind if wa == me else (
+            self.mesh.peer(wa).kind if wb == me else self.mesh.kind_between(wa, wb))
+        if kind == "shm":
+            return "shm"
+        return "tcp_local" if self.hosts[a] == self.hosts[b] else "tcp"
+
+    def make_tuner(self) -> None:
+        from ..tuning import Tuner
+        if self.mesh.machine is None or self.size < 2:
+            return
+        cls = [[self.link_class(a, b) for b in range(self.size)] for a in range(self.size)]
+        seg = self.segment
+        self.tuner = Tuner(self.size, self.hosts, lambda a, b: cls[a][b], self.mesh.machine,
+                           [self.mesh.cores[w] for w in self.world_ranks],
+                           segment=(seg.area, seg.cma) if seg is not None else None)
+        self.plans = Planner(self)      # choices made before the tuner are stale
+
+    def scratch(self, count: int, dt: np.dtype) -> np.ndarray:
+        nbytes = count * dt.itemsize
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes].view(dt)
+
+    # --- failure ------------------------------------------------------------------------
+    def track(self, req: RecvRequest) -> None:
+        with self._lock:
+            self._inflight.add(req)
+            failed = self.error
+        if failed is not None:
+            req.fail(failed)
+
+    def untrack(self, req: RecvRequest) -> None:
+        with self._lock:
+            self._inflight.discard(req)
+
+    def abort(self, err: BaseException, tell: bool = True) -> None:
+        """Fail what is in flight and refuse later calls; with ``tell``, the first failure is sent to
+        the other ranks (a lost peer is not: every rank sees its connection end)."""
+        with self._lock:
+            first = self.error is None and not self.closed
+            if first:
+                self.error = err
+            reqs = list(self._inflight)
+        for r in reqs:
+            r.fail(err)
+        for c in list(self.children):
+            c.abort(err, tell=False)
+        if first and tell and not isinstance(err, PeerLostError) and self.size > 1:
+            t = threading.Thread(target=self._tell, args=(err,), daemon=True, name=f"pyxccl-abort-{self.rank}")
+            t.start()
+            self._telling = t
+
+    def _tell(self, err: BaseException) -> None:
+        payload = np.frombuffer(str(err).encode()[:60000], np.uint8)
+        code = ABORT_MISMATCH if isinstance(err, CollectiveMismatchError) else 0
+        for p in range(self.size):
+            if p != self.rank:
+                try:
+                    self.peer(p).send((self.id, ABORT, 0), code, payload, time.monotonic() + 2.0)
+                except (CommError, OSError):
+                    pass          # that peer is gone or stuck: it learns otherwise
+
+    def peer_lost(self, world_rank: int, err: BaseException) -> None:
+        """The mesh's news: a process this communicator may contain is gone."""
+        if world_rank in self._to_comm:
+            self.abort(err, tell=False)
+
+    def failed(self, err: BaseException, remote: bool) -> None:
+        """The mesh's news: an error in one of this communicator's calls, found by this rank's
+        receiver threads (then the others are told) or by another rank (``remote``)."""
+        self.abort(err, tell=not remote)
+
+    def check_alive(self, p: int) -> None:
+        """Raise if this communicator failed or rank ``p`` is lost, or if a peer sent a message for the
+        collective this rank runs on the segment (it runs another algorithm): the segment's waits ask."""
+        if self.error is not None:
+            raise self.error
+        lost = self.mailbox.lost(self.world_ranks[p])
+        if lost is not None:
+            raise lost
+        stray = self.mailbox.stray(self.id, self.coll_seq)
+        if stray is not None:
+            raise self.mismatch(self.to_comm(stray[0]), self.coll_seq, stray[1])
+
+    def usable(self, op: str) -> None:
+        if self.closed:
+            raise CommClosedError(f"rank {self.rank}: {op} called on a closed communicator; "
+                                  f"make a new one with pyxccl.init()", rank=self.rank, op=op)
+        cause = self.error
+        if cause is not None:
+            msg = (f"rank {self.rank}: {op} refused: this communicator failed earlier ({cause}); "
+                   f"close it and make a new one")
+            if isinstance(cause, (PeerLostError, ProtocolError)):   # keep the root cause's type: callers catch it
+                raise type(cause)(msg, rank=self.rank, peer=cause.peer, op=op)
+            raise CommAbortedError(msg, cause=cause, rank=self.rank, peer=cause.peer, op=op)
+
+    def mismatch(self, peer: int, seq: int, theirs, their_seq: int | None = None) -> CollectiveMismatchError:
+        """The error for this rank's collective ``seq`` against ``peer``'s fingerprint words ``theirs``."""
+        their_seq = seq if their_seq is None else their_seq
+        plan, name, size, thread, words = self._calls.get(seq, (None,) * 5)
+        call = plan.call(name, size, thread) if plan else None
+        mine = call.describe(seq) if call else f"collective #{seq}"
+        if theirs is None:
+            other, why = "message, which carries no collective's fingerprint", ""
+        else:
+            other = describe_words(their_seq, *theirs, registry.algorithm_name)
+            diff = differences((seq, *words), (their_seq, *theirs)) if words else []
+            why = f" (they differ in {', '.join(diff)})" if diff else ""
+            if diff == ["thread"]:
+                why += (": the ranks paired calls that threads of different names issued; issue one "
+                        "communicator's calls from one thread at a time, or give each thread its own "
+                        "communicator (comm.dup()); threads that are ranks of one process need one name "
+                        "(or comm.thread_check = False)")
+        return CollectiveMismatchError(
+            f"rank {self.rank}: {mine} does not match rank {peer}'s {other}{why}; every rank must make the same "
+            f"collective calls in the same order: this communicator is aborted",
+            rank=self.rank, peer=peer, op=call.name if call else None, seq=seq)
+
+    # --- running calls ----------------------------------------------------------------
+    def submit(self, op: str, fn, *, async_op: bool, timeout, collective: bool, algorithm=None):
+        """Run ``fn(work, seq, cseq, deadline)`` in issue order, inline or on the worker; return its
+        result, or a Work with ``async_op``. A failure of a collective aborts the communicator."""
+        eng = self.engine
+        with eng.lock:
+            self.usable(op)
+            self.seq += 1
+            seq = self.seq
+            if collective:
+                self.coll_seq = cseq = (self.coll_seq + 1) & 0xFFFFFFFF
+            else:
+                cseq = 0
+            deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
+
+            def guarded(w):
+                self.usable(op)
+                try:
+                    return fn(w, seq, cseq, deadline)
+                except CommError as e:
+                    e = annotate(e, op, seq, self.rank)
+                    if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
+                            or (isinstance(e, PeerLostError) and not self.mesh.graceful(e.peer)):
+                        self.abort(e)   # a half-done collective leaves the ranks out of step
+                    raise e from None
+            inline = not async_op and eng.claim()
+            if not inline:
+                work = Work(op, seq, self.rank, deadline, algorithm)
+                work._from_world = self.to_comm
+                eng.enqueue(guarded, work)
+        if inline:
+            call = _Call(seq)
+            try:
+                out = guarded(call)
+            finally:
+                eng.release()
+            if call._recvs:             # a recv posted its request: wait for it as a Work would
+                work = Work(op, seq, self.rank, deadline)
+                work._recvs, work._cancel, work._from_world = call._recvs, call._cancel, self.to_comm
+                work._ran.set()
+                work.wait()
+            return out
+        if async_op:
+            return work
+        return work.result()
+
+    def collective(self, name: str, plan, key, args: dict, size, bufs: dict, *, result, async_op, timeout):
+        """Run one collective with ``plan`` (builder arguments ``args``, their hashable ``key``);
+        ``size``: what the fingerprint says of its counts."""
+        try:
+            s = plan.schedule(key, args)
+        except ValueError as e:
+            raise InvalidArgumentError(f"rank {self.rank}: {name}: algorithm {plan.algo.name!r} cannot run this "
+                                       f"call: {e}", rank=self.rank, op=name) from None
+        thread, number = self.thread() if self.thread_check else ("", 0)
+        words = plan.words(name, key, size, number)
+        calls = self._calls
+
+        def fn(work, seq, cseq, deadline):
+            calls[cseq] = (plan, name, size, thread, words)
+            calls.pop((cseq - _RECENT_CALLS) & 0xFFFFFFFF, None)
+            plan.run(s, bufs, cseq, words, name, deadline)
+            return result
+        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=True, algorithm=plan.algo.name)
+
+    def thread(self) -> tuple[str, int]:
+        """The calling thread as fingerprints name it, and its 16-bit digest: its name, the workers of
+        one thread pool counted as one ("pool_3" -> "pool"). The name is the one identity a thread has
+        on every rank: threads numbered by first use would be numbered by whichever won a race."""
+        t = threading.current_thread()
+        known = self._threads.get(t)
+        if known is None or known[0] != t.name:
+            if len(self._threads) > 64:       # threads come and go
+                for dead in [x for x in self._threads if not x.is_alive()]:
+                    del self._threads[dead]
+            tag = re.sub(r"_\d+$", "", t.name)
+            known = self._threads[t] = (t.name, repr(tag), zlib.crc32(tag.encode()) & 0xFFFF or 1)
+        return known[1], known[2]
+
+    def send(self, name: str, buf: np.ndarray, dst: int, tag: int, *, async_op: bool, timeout):
+        key, dcode = (self.id, tag, 0), DTYPE_CODE[buf.dtype]
+
+        def fn(work, seq, cseq, deadline):
+            self.peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
+        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
+
+    def recv(self, name: str, buf: np.ndarray, src: int | None, tag: int, result, *, async_op: bool, timeout):
+        def fn(work, seq, cseq, deadline):
+            peer = None if src is None else self.world_ranks[src]
+            req = RecvRequest(peer, (self.id, tag, 0), buf, None, name)
+            work._recvs.append(req)
+            work._cancel = self.mailbox.cancel
+            self.mailbox.post(req)
+            return result
+        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
+
+    # --- teardown -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release this context and those split from it (not the mesh: the world's owner does that)."""
+        if self.closed:
+            return
+        for child in list(self.children):
+            child.close()
+        self.closed = True
+        self.engine.stop()
+        if self._telling is not None:
+            self._telling.join(timeout=3)
+        if self.segment is not None:
+            self.segment.close()
+        self.mesh.detach(self.id)
+        if self.parent is not None and self in self.parent.children:
+            self.parent.children.remove(self)

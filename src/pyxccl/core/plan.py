@@ -1,0 +1,132 @@
+"""Plans: what a call shape runs, decided once.
+
+A call shape is (primitive, dtype, size bucket, op, root, algorithm asked
+for). Its plan holds the algorithm that shape runs (the one asked for, else
+``PYXCCL_ALGO``'s, else the tuner's choice for the bucket, else the default),
+how it runs here (over messages, or as rounds on the one-host segment), the
+bound reduction, and the fingerprint words its calls share; the schedules of
+the exact sizes seen are kept on it, the most recent few.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+import numpy as np
+
+from .._errors import InvalidArgumentError
+from ..algorithms import registry
+from ..algorithms.shm import Window
+from ..ops import ReduceOp, reducer
+from ..primitives import Call, call_word, size_word
+from . import messages, onehost
+
+_SCHEDULES_PER_PLAN = 16
+
+
+def bucket(nbytes: int) -> int:
+    """The power of two a size is chosen for (at least 8 bytes)."""
+    return 1 << max(3, (max(1, nbytes) - 1).bit_length())
+
+
+class Plan:
+    """One call shape, prepared."""
+
+    def __init__(self, ctx, primitive: str, algo: registry.Algorithm, dtype: np.dtype, op, root):
+        self.ctx, self.primitive, self.algo, self.dtype, self.op, self.root = ctx, primitive, algo, dtype, op, root
+        self.reduce = reducer(op) if op is not None else None
+        self.avg = op is ReduceOp.AVG and (root is None or root == ctx.rank)     # divide where the sum lands
+        self.execute = onehost.run if algo.segment else messages.run
+        seg = ctx.segment
+        self.window = Window.of(seg.area, dtype.itemsize, seg.cma) if algo.segment else None
+        self.algorithm_id = registry.algorithm_id(algo.name)
+        self._schedules: OrderedDict = OrderedDict()
+        self._w0: dict[str, int] = {}           # call name -> first fingerprint word
+        self._sizes: dict = {}                  # (schedule key, agreed size?) -> the size part of the second
+
+    def schedule(self, key, args: dict):
+        """This rank's schedule for builder arguments ``args`` (``key``: a hashable form of them)."""
+        s = self._schedules.get(key)
+        if s is None:
+            s = self.algo.schedule(self.ctx.rank, self.ctx.size, hosts=self.ctx.hosts, window=self.window, **args)
+            self._schedules[key] = s
+            if len(self._schedules) > _SCHEDULES_PER_PLAN:
+                self._schedules.popitem(last=False)
+        return s
+
+    def words(self, name: str, key, size, thread: int) -> tuple[int, int]:
+        """The fingerprint words of a call ``name`` of this plan (``size``: what it says of the counts;
+        ``thread``: the issuing thread's digest, 0 when not checked)."""
+        w0 = self._w0.get(name)
+        if w0 is None:
+            w0 = self._w0[name] = call_word(name, self.op, self.dtype, self.algorithm_id, self.root)
+        k = (key, size is None)
+        w1 = self._sizes.get(k)
+        if w1 is None:
+            w1 = self._sizes[k] = size_word(size, 0)
+            if len(self._sizes) > 4 * _SCHEDULES_PER_PLAN:
+                self._sizes.clear()
+        return w0, w1 | (thread & 0xFFFF) << 48
+
+    def call(self, name: str, size, thread: str) -> Call:
+        """The description of a call of this plan (for errors)."""
+        return Call(name, self.dtype, size, self.root, self.op, self.algo.name, thread)
+
+    def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float) -> None:
+        if s.scratch:
+            bufs["tmp"] = self.ctx.scratch(s.scratch, self.dtype)
+        self.execute(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype)
+        if self.avg and "out" in bufs:
+            np.divide(bufs["out"], self.ctx.size, out=bufs["out"])
+
+
+class Planner:
+    """The plans of one communicator, by call shape."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.forced = _parse_algo_env(os.environ.get("PYXCCL_ALGO", ""))
+        self._plans: dict[tuple, Plan] = {}
+
+    def plan(self, primitive: str, dtype: np.dtype, nbytes: int, op=None, root=None, algorithm=None,
+             error=InvalidArgumentError) -> Plan:
+        key = (primitive, dtype, bucket(nbytes), op, root, algorithm)
+        p = self._plans.get(key)
+        if p is None:
+            p = self._plans[key] = Plan(self.ctx, primitive, self.choose(primitive, dtype, nbytes, algorithm, error),
+                                        dtype, op, root)
+        return p
+
+    def choose(self, primitive: str, dtype: np.dtype, nbytes: int, algorithm=None,
+               error=InvalidArgumentError) -> registry.Algorithm:
+        """The algorithm for a call: asked for, else PYXCCL_ALGO's, else the tuner's, else the default."""
+        name = algorithm or self.forced.get(primitive)
+        if algorithm is None and name is not None and self.ctx.segment is None \
+                and name in registry.algorithms(primitive) and registry.lookup(primitive, name).segment:
+            name = None      # PYXCCL_ALGO asks for the segment where there is none (yet): choose as usual
+        tuner = self.ctx.tuner
+        if name is None and tuner is not None:
+            name = tuner.choose(primitive, bucket(nbytes), dtype.itemsize)
+        try:
+            algo = registry.lookup(primitive, name)
+        except KeyError:
+            raise error(f"no algorithm {name!r} for {primitive}; known: "
+                        + ", ".join(registry.algorithms(primitive))) from None
+        if algo.segment and self.ctx.segment is None:
+            raise error(f"algorithm {algo.name!r} runs on the shared segment of ranks that all share one host; "
+                        f"this communicator has none (ranks on several hosts, PYXCCL_TRANSPORT=tcp, or one rank)")
+        return algo
+
+    def usable(self, primitive: str) -> list[str]:
+        return [n for n in registry.algorithms(primitive)
+                if self.ctx.segment is not None or not registry.lookup(primitive, n).segment]
+
+
+def _parse_algo_env(spec: str) -> dict[str, str]:
+    """PYXCCL_ALGO="allreduce=ring,allgather=ring" -> {"allreduce": "ring", ...}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        prim, _, name = part.partition("=")
+        if name:
+            out[prim.strip()] = name.strip()
+    return out

@@ -1,0 +1,132 @@
+"""The walker: how the steps of schedules run, for everything that runs them.
+
+The engine's executors (real bytes), the checker (symbolic contributions)
+and the cost model (time) all drive schedules through :func:`walk`, with
+their own :class:`Semantics`; the order in which a step's operations run is
+defined here and nowhere else:
+
+1. a segment schedule's step k (a round) begins once every peer has
+   published round k-1 (a window is reused every other round, so nobody may
+   still be reading the one about to be written);
+2. local operations, in order: ``Copy``, ``Post`` and ``Get(prev=True)``;
+3. receives are posted (``Recv``; data may land from now on), then sends go out;
+4. a segment schedule's round is published; in its first round every rank
+   then waits for every other rank's and checks that they make the same call;
+5. incoming operations complete in the order written (``Recv``, ``Get``,
+   ``Sync``): reductions in one order give the same bits on every rank;
+6. the step ends.
+
+:func:`walk` runs any number of ranks' schedules on one thread: each rank
+goes as far as it can, then the next, until all are done or none can move
+(a deadlock). A semantics whose waits block (the engine) walks its own rank
+straight through.
+"""
+from __future__ import annotations
+
+from .schedule import Copy, Get, Post, Recv, Schedule, Send, Sync
+
+
+class Semantics:
+    """What running an operation means. A wait that cannot be satisfied yet returns False;
+    the base class runs nothing and never waits. ``blocking``: every wait blocks until it is
+    satisfied (or raises), so one rank's schedule runs straight through."""
+    blocking = False
+
+    def begin(self, r: int, k: int) -> bool:        # segment round k may start (peers published k-1)
+        return True
+
+    def local(self, r: int, k: int, op) -> None:    # Copy, Post, Get(prev=True)
+        pass
+
+    def post(self, r: int, k: int, op) -> None:     # a Recv is posted
+        pass
+
+    def send(self, r: int, k: int, op) -> None:     # a Send goes out
+        pass
+
+    def publish(self, r: int, k: int) -> None:      # segment: round k's window is visible
+        pass
+
+    def agree(self, r: int) -> bool:                # segment, first round: every peer published it
+        return True
+
+    def take(self, r: int, k: int, op) -> bool:     # Recv, Get, Sync: completes now?
+        return True
+
+    def end(self, r: int, k: int) -> None:
+        pass
+
+
+def phases(s: Schedule) -> list[tuple[tuple, tuple, tuple]]:
+    """Each step of ``s`` as (local, incoming, outgoing) operations, in the order they run.
+    Computed once per schedule (plans keep their schedules)."""
+    ph = s.__dict__.get("_phases")
+    if ph is None:
+        ph = []
+        for step in s.steps:
+            local = tuple(o for o in step if type(o) in (Copy, Post) or (type(o) is Get and o.prev))
+            incoming = tuple(o for o in step if type(o) in (Recv, Sync) or (type(o) is Get and not o.prev))
+            outgoing = tuple(o for o in step if type(o) is Send)
+            ph.append((local, incoming, outgoing))
+        s.__dict__["_phases"] = ph
+    return ph
+
+
+def _start(r: int, k: int, local, incoming, outgoing, segment: bool, sem: Semantics) -> None:
+    """Steps 2-4 above: local operations, receives posted, sends, the round published."""
+    for o in local:
+        sem.local(r, k, o)
+    for o in incoming:
+        if type(o) is Recv:
+            sem.post(r, k, o)
+    for o in outgoing:
+        sem.send(r, k, o)
+    if segment:
+        sem.publish(r, k)
+
+
+def walk(scheds: list[Schedule], sem: Semantics) -> list[int]:
+    """Run ``scheds`` (one per rank) under ``sem`` as far as they go; return the ranks that could
+    not finish (empty when all did)."""
+    if len(scheds) == 1 and sem.blocking:        # the engine: its own rank, every wait blocks
+        s = scheds[0]
+        r, seg = s.rank, s.segment
+        for k, (local, incoming, outgoing) in enumerate(phases(s)):
+            if seg:
+                sem.begin(r, k)
+            _start(r, k, local, incoming, outgoing, seg, sem)
+            if seg and k == 0:
+                sem.agree(r)
+            for o in incoming:
+                sem.take(r, k, o)
+            sem.end(r, k)
+        return []
+    steps = [phases(s) for s in scheds]
+    pc = [0] * len(scheds)        # the step each rank is in
+    stage = [0] * len(scheds)     # 0: not begun, 1: published, 2: agreed (and taking its incoming)
+    taken = [0] * len(scheds)     # incoming operations of the step already complete
+    progress = True
+    while progress:
+        progress = False
+        for i, s in enumerate(scheds):
+            r, mine, seg = s.rank, steps[i], s.segment
+            while pc[i] < len(mine):
+                k = pc[i]
+                local, incoming, outgoing = mine[k]
+                if stage[i] == 0:
+                    if seg and not sem.begin(r, k):
+                        break
+                    _start(r, k, local, incoming, outgoing, seg, sem)
+                    stage[i], taken[i], progress = 1, 0, True
+                if stage[i] == 1:
+                    if seg and k == 0 and not sem.agree(r):
+                        break
+                    stage[i] = 2
+                while taken[i] < len(incoming) and sem.take(r, k, incoming[taken[i]]):
+                    taken[i] += 1
+                    progress = True
+                if taken[i] < len(incoming):
+                    break
+                sem.end(r, k)
+                pc[i], stage[i] = k + 1, 0
+    return [s.rank for i, s in enumerate(scheds) if pc[i] < len(steps[i])]
