@@ -702,3 +702,24 @@ def issue_from_two_threads(comm, calls: int = 150, timeout: float = 5.0):
         t.join()
     c.close()
     return out
+
+
+def memory_growth(comm, calls: int = 3000) -> int:
+    """Bytes of Python memory still held after ``calls`` small collectives (after a warm-up)."""
+    import gc
+    import tracemalloc
+    x = np.ones(2, np.float32)
+    for _ in range(200):
+        comm.allreduce(x)
+        comm.broadcast(x, root=comm.size - 1)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(calls):
+        comm.allreduce(x)
+        comm.broadcast(x, root=comm.size - 1)     # the root only sends: nothing may pile up at it
+    comm.barrier()
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return grown

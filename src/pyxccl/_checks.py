@@ -48,6 +48,17 @@ class Check:
             raise self.error(f"{what}={r!r} is not a rank of this communicator (0..{self.n - 1})")
         return int(r)
 
+    def integer(self, v, what: str) -> int:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise self.error(f"{what}={v!r} must be an integer")
+        return int(v)
+
+    def color(self, color) -> int | None:
+        """split()'s color: a non-negative integer, or None (this rank joins no part)."""
+        if color is not None and (self.integer(color, "color") < 0):
+            raise self.error(f"color={color!r} must be a non-negative integer or None")
+        return None if color is None else int(color)
+
     def tag(self, tag) -> int:
         if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool) or not 0 <= tag <= _MAX_TAG:
             raise self.error(f"tag={tag!r} must be an integer in 0..{_MAX_TAG}")

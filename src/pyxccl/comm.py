@@ -8,7 +8,6 @@ itself (primitive, buffers, counts, root, op; the rules are those of
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 
@@ -100,13 +99,19 @@ class Communicator:
         return self._ctx.plans.choose(primitive, np.dtype(dtype), nbytes).name
 
     # --- collectives --------------------------------------------------------------
-    def _run(self, c: Check, prim: str, bufs: dict, args: dict, size, nbytes: int, *, op=None, root=None,
-             algorithm=None, result=None, async_op=False, timeout=None):
-        for b, want in zip(("in", "out"), PRIMITIVES[prim].buffers(self.rank, args)):
-            if b in bufs:
+    def _run(self, c: Check, prim: str, bufs: dict, args: dict, size, nbytes: int, how: tuple, *, op=None,
+             root=None, result=None):
+        """Run a checked call: ``args`` for the builders, ``size`` for its fingerprint, ``nbytes`` for the
+        choice of algorithm, ``how`` = (algorithm, async_op, timeout) as the caller passed them."""
+        algorithm, async_op, timeout = how
+        n_in, n_out = PRIMITIVES[prim].buffers(self.rank, args)
+        for b, want in (("in", n_in), ("out", n_out)):
+            if b in bufs and bufs[b].size != want:
                 c.size(bufs[b], want, "the output" if b == "out" else "the input")
         plan = self._ctx.plans.plan(prim, next(iter(bufs.values())).dtype, nbytes, op, root, algorithm, c.error)
-        key = tuple(v if type(v) is int else tuple(v) for v in args.values())
+        key = tuple(args.values())          # hashable: counts lists become tuples
+        if "count" not in args:
+            key = tuple(v if type(v) is int else tuple(v) for v in key)
         return self._ctx.collective(c.op, plan, key, args, size, bufs, result=result, async_op=async_op,
                                     timeout=c.timeout(timeout))
 
@@ -118,10 +123,9 @@ class Communicator:
         c = Check(self, "allreduce")
         buf = c.array(tensor, "tensor", writable=out is None)
         dst = buf if out is None else c.same_dtype(buf, c.array(out, "out", writable=True), "out")
-        rop = c.op_for(op, buf.dtype)
         return self._run(c, "allreduce", {"in": buf, "out": dst}, dict(count=buf.size), buf.size, buf.nbytes,
-                         op=rop, algorithm=algorithm, result=tensor if out is None else out, async_op=async_op,
-                         timeout=timeout)
+                         (algorithm, async_op, timeout), op=c.op_for(op, buf.dtype),
+                         result=tensor if out is None else out)
 
     def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Copy ``tensor`` of rank ``root`` into ``tensor`` of every rank."""
@@ -129,7 +133,7 @@ class Communicator:
         root = c.rank(root, "root")
         buf = c.array(tensor, "tensor", writable=self.rank != root)
         return self._run(c, "broadcast", {"out": buf}, dict(count=buf.size, root=root), buf.size, buf.nbytes,
-                         root=root, algorithm=algorithm, result=tensor, async_op=async_op, timeout=timeout)
+                         (algorithm, async_op, timeout), root=root, result=tensor)
 
     def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
                timeout=None):
@@ -141,13 +145,10 @@ class Communicator:
         root = c.rank(root, "root")
         is_root = self.rank == root
         buf = c.array(tensor, "tensor", writable=is_root and out is None)
-        dst = buf
-        if is_root and out is not None:
-            dst = c.same_dtype(buf, c.array(out, "out", writable=True), "out")
-        rop = c.op_for(op, buf.dtype)
+        dst = c.same_dtype(buf, c.array(out, "out", writable=True), "out") if is_root and out is not None else buf
         return self._run(c, "reduce", {"in": buf, "out": dst}, dict(count=buf.size, root=root), buf.size,
-                         buf.nbytes, op=rop, root=root, algorithm=algorithm,
-                         result=out if out is not None and is_root else tensor, async_op=async_op, timeout=timeout)
+                         buf.nbytes, (algorithm, async_op, timeout), op=c.op_for(op, buf.dtype), root=root,
+                         result=out if out is not None and is_root else tensor)
 
     def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None):
         """Concatenate every rank's ``sendbuf`` (in rank order) into ``recvbuf`` on every rank.
@@ -156,20 +157,20 @@ class Communicator:
         """
         c = Check(self, "allgather")
         send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._allgatherv(c, send, recvbuf, [send.size] * self.size, algorithm, async_op, timeout)
+        return self._allgatherv(c, send, recvbuf, [send.size] * self.size, (algorithm, async_op, timeout))
 
     def allgatherv(self, sendbuf, recvbuf, counts, *, async_op=False, algorithm=None, timeout=None):
         """Like allgather, rank i contributing ``counts[i]`` elements."""
         c = Check(self, "allgatherv")
-        return self._allgatherv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, counts, algorithm,
-                                async_op, timeout)
+        return self._allgatherv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, counts,
+                                (algorithm, async_op, timeout))
 
-    def _allgatherv(self, c, send, recvbuf, counts, algorithm, async_op, timeout):
+    def _allgatherv(self, c, send, recvbuf, counts, how):
         counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
         recvbuf = c.allocate(recvbuf, sum(counts), send.dtype)
         recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
-        return self._run(c, "allgather", {"in": send, "out": recv}, dict(counts=counts), counts, recv.nbytes,
-                         algorithm=algorithm, result=recvbuf, async_op=async_op, timeout=timeout)
+        return self._run(c, "allgather", {"in": send, "out": recv}, dict(counts=counts), counts, recv.nbytes, how,
+                         result=recvbuf)
 
     def gather(self, sendbuf, recvbuf=None, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Concatenate every rank's ``sendbuf`` into ``recvbuf`` of rank ``root``.
@@ -178,7 +179,7 @@ class Communicator:
         """
         c = Check(self, "gather")
         send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._gatherv(c, send, recvbuf, root, [send.size] * self.size, algorithm, async_op, timeout)
+        return self._gatherv(c, send, recvbuf, root, [send.size] * self.size, (algorithm, async_op, timeout))
 
     def gatherv(self, sendbuf, recvbuf=None, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                 timeout=None):
@@ -186,17 +187,16 @@ class Communicator:
         c = Check(self, "gatherv")
         send = c.array(sendbuf, "sendbuf", writable=False)
         counts = c.root_counts(counts, c.rank(root, "root"), send.size)
-        return self._gatherv(c, send, recvbuf, root, counts, c.only_direct(algorithm), async_op, timeout)
+        return self._gatherv(c, send, recvbuf, root, counts, (c.only_direct(algorithm), async_op, timeout))
 
-    def _gatherv(self, c, send, recvbuf, root, counts, algorithm, async_op, timeout):
+    def _gatherv(self, c, send, recvbuf, root, counts, how):
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
         bufs, recvbuf = {"in": send}, None if self.rank != root else c.allocate(recvbuf, sum(counts), send.dtype)
         if self.rank == root:
             bufs["out"] = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
         return self._run(c, "gather", bufs, dict(counts=counts, root=root), c.agreed(counts),
-                         send.nbytes * self.size, root=root, algorithm=algorithm, result=recvbuf,
-                         async_op=async_op, timeout=timeout)
+                         send.nbytes * self.size, how, root=root, result=recvbuf)
 
     def scatter(self, sendbuf, recvbuf, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Rank ``root`` cuts ``sendbuf`` into ``size`` equal parts; rank i receives part i in ``recvbuf``.
@@ -205,8 +205,8 @@ class Communicator:
         """
         c = Check(self, "scatter")
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._scatterv(c, sendbuf, recv, recvbuf, root, [recv.size] * self.size, algorithm, async_op,
-                              timeout)
+        return self._scatterv(c, sendbuf, recv, recvbuf, root, [recv.size] * self.size,
+                              (algorithm, async_op, timeout))
 
     def scatterv(self, sendbuf, recvbuf, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                  timeout=None):
@@ -214,9 +214,9 @@ class Communicator:
         c = Check(self, "scatterv")
         recv = c.array(recvbuf, "recvbuf", writable=True)
         counts = c.root_counts(counts, c.rank(root, "root"), recv.size)
-        return self._scatterv(c, sendbuf, recv, recvbuf, root, counts, c.only_direct(algorithm), async_op, timeout)
+        return self._scatterv(c, sendbuf, recv, recvbuf, root, counts, (c.only_direct(algorithm), async_op, timeout))
 
-    def _scatterv(self, c, sendbuf, recv, recvbuf, root, counts, algorithm, async_op, timeout):
+    def _scatterv(self, c, sendbuf, recv, recvbuf, root, counts, how):
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(recv.size, "recvbuf"))
         bufs = {"out": recv}
@@ -225,30 +225,28 @@ class Communicator:
                 raise c.error("the root must pass sendbuf")
             bufs = {"in": c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf"), "out": recv}
         return self._run(c, "scatter", bufs, dict(counts=counts, root=root), c.agreed(counts),
-                         recv.nbytes * self.size, root=root, algorithm=algorithm, result=recvbuf,
-                         async_op=async_op, timeout=timeout)
+                         recv.nbytes * self.size, how, root=root, result=recvbuf)
 
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                        timeout=None):
         """Reduce ``sendbuf`` (``size`` equal parts) over all ranks; rank i gets part i in ``recvbuf``."""
         c = Check(self, "reduce_scatter")
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, [recv.size] * self.size, op, algorithm,
-                                     async_op, timeout)
+        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, [recv.size] * self.size, op,
+                                     (algorithm, async_op, timeout))
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                         timeout=None):
         """Like reduce_scatter, rank i getting ``counts[i]`` elements."""
         c = Check(self, "reduce_scatterv")
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, counts, op, algorithm, async_op, timeout)
+        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, counts, op, (algorithm, async_op, timeout))
 
-    def _reduce_scatterv(self, c, sendbuf, recv, recvbuf, counts, op, algorithm, async_op, timeout):
+    def _reduce_scatterv(self, c, sendbuf, recv, recvbuf, counts, op, how):
         send = c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf")
         counts = c.counts(counts, "counts", total=send.size, own=(recv.size, "recvbuf"))
-        rop = c.op_for(op, send.dtype)
         return self._run(c, "reduce_scatter", {"in": send, "out": recv}, dict(counts=counts), counts, send.nbytes,
-                         op=rop, algorithm=algorithm, result=recvbuf, async_op=async_op, timeout=timeout)
+                         how, op=c.op_for(op, send.dtype), result=recvbuf)
 
     def alltoall(self, sendbuf, recvbuf, *, async_op=False, algorithm=None, timeout=None):
         """Rank i sends part j of ``sendbuf`` (``size`` equal parts) to rank j, which stores it as part i."""
@@ -257,7 +255,7 @@ class Communicator:
         if send.size % self.size:
             raise c.error(f"sendbuf has {send.size} elements, not a multiple of the {self.size} ranks")
         counts = [send.size // self.size] * self.size
-        return self._alltoallv(c, send, recvbuf, counts, counts, algorithm, async_op, timeout)
+        return self._alltoallv(c, send, recvbuf, counts, counts, (algorithm, async_op, timeout))
 
     def alltoallv(self, sendbuf, recvbuf, send_counts, recv_counts, *, async_op=False, algorithm=None,
                   timeout=None):
@@ -267,9 +265,9 @@ class Communicator:
             raise c.error(f"algorithm={algorithm!r} needs equal blocks on every rank; use alltoall, or "
                           f"'pairwise' or 'direct' for alltoallv")
         return self._alltoallv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, send_counts, recv_counts,
-                               algorithm or "pairwise", async_op, timeout)
+                               (algorithm or "pairwise", async_op, timeout))
 
-    def _alltoallv(self, c, send, recvbuf, send_counts, recv_counts, algorithm, async_op, timeout):
+    def _alltoallv(self, c, send, recvbuf, send_counts, recv_counts, how):
         recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
         sc = c.counts(send_counts, "send_counts", total=send.size)
         rc = c.counts(recv_counts, "recv_counts", total=recv.size)
@@ -278,14 +276,12 @@ class Communicator:
         if np.shares_memory(send, recv):
             raise c.error("sendbuf and recvbuf overlap; alltoall needs separate buffers")
         return self._run(c, "alltoall", {"in": send, "out": recv}, dict(send_counts=sc, recv_counts=rc),
-                         sc if c.op == "alltoall" else None, send.nbytes, algorithm=algorithm, result=recvbuf,
-                         async_op=async_op, timeout=timeout)
+                         sc if c.op == "alltoall" else None, send.nbytes, how, result=recvbuf)
 
     def barrier(self, *, async_op=False, algorithm=None, timeout=None):
         """Return once every rank has entered the barrier."""
-        c = Check(self, "barrier")
-        return self._run(c, "barrier", {"in": np.empty(0, np.uint8)}, {}, 0, 0, algorithm=algorithm,
-                         async_op=async_op, timeout=timeout)
+        return self._run(Check(self, "barrier"), "barrier", {"in": np.empty(0, np.uint8)}, {}, 0, 0,
+                         (algorithm, async_op, timeout))
 
     # --- point to point -----------------------------------------------------------
     def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None):
@@ -298,8 +294,8 @@ class Communicator:
 
     def _send(self, name, tensor, dst, tag, timeout, async_op):
         c = Check(self, name)
-        buf = c.array(tensor, "tensor", writable=False)
-        return self._ctx.send(name, buf, c.rank(dst, "dst"), c.tag(tag), async_op=async_op, timeout=c.timeout(timeout))
+        return self._ctx.send(name, c.array(tensor, "tensor", writable=False), c.rank(dst, "dst"), c.tag(tag),
+                              async_op=async_op, timeout=c.timeout(timeout))
 
     def irecv(self, tensor, src: int | None, tag: int = 0, *, timeout=None):
         """Start receiving into ``tensor`` from rank ``src`` (None: from any rank).
@@ -316,9 +312,8 @@ class Communicator:
 
     def _recv(self, name, tensor, src, tag, timeout, async_op):
         c = Check(self, name)
-        buf = c.array(tensor, "tensor", writable=True)
-        src = None if src is None else c.rank(src, "src")
-        return self._ctx.recv(name, buf, src, c.tag(tag), tensor, async_op=async_op, timeout=c.timeout(timeout))
+        return self._ctx.recv(name, c.array(tensor, "tensor", writable=True), None if src is None else
+                              c.rank(src, "src"), c.tag(tag), tensor, async_op=async_op, timeout=c.timeout(timeout))
 
     # --- Python objects ------------------------------------------------------------
     def broadcast_object(self, obj=None, root: int = 0, *, timeout=None):
@@ -350,20 +345,10 @@ class Communicator:
         >>> tp = comm.split(color=comm.rank // 2)        # doctest: +SKIP
         """
         c = Check(self, "split")
-        if color is not None and (not isinstance(color, (int, np.integer)) or color < 0):
-            raise c.error(f"color={color!r} must be a non-negative integer or None")
-        if not isinstance(key, (int, np.integer)):
-            raise c.error(f"key={key!r} must be an integer")
-        infos = self.allgather_object((None if color is None else int(color), int(key)), timeout=timeout)
-        ctx = self._ctx
-        ctx.splits += 1
-        if color is None:
-            return None
-        members = sorted((k, r) for r, (col, k) in enumerate(infos) if col == color)
-        digest = hashlib.blake2b(f"{ctx.id}/{ctx.splits}/{color}".encode(), digest_size=4).digest()
-        child = Context(ctx.mesh, [ctx.world_ranks[r] for _, r in members], int.from_bytes(digest, "little"),
-                        self.timeout, parent=ctx)
-        return _ready(Communicator(child))
+        color, key = c.color(color), c.integer(key, "key")
+        infos = self.allgather_object((color, key), timeout=timeout)
+        child = self._ctx.split(color, sorted((k, r) for r, (col, k) in enumerate(infos) if col == color))
+        return None if child is None else _ready(Communicator(child))
 
     def dup(self) -> "Communicator":
         """A new communicator with the same ranks (collective), whose calls never mix with this one's."""
@@ -373,14 +358,7 @@ class Communicator:
     def close(self) -> None:
         """Release the communicator. Closing the world communicator also closes every
         communicator split from it and releases sockets, threads and shared memory."""
-        ctx = self._ctx
-        if ctx.closed:
-            return
-        ctx.close()
-        if ctx.parent is None:
-            ctx.mesh.close()
-            if ctx.store is not None:
-                ctx.store.close()
+        self._ctx.close()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -398,11 +376,7 @@ def _ready(comm: Communicator, tune: bool = False) -> Communicator:
         attach_segment(ctx, comm.broadcast_object, comm.allgather_object)
         if tune and comm.size > 1:
             from .tuning.probe import measure
-            first = {}
-            for p in range(comm.size):
-                first.setdefault(comm.link_class(0, p), p)
-            first.pop("self", None)
-            ctx.mesh.machine = measure(comm, first)
+            ctx.mesh.machine = measure(comm)
     except BaseException:
         comm.close()
         raise

@@ -59,10 +59,16 @@ def op_error(op: ReduceOp, dt: np.dtype) -> str | None:
 
 
 def reducer(op: ReduceOp):
-    """``f(dst, src)``: dst = dst (op) src, in place, for numpy arrays of one dtype."""
+    """``f(dst, src)``: dst = dst (op) src, in place, for numpy arrays of one dtype.
+
+    Overflow wraps (integers) or saturates to inf (floats), as in NCCL and MPI: callers run
+    reductions with numpy's floating-point warnings off (np.errstate once per call, or np.seterr
+    in threads of their own), not once per reduction: entering np.errstate costs more than adding
+    a few numbers.
+    """
     uf = _UFUNC[op]
 
     def reduce_into(dst, src):
-        with np.errstate(all="ignore"):   # overflow wraps (ints) or saturates to inf, as in NCCL and MPI
-            uf(dst, src, out=dst)
+        uf(dst, src, out=dst)
     return reduce_into
+

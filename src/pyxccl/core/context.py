@@ -14,6 +14,7 @@ deadlines. A lost peer needs no telling: every rank sees its connection end.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
 import time
@@ -58,7 +59,7 @@ class Context:
         self.engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         self._lock = threading.Lock()
         self._inflight: set[RecvRequest] = set()
-        self._calls: dict[int, tuple] = {}      # collective seq -> (Call, words), the last few
+        self._calls: dict[int, tuple] = {}      # collective seq -> (plan, call, size, thread, words), the last few
         self._scratch = np.empty(0, np.uint8)
         self._telling: threading.Thread | None = None
         mesh.attach(comm_id, self)
@@ -292,9 +293,19 @@ class Context:
             return result
         return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
 
-    # --- teardown -------------------------------------------------------------------------
+    # --- sub-communicators and teardown ----------------------------------------------------
+    def split(self, color: int | None, members: list[tuple[int, int]]) -> "Context | None":
+        """The context of this rank's part of a split (``members``: (key, rank) of the part, in order),
+        or None for ``color`` None. Every rank of this communicator calls it, after agreeing on parts."""
+        self.splits += 1
+        if color is None:
+            return None
+        digest = hashlib.blake2b(f"{self.id}/{self.splits}/{color}".encode(), digest_size=4).digest()
+        return Context(self.mesh, [self.world_ranks[r] for _, r in members], int.from_bytes(digest, "little"),
+                       self.timeout, parent=self)
+
     def close(self) -> None:
-        """Release this context and those split from it (not the mesh: the world's owner does that)."""
+        """Release this context and those split from it; the world's also closes the mesh and the store."""
         if self.closed:
             return
         for child in list(self.children):
@@ -308,3 +319,7 @@ class Context:
         self.mesh.detach(self.id)
         if self.parent is not None and self in self.parent.children:
             self.parent.children.remove(self)
+        if self.parent is None:
+            self.mesh.close()
+            if self.store is not None:
+                self.store.close()

@@ -129,6 +129,7 @@ class StreamPeer(Peer):
 
     # --- receiving -------------------------------------------------------------
     def _recv_loop(self) -> None:
+        np.seterr(all="ignore")         # this thread reduces incoming data: overflow is no warning (ops.reducer)
         view = memoryview(self._hdr)
         try:
             while True:

@@ -394,13 +394,6 @@ class Mailbox:
     def lost(self, peer: int) -> BaseException | None:
         return self._dead.get(peer)
 
-    def pending(self) -> int:
-        """Entries held: posted receives, unexpected messages, messages being filled (tests: no growth)."""
-        with self._lock:
-            return len(self._posted) + len(self._unexpected) + len(self._current) + len(self._any) + \
-                sum(len(s) for s in self._early.values())
-
-
 def lost_error(rank: int, peer: int, why: str, host: str | None = None) -> PeerLostError:
     where = f" on host {host}" if host else ""
     return PeerLostError(

@@ -136,6 +136,7 @@ class _Lane:
             job.done.set()
 
     def _recv_loop(self) -> None:
+        np.seterr(all="ignore")         # this thread reduces incoming data (see StreamPeer._recv_loop)
         view, owner = memoryview(self._hdr), self.owner
         try:
             while recv_exact(self.sock, view):

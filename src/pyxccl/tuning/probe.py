@@ -72,9 +72,12 @@ def _rounds(comm) -> Link:
     return Link((time.perf_counter() - t) / 50, 0.0)
 
 
-def measure(comm, classes: dict[str, int]) -> Machine:
-    """Collective: rank 0 probes one peer of each class in ``classes`` (class -> peer rank);
-    returns the same Machine on every rank."""
+def measure(comm) -> Machine:
+    """Collective: rank 0 probes one peer of each link class it has (and the one-host segment's
+    round); returns the same Machine on every rank."""
+    classes = {}
+    for p in range(1, comm.size):
+        classes.setdefault(comm.link_class(0, p), p)
     segment = "shm" in comm.algorithms("barrier")
     if segment:
         classes = dict(classes, seg=-1)      # measured below, with every rank taking part

@@ -1,0 +1,96 @@
+"""The layers hold: the API above, the framework below it reaching it only through its context,
+the one-host path priced by the same walk of schedules as every other algorithm."""
+import ast
+import pathlib
+
+import numpy as np
+
+import pyxccl
+from pyxccl.algorithms import registry
+from pyxccl.algorithms.shm import Window
+from pyxccl.primitives import PRIMITIVES
+from pyxccl.tuning import Machine, Tuner, estimate
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "pyxccl"
+BELOW = ("core", "transport", "algorithms", "tuning", "rendezvous", "schedule.py", "walk.py", "checker.py",
+         "primitives.py")
+
+
+def _python_files():
+    for d in (SRC, ROOT / "tests", ROOT / "benchmarks"):
+        yield from sorted(d.rglob("*.py"))
+
+
+def test_comm_py_keeps_only_the_api():
+    assert len((SRC / "comm.py").read_text().splitlines()) <= 400
+
+
+def test_nothing_outside_comm_py_reads_the_communicators_private_attributes():
+    comm = pyxccl.init()
+    try:
+        assert [a for a in vars(comm) if a.startswith("_")] == ["_ctx"]
+    finally:
+        comm.close()
+    users = []
+    for path in _python_files():
+        if path == SRC / "comm.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "_ctx":
+                users.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not users, users
+
+
+def _imports_comm(node) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        mod = node.module or ""
+        return mod == "comm" or mod.endswith(".comm") or (mod in ("", "pyxccl") and
+                                                           any(a.name in ("comm", "Communicator") for a in node.names))
+    return isinstance(node, ast.Import) and any(a.name == "pyxccl.comm" for a in node.names)
+
+
+def test_the_layers_below_the_api_do_not_import_it():
+    importers = []
+    for part in BELOW:
+        for path in ([SRC / part] if part.endswith(".py") else sorted((SRC / part).rglob("*.py"))):
+            importers += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(ast.parse(path.read_text()))
+                          if _imports_comm(node)]
+    assert not importers, importers
+
+
+def _one_host_tuner(n: int, area: int = 2 << 20) -> Tuner:
+    hosts = [0] * n
+    return Tuner(n, hosts, lambda a, b: "self" if a == b else "shm", Machine(cores=n), [n] * n,
+                 segment=(area, True))
+
+
+def test_the_one_host_path_is_priced_by_the_walk_of_its_schedules():
+    """No formula beside the cost model: the tuner's estimate for the fast path is the cost model's
+    walk of the very schedules the engine runs."""
+    t = _one_host_tuner(4)
+    for prim in ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall"):
+        for nbytes in (8, 1 << 16, 1 << 22):
+            algo = registry.lookup(prim, "shm")
+            args = PRIMITIVES[prim].sized(4, nbytes, 4)
+            scheds = [algo.schedule(r, 4, window=Window.of(2 << 20, 4, True), **args) for r in range(4)]
+            want = estimate(scheds, 4, t.machine, t.klass, t.stretch, t.hosts)
+            assert t.model(prim, "shm", nbytes) == want, (prim, nbytes)
+    # and the model still says what the old formula did: one host, small messages: the fast path
+    for prim in ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall", "barrier"):
+        assert t.choose(prim, 8) == "shm", (prim, t.table(prim, 8))
+    assert "shm" not in Tuner(2, [0, 1], lambda a, b: "tcp", Machine(), [1, 1]).table("allreduce", 8)
+
+
+def test_a_forced_fast_path_without_a_segment_is_a_clear_error():
+    comm = pyxccl.init()
+    try:
+        assert "shm" not in comm.algorithms("allreduce")
+        try:
+            comm.allreduce(np.ones(4, np.float32), algorithm="shm")
+        except pyxccl.InvalidArgumentError as e:
+            assert "shared segment" in str(e) and "rank 0" in str(e), e
+        else:
+            raise AssertionError("algorithm='shm' ran without a segment")
+    finally:
+        comm.close()
