@@ -163,13 +163,6 @@ class _Symbolic(Semantics):
         self.windows[(r, k)] = ((self.bufs[r][post.buf], post.off, post.count) if post else
                                 (self.bufs[r]["win"], 0, self.scheds[r].window))
 
-    def agree(self, r):
-        if any(p < 0 for p in self.published):
-            return False
-        for p in range(self.n):
-            self.merge(r, self.pub_vc[(p, 0)])
-        return True
-
     def take(self, r, k, o):
         if type(o) is Recv:
             if not 0 <= o.peer < self.n or o.peer == r:

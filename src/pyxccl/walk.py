@@ -10,8 +10,7 @@ defined here and nowhere else:
    still be reading the one about to be written);
 2. local operations, in order: ``Copy``, ``Post`` and ``Get(prev=True)``;
 3. receives are posted (``Recv``; data may land from now on), then sends go out;
-4. a segment schedule's round is published; in its first round every rank
-   then waits for every other rank's and checks that they make the same call;
+4. a segment schedule's round is published;
 5. incoming operations complete in the order written (``Recv``, ``Get``,
    ``Sync``): reductions in one order give the same bits on every rank;
 6. the step ends.
@@ -46,9 +45,6 @@ class Semantics:
 
     def publish(self, r: int, k: int) -> None:      # segment: round k's window is visible
         pass
-
-    def agree(self, r: int) -> bool:                # segment, first round: every peer published it
-        return True
 
     def take(self, r: int, k: int, op) -> bool:     # Recv, Get, Sync: completes now?
         return True
@@ -95,15 +91,13 @@ def walk(scheds: list[Schedule], sem: Semantics) -> list[int]:
             if seg:
                 sem.begin(r, k)
             _start(r, k, local, incoming, outgoing, seg, sem)
-            if seg and k == 0:
-                sem.agree(r)
             for o in incoming:
                 sem.take(r, k, o)
             sem.end(r, k)
         return []
     steps = [phases(s) for s in scheds]
     pc = [0] * len(scheds)        # the step each rank is in
-    stage = [0] * len(scheds)     # 0: not begun, 1: published, 2: agreed (and taking its incoming)
+    begun = [False] * len(scheds)  # the step's outgoing part is done; its incoming ones are being taken
     taken = [0] * len(scheds)     # incoming operations of the step already complete
     progress = True
     while progress:
@@ -113,20 +107,16 @@ def walk(scheds: list[Schedule], sem: Semantics) -> list[int]:
             while pc[i] < len(mine):
                 k = pc[i]
                 local, incoming, outgoing = mine[k]
-                if stage[i] == 0:
+                if not begun[i]:
                     if seg and not sem.begin(r, k):
                         break
                     _start(r, k, local, incoming, outgoing, seg, sem)
-                    stage[i], taken[i], progress = 1, 0, True
-                if stage[i] == 1:
-                    if seg and k == 0 and not sem.agree(r):
-                        break
-                    stage[i] = 2
+                    begun[i], taken[i], progress = True, 0, True
                 while taken[i] < len(incoming) and sem.take(r, k, incoming[taken[i]]):
                     taken[i] += 1
                     progress = True
                 if taken[i] < len(incoming):
                     break
                 sem.end(r, k)
-                pc[i], stage[i] = k + 1, 0
+                pc[i], begun[i] = k + 1, False
     return [s.rank for i, s in enumerate(scheds) if pc[i] < len(steps[i])]

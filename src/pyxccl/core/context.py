@@ -151,17 +151,18 @@ class Context:
         receiver threads (then the others are told) or by another rank (``remote``)."""
         self.abort(err, tell=not remote)
 
-    def check_alive(self, p: int) -> None:
-        """Raise if this communicator failed or rank ``p`` is lost, or if a peer sent a message for the
-        collective this rank runs on the segment (it runs another algorithm): the segment's waits ask."""
+    def check_alive(self, p: int, seq: int) -> None:
+        """Raise if this communicator failed or rank ``p`` is lost, or if a peer sent a message for
+        collective ``seq``, which this rank runs on the segment (the peer runs another algorithm):
+        the segment's waits ask."""
         if self.error is not None:
             raise self.error
         lost = self.mailbox.lost(self.world_ranks[p])
         if lost is not None:
             raise lost
-        stray = self.mailbox.stray(self.id, self.coll_seq)
+        stray = self.mailbox.stray(self.id, seq)
         if stray is not None:
-            raise self.mismatch(self.to_comm(stray[0]), self.coll_seq, stray[1])
+            raise self.mismatch(self.to_comm(stray[0]), seq, stray[1])
 
     def usable(self, op: str) -> None:
         if self.closed:

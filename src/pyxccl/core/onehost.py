@@ -3,9 +3,12 @@ the segment up.
 
 Each step of a segment schedule is a round on the ``HostSegment``: begin (the
 window of this parity is free again), write the window, publish it with the
-call's fingerprint, check in the first round that every rank makes the same
-call, then read the windows (or the buffers posted for single-copy reads) of
-others. The order is the walker's, the same the checker proves.
+call's fingerprint, then read the windows (or the buffers posted for
+single-copy reads) of others. The order is the walker's, the same the checker
+proves. In a call's first round a rank compares its fingerprint with that of
+every peer already in the round, and with that of every peer it waits for
+before reading a byte of it: of two ranks the later one sees the earlier, so
+a disagreement is always found, by at least one rank, which tells the others.
 """
 from __future__ import annotations
 
@@ -41,23 +44,28 @@ class _Segment(Semantics):
             self._get(o, self.parity ^ 1)
 
     def publish(self, r, k):
-        self.seg.publish(*self.mine)
+        seg = self.seg
+        seg.publish(*self.mine)
+        if k == 0:
+            if self.ctx.error is not None:      # aborted meanwhile (another rank found a disagreement)
+                raise self.ctx.error
+            seg.fence()
+            for p in range(seg.n):              # the peers already in this round: do they make my call?
+                if p != self.me and seg.reached(p):
+                    self._agree(p)
 
-    def agree(self, r):
-        if self.ctx.error is not None:          # aborted meanwhile (another rank found a disagreement)
-            raise self.ctx.error
-        seg, parity, mine = self.seg, self.parity, self.mine
-        for p in range(seg.n):
-            if p != self.me:
-                seg.wait(p)
-                theirs = seg.call_of(p, parity)
-                if theirs != mine:
-                    raise self.ctx.mismatch(p, mine[0], theirs[1:], their_seq=theirs[0])
-        return True
+    def _agree(self, p: int) -> None:
+        """Rank ``p`` has published this round: raise unless it makes the same call. (Of two ranks,
+        the one that publishes later sees the other's round, so every pair is compared.)"""
+        theirs = self.seg.call_of(p, self.parity)
+        if theirs != self.mine:
+            raise self.ctx.mismatch(p, self.mine[0], theirs[1:], their_seq=theirs[0])
 
     def take(self, r, k, o):
         if o.peer != self.me:
             self.seg.wait(o.peer)
+            if k == 0:
+                self._agree(o.peer)             # before a byte of its window is read
         if type(o) is Get:
             self._get(o, self.parity)
         return True
@@ -81,7 +89,7 @@ class _Segment(Semantics):
 def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline: float, dt) -> None:
     """Run this rank's segment schedule ``s`` of collective ``seq``; ``call``: its fingerprint words."""
     seg = ctx.segment
-    seg.deadline, seg.who = deadline, (op, seq)
+    seg.deadline, seg.op, seg.seq = deadline, op, seq
     walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
 
 

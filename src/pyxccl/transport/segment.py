@@ -23,6 +23,7 @@ import mmap
 import os
 import platform
 import struct
+import threading
 import time
 
 import numpy as np
@@ -36,6 +37,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 SEQ, W0, W1, ADDR, NBYTES = range(5)     # fields of a round header
 _CALL = struct.Struct("<QQQ")            # seq, w0, w1 at the start of a round header
 _U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_FENCE = threading.Lock()                # taking a lock is an atomic instruction: a full memory barrier
 
 
 class _Timespec(ctypes.Structure):
@@ -83,7 +86,7 @@ class HostSegment:
         self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 50)) * 1e-6
         self.yields = int(os.environ.get("PYXCCL_YIELDS", 20)) if oversubscribed else 0
         self.deadline = 0.0
-        self.who = ("fast path", 0)       # (operation, its sequence number), named in errors
+        self.op, self.seq = "fast path", 0     # the call running on the segment, named in errors
 
     @classmethod
     def open(cls, rank, nranks, area_bytes, owner_pid: int, owner_fd: int) -> "HostSegment":
@@ -132,6 +135,17 @@ class HostSegment:
             _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + at), _FUTEX_WAKE, ctypes.c_int(self.n),
                           None, None, 0)
 
+    def reached(self, p: int) -> bool:
+        """Has rank ``p`` published this round yet? (Never waits.) After ``publish``, ``fence()`` first:
+        then of two ranks that publish and look at each other, at least one sees the other (a load may
+        not pass the store before it, as it could on x86 without a barrier)."""
+        return _ge(_U32.unpack_from(self._map, p * self.line)[0], self.round)
+
+    @staticmethod
+    def fence() -> None:
+        with _FENCE:
+            pass
+
     def call_of(self, p: int, parity: int) -> tuple[int, int, int]:
         """The fingerprint (seq, w0, w1) rank ``p`` published for its round of ``parity``."""
         return _CALL.unpack_from(self._map, self._hdr_at + (parity * self.n + p) * _LINE)
@@ -143,7 +157,7 @@ class HostSegment:
 
     def posted(self, p: int, parity: int) -> int:
         """Bytes rank ``p`` posted in its round of ``parity`` (0: none; read its window)."""
-        return int(self.hdr[parity, p, NBYTES])
+        return _U64.unpack_from(self._map, self._hdr_at + (parity * self.n + p) * _LINE + 8 * NBYTES)[0]
 
     def read(self, p: int, parity: int, dst: np.ndarray, offset: int) -> None:
         """Fill ``dst`` from the buffer rank ``p`` posted, ``offset`` bytes in (single copy), never
@@ -189,10 +203,11 @@ class HostSegment:
             if time.monotonic() > self.deadline:
                 raise CommTimeoutError(f"rank {self.rank}: {self._who()} timed out waiting for rank {p}; that rank "
                                        f"is slow, stuck or did not make the same call", rank=self.rank, peer=p)
-            self.check_alive(p)
+            self.check_alive(p, self.seq)
 
     def _who(self) -> str:
-        return f"{self.who[0]} (#{self.who[1]} on this communicator)"
+        return f"{self.op} (#{self.seq} on this communicator)"
 
-    def check_alive(self, p: int) -> None:
-        """Overridden by the communicator: raise if rank ``p`` is lost."""
+    def check_alive(self, p: int, seq: int) -> None:
+        """Overridden by the communicator: raise if it failed, if rank ``p`` is lost, or if call ``seq``
+        cannot go on."""

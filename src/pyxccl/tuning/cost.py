@@ -134,12 +134,6 @@ class _Timing(Semantics):
         self.visible[(r, k)] = self.clock[r] + self.half
         self.published[r] = k
 
-    def agree(self, r):
-        if any(p < 0 for p in self.published):
-            return False
-        self.clock[r] = max([self.clock[r]] + [self.visible[(p, 0)] for p in range(len(self.clock)) if p != r])
-        return True
-
     def take(self, r, k, o):
         if type(o) is Recv:
             self._enter(r, k)
