@@ -94,3 +94,40 @@ def test_a_forced_fast_path_without_a_segment_is_a_clear_error():
             raise AssertionError("algorithm='shm' ran without a segment")
     finally:
         comm.close()
+
+
+def test_single_copy_reads_stay_inside_what_the_owner_posted():
+    """Defense behind the fingerprints: a read of another rank's posted buffer never goes past the
+    size its owner declared, and a failing read is a ProtocolError naming the owner (not a raw OSError)."""
+    import os
+
+    from pyxccl.transport.cma import works
+    from pyxccl.transport.segment import ADDR, NBYTES, HostSegment
+    owner = HostSegment(0, 2, 1 << 16)
+    reader = HostSegment.open(1, 2, 1 << 16, os.getpid(), owner.fd)
+    try:
+        if not works(os.getpid(), int(owner.pids[0, 1])):
+            import pytest
+            pytest.skip("process_vm_readv is not allowed here (ptrace rules)")
+        data = np.arange(16, dtype=np.int32)
+        owner.post(0, data)
+        got = np.zeros(16, np.int32)
+        reader.read(0, 0, got, 0)
+        assert (got == data).all()
+        for dst, offset in ((np.zeros(17, np.int32), 0), (np.zeros(4, np.int32), 60), (np.zeros(1, np.int32), -4)):
+            try:
+                reader.read(0, 0, dst, offset)
+            except pyxccl.ProtocolError as e:
+                assert "rank 0 posted" in str(e), e
+            else:
+                raise AssertionError(f"read {dst.nbytes} bytes at {offset} of a 64-byte buffer")
+        owner.hdr[0, 0, ADDR], owner.hdr[0, 0, NBYTES] = 8, 64      # an address nobody can read
+        try:
+            reader.read(0, 0, got, 0)
+        except pyxccl.ProtocolError as e:
+            assert "rank 0" in str(e), e
+        else:
+            raise AssertionError("a read of an unmapped address succeeded")
+    finally:
+        reader.close()
+        owner.close()

@@ -6,8 +6,10 @@ numpy reduces straight on the shared windows, in rank order, so every rank
 gets bit-identical results. A message larger than a window goes in pieces,
 a round each (two for large reductions). From ``Window.single_copy``
 elements on, blocks move by single-copy reads of their owner's own buffer
-(``Post``, then ``Get``s through process_vm_readv), and a last round keeps
-every owner from returning while others still read its buffer.
+(``Post``, then ``Get``s through process_vm_readv; a rank's own block is a
+``Get`` of its own posted buffer, so it is copied after publishing, while the
+others read), and a last round keeps every owner from returning while others
+still read its buffer.
 
 Every rank runs the same number of rounds (the round counters pair them), so
 a rank with nothing to do in a round still takes part (``Sync`` on itself).
@@ -109,10 +111,9 @@ def _gathering(rank, n, counts, window, root):
     """allgather, or gather to ``root``: every rank's block to every rank (the root)."""
     s, off = _new(rank, n, window), offsets(counts)
     reads = root is None or rank == root
-    if window.copies_once(max(counts, default=0)):
+    if window.copies_once(max(counts, default=0)):      # my own block too, after publishing: others read meanwhile
         _round(s, Post("in", 0, counts[rank]),
-               *((Copy("in", 0, "out", off[rank], counts[rank]),
-                  *(Get(p, 0, "out", off[p], counts[p]) for p in range(n) if p != rank)) if reads else ()))
+               *(Get(p, 0, "out", off[p], counts[p]) for p in [rank] + [q for q in range(n) if q != rank] if reads))
         _round(s, *(Sync(p) for p in range(n) if p != rank and (root is None or p == root)))
         return s
     W = window.elements
@@ -144,10 +145,10 @@ def _dealing(rank, n, send_counts, recv_counts, window, root):
     senders = range(n) if root is None else [root]
     soff, roff = offsets(send_counts), offsets(recv_counts)
     sends = root is None or rank == root
-    if window.copies_once(most):
-        _round(s, *((Post("in", 0, soff[-1]), Copy("in", soff[rank], "out", roff[rank], send_counts[rank]))
-                    if sends else ()),
-               *(Get(p, rank * most, "out", roff[p], recv_counts[p]) for p in senders if p != rank))
+    if window.copies_once(most):         # my own block too is read after publishing: others read meanwhile
+        _round(s, *((Post("in", 0, soff[-1]),) if sends else ()),
+               *(Get(p, rank * most, "out", roff[p], recv_counts[p])
+                 for p in sorted(senders, key=lambda p: p != rank)))
         readers = [p for p in range(n) if p != rank] if sends else []
         _round(s, *(Sync(p) for p in readers))
         return s

@@ -85,6 +85,11 @@ class Context:
             return "shm"
         return "tcp_local" if self.hosts[a] == self.hosts[b] else "tcp"
 
+    def use_segment(self, seg) -> None:
+        """The one-host fast path from now on: its algorithms become candidates."""
+        self.segment = seg
+        self.plans = Planner(self)
+
     def make_tuner(self) -> None:
         from ..tuning import Tuner
         if self.mesh.machine is None or self.size < 2:

@@ -23,14 +23,14 @@ from .messages import copy
 
 class _Segment(Semantics):
     blocking = True
-    __slots__ = ("ctx", "seg", "bufs", "reduce", "dt", "me", "parity", "mine")
+    __slots__ = ("ctx", "seg", "bufs", "reduce", "dt", "me", "parity", "mine", "posted")
 
     def __init__(self, ctx, bufs, reduce, mine, dt):
         self.ctx, self.seg, self.bufs, self.reduce, self.mine = ctx, ctx.segment, bufs, reduce, mine
-        self.dt, self.me, self.parity = dt, ctx.rank, 0
+        self.dt, self.me, self.parity, self.posted = dt, ctx.rank, 0, None
 
     def begin(self, r, k):
-        self.parity = self.seg.begin()
+        self.parity, self.posted = self.seg.begin(), None
         self.bufs["win"] = self.seg.window(self.parity, self.me, self.dt)
         return True
 
@@ -39,7 +39,8 @@ class _Segment(Semantics):
         if t is Copy:
             copy(self.bufs, o, self.reduce)
         elif t is Post:
-            self.seg.post(self.parity, self.bufs[o.buf][o.off:o.off + o.count])
+            self.posted = self.bufs[o.buf][o.off:o.off + o.count]
+            self.seg.post(self.parity, self.posted)
         else:
             self._get(o, self.parity ^ 1)
 
@@ -73,13 +74,16 @@ class _Segment(Semantics):
     def _get(self, o: Get, parity: int) -> None:
         dst = self.bufs[o.buf][o.off:o.off + o.count]
         seg = self.seg
-        if seg.posted(o.peer, parity):
+        if o.peer == self.me and self.posted is not None and parity == self.parity:
+            src = self.posted[o.src_off:o.src_off + o.count]          # my own posted buffer: a plain copy
+        elif seg.posted(o.peer, parity):
             target = np.empty_like(dst) if o.reduce else dst
             seg.read(o.peer, parity, target, o.src_off * dst.itemsize)
             if o.reduce:
                 self.reduce(dst, target)
             return
-        src = seg.window(parity, o.peer, self.dt)[o.src_off:o.src_off + o.count]
+        else:
+            src = seg.window(parity, o.peer, self.dt)[o.src_off:o.src_off + o.count]
         if o.reduce:
             self.reduce(dst, src)
         else:
@@ -118,5 +122,4 @@ def attach_segment(ctx, broadcast_object, allgather_object) -> None:
         return
     seg.cma = all(c for _, c in oks) and os.environ.get("PYXCCL_CMA", "1") != "0"
     seg.check_alive = ctx.check_alive
-    ctx.segment = seg
-    ctx.plans = type(ctx.plans)(ctx)      # the segment's algorithms are candidates from now on
+    ctx.use_segment(seg)
