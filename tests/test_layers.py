@@ -34,7 +34,7 @@ def test_nothing_outside_comm_py_reads_the_communicators_private_attributes():
         comm.close()
     users = []
     for path in _python_files():
-        if path == SRC / "comm.py":
+        if path in (SRC / "comm.py", SRC / "_describe.py"):     # the API layer: the Communicator and its base
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "_ctx":

@@ -30,8 +30,7 @@ from ..primitives import describe_words, differences
 from ..transport.mailbox import ABORT, ABORT_MISMATCH, RecvRequest
 from .engine import Engine, Work, _Call, annotate
 from .plan import Planner
-
-_RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
+from .quick import _RECENT_CALLS, Quick
 
 
 class Context:
@@ -50,7 +49,8 @@ class Context:
         self.error: BaseException | None = None
         self.splits = 0           # split() calls made (each child's id depends on it)
         self.store = None         # the rendezvous store init() made, closed with the world
-        self.thread_check = True  # fingerprints name the issuing thread
+        self.quick = Quick(self)  # blocking calls made before, prepared
+        self._thread_check = True
         self._threads: dict = {}  # thread -> (its name, its name in fingerprints, their digest)
         self.segment = None       # the one-host fast path's HostSegment (onehost.attach_segment)
         self.tuner = None
@@ -66,6 +66,16 @@ class Context:
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
         if parent is not None:
             parent.children.append(self)
+
+    @property
+    def thread_check(self) -> bool:
+        """Fingerprints name the issuing thread (prepared calls carry the words of one setting)."""
+        return self._thread_check
+
+    @thread_check.setter
+    def thread_check(self, on: bool) -> None:
+        self._thread_check = on
+        self.quick.clear()
 
     # --- ranks and links -------------------------------------------------------------
     def peer(self, r: int):
@@ -249,9 +259,11 @@ class Context:
             return work
         return work.result()
 
-    def collective(self, name: str, plan, key, args: dict, size, bufs: dict, *, result, async_op, timeout):
+    def collective(self, name: str, plan, key, args: dict, size, bufs: dict, *, result, async_op, timeout,
+                   quick=None, writes=True):
         """Run one collective with ``plan`` (builder arguments ``args``, their hashable ``key``);
-        ``size``: what the fingerprint says of its counts."""
+        ``size``: what the fingerprint says of its counts; ``quick``: the key to keep a blocking call
+        under, prepared (``writes``: it writes its output array)."""
         try:
             s = plan.schedule(key, args)
         except ValueError as e:
@@ -259,6 +271,8 @@ class Context:
                                        f"call: {e}", rank=self.rank, op=name) from None
         thread, number = self.thread() if self.thread_check else ("", 0)
         words = plan.words(name, key, size, number)
+        if not async_op:
+            self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes)
         calls = self._calls
 
         def fn(work, seq, cseq, deadline):

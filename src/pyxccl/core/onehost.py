@@ -9,16 +9,48 @@ proves. In a call's first round a rank compares its fingerprint with that of
 every peer already in the round, and with that of every peer it waits for
 before reading a byte of it: of two ranks the later one sees the earlier, so
 a disagreement is always found, by at least one rank, which tells the others.
+
+Two executors run the same schedules: ``_Segment`` here, in Python, and
+``pyxccl._native`` (C, without the GIL), which runs a schedule compiled by
+walking it once (``program``): the same operations in the walker's order.
+The native one is used when it was built and knows the call's dtype and op;
+``PYXCCL_NATIVE=0`` turns it off (CI runs the one-host tests both ways).
 """
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
-from ..schedule import Copy, Get, Post, Schedule
+from ..ops import ReduceOp
+from ..schedule import Copy, Get, Post, Schedule, Sync
 from ..walk import Semantics, walk
 from .messages import copy
+
+try:
+    from .. import _native
+except ImportError:         # not built (no C compiler at install): the Python executor runs everything
+    _native = None
+
+_DTYPES = {np.dtype(t): i for i, t in enumerate((np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+                                                  np.uint8, np.uint16, np.uint32, np.uint64))}
+_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3, ReduceOp.BAND: 4,
+        ReduceOp.BOR: 5, ReduceOp.BXOR: 6, ReduceOp.LAND: 7, ReduceOp.LOR: 8}
+_BUFS = {"in": 0, "out": 1, "tmp": 2, "win": 3}
+_BEGIN, _COPY, _POST, _PUBLISH, _GET, _SYNC = range(1, 7)
+_DONE, _NAPPED, _MISMATCH, _BOUNDS, _CMA_FAILED = range(5)
+
+
+def native_codes(dt: np.dtype, op) -> tuple[int, int] | None:
+    """(dtype, op) codes for the native executor, or None when a call of ``dt`` and ``op`` runs in
+    Python (not built, turned off, or a dtype or reduction the C code does not know)."""
+    if _native is None or os.environ.get("PYXCCL_NATIVE", "1") == "0":
+        return None
+    if op is None:
+        return (-1, -1) if dt.type.__module__ == "numpy" else None     # ml_dtypes' arrays export no buffer
+    codes = _DTYPES.get(dt, -1), _OPS.get(op, -1)
+    return codes if _native.can_reduce(*codes) else None
 
 
 class _Segment(Semantics):
@@ -90,11 +122,89 @@ class _Segment(Semantics):
             np.copyto(dst, src)
 
 
-def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline: float, dt) -> None:
-    """Run this rank's segment schedule ``s`` of collective ``seq``; ``call``: its fingerprint words."""
+class _Compile(Semantics):
+    """Records what the walker runs, in its order, as instructions of the native executor."""
+    blocking = True
+
+    def __init__(self, itemsize: int):
+        self.b, self.code = itemsize, []
+
+    def _add(self, *ins) -> None:
+        self.code.append(ins + (0,) * (9 - len(ins)))
+
+    def begin(self, r, k):
+        self._add(_BEGIN)
+        return True
+
+    def local(self, r, k, o):
+        b, t = self.b, type(o)
+        if t is Copy:
+            self._add(_COPY, _BUFS[o.src], o.src_off * b, _BUFS[o.dst], o.dst_off * b, o.count * b, o.reduce)
+        elif t is Post:
+            self._add(_POST, _BUFS[o.buf], o.off * b, o.count * b)
+        else:
+            self.take(r, k, o)
+
+    def publish(self, r, k):
+        self._add(_PUBLISH, k)
+
+    def take(self, r, k, o):
+        if type(o) is Sync:
+            self._add(_SYNC, o.peer, k)
+        else:
+            b = self.b
+            self._add(_GET, o.peer, o.src_off * b, _BUFS[o.buf], o.off * b, o.count * b, o.reduce, o.prev, k)
+        return True
+
+
+def program(s: Schedule, itemsize: int) -> bytes:
+    """``s`` compiled for the native executor (once per schedule: plans keep their schedules)."""
+    prog = s.__dict__.get("_program")
+    if prog is None:
+        c = _Compile(itemsize)
+        walk([s], c)
+        prog = s.__dict__["_program"] = np.array(c.code, np.int64).tobytes()
+    return prog
+
+
+def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline: float, dt, codes=None) -> None:
+    """Run this rank's segment schedule ``s`` of collective ``seq``; ``call``: its fingerprint words;
+    ``codes``: the native executor's (dtype, op) codes, None to run it in Python."""
     seg = ctx.segment
     seg.deadline, seg.op, seg.seq = deadline, op, seq
-    walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
+    if codes is None:
+        walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
+        return
+    native(ctx, program(s, dt.itemsize), (seq, *call), (bufs.get("in"), bufs.get("out"), bufs.get("tmp")),
+           (int(seg.spin * 1e9), seg.yields, *codes), deadline)
+
+
+def overlap(a, b) -> bool:
+    """Do arrays ``a`` and ``b`` (contiguous) share memory?"""
+    return _native.overlap(a, b)
+
+
+def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadline: float) -> None:
+    """Run ``prog`` natively on ``where`` = (in, out, tmp) for the call whose fingerprint is ``mine``;
+    between sleeps of a wait, check the deadline and the peers."""
+    seg, pc = ctx.segment, 0
+    while True:
+        status, pc, seg.round, peer, err = _native.run(prog, pc, seg.layout, seg.round, mine, where, settings)
+        if status == _DONE:
+            return
+        if status == _NAPPED:       # a wait slept: is the call still alive?
+            if time.monotonic() > deadline:
+                raise seg.timed_out(peer)
+            seg.check_alive(peer, mine[0])
+        elif status == _MISMATCH:
+            theirs = seg.call_of(peer, seg.round & 1)
+            raise ctx.mismatch(peer, mine[0], theirs[1:], their_seq=theirs[0])
+        elif status in (_BOUNDS, _CMA_FAILED):
+            raise seg.read_error(peer, seg.round & 1, err, OSError(err, os.strerror(err))
+                                 if status == _CMA_FAILED else None)
+        else:
+            raise RuntimeError(f"rank {ctx.rank}: {seg.op}: the native executor cannot run this call (status "
+                               f"{status}); set PYXCCL_NATIVE=0 and report it")
 
 
 def attach_segment(ctx, broadcast_object, allgather_object) -> None:

@@ -37,6 +37,7 @@ class Plan:
         self.reduce = reducer(op) if op is not None else None
         self.avg = op is ReduceOp.AVG and (root is None or root == ctx.rank)     # divide where the sum lands
         self.execute = onehost.run if algo.segment else messages.run
+        self.codes = onehost.native_codes(dtype, op) if algo.segment else None    # runs natively (C)?
         seg = ctx.segment
         self.window = Window.of(seg.area, dtype.itemsize, seg.cma) if algo.segment else None
         self.algorithm_id = registry.algorithm_id(algo.name)
@@ -75,6 +76,11 @@ class Plan:
     def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float) -> None:
         if s.scratch:
             bufs["tmp"] = self.ctx.scratch(s.scratch, self.dtype)
+        if self.codes is not None:
+            onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
+            if self.avg:
+                np.divide(bufs["out"], self.ctx.size, out=bufs["out"])
+            return
         if self.reduce is None:
             self.execute(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype)
             return

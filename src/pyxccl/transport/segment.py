@@ -78,12 +78,13 @@ class HostSegment:
         self._hdr_at = ctl_bytes + pids      # byte offset of the round headers (struct access on the hot path)
         self.data = buf[head:].reshape(2, nranks, self.area)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self.layout = (self._base, self.line, self._hdr_at, head, self.area, ctl_bytes, rank, nranks)  # for _native
         self.pids[rank] = (os.getpid(), self._base)    # something the others may try to read (cma.works)
         self.cma = False          # single-copy reads between the ranks work (set by the communicator)
         self.round = 0
         self._typed: dict = {}
         oversubscribed = nranks > len(os.sched_getaffinity(0))
-        self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 50)) * 1e-6
+        self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 1000)) * 1e-6
         self.yields = int(os.environ.get("PYXCCL_YIELDS", 20)) if oversubscribed else 0
         self.deadline = 0.0
         self.op, self.seq = "fast path", 0     # the call running on the segment, named in errors
@@ -164,15 +165,25 @@ class HostSegment:
         outside what ``p`` declared."""
         h = self.hdr[parity, p]
         if offset < 0 or offset + dst.nbytes > int(h[NBYTES]):
-            raise ProtocolError(f"rank {self.rank}: {self._who()}: reading bytes {offset}..{offset + dst.nbytes} of "
-                                f"the {int(h[NBYTES])}-byte buffer rank {p} posted: the ranks disagree on sizes",
-                                rank=self.rank, peer=p)
+            raise self.read_error(p, parity, offset + dst.nbytes)
         from .cma import read
         try:
             read(int(self.pids[p, 0]), dst.ctypes.data, int(h[ADDR]) + offset, dst.nbytes)
         except OSError as e:
-            raise ProtocolError(f"rank {self.rank}: {self._who()}: reading the buffer rank {p} posted failed ({e}); "
-                                f"that rank freed or changed it during the call", rank=self.rank, peer=p) from None
+            raise self.read_error(p, parity, 0, e) from None
+
+    def read_error(self, p: int, parity: int, end: int, err: OSError | None = None) -> ProtocolError:
+        """The error of a single-copy read of rank ``p``'s posted buffer: past its end, or failed."""
+        if err is None:
+            why = (f"reading up to byte {end} of the {int(self.hdr[parity, p, NBYTES])}-byte buffer rank {p} "
+                   f"posted: the ranks disagree on sizes")
+        else:
+            why = f"reading the buffer rank {p} posted failed ({err}); that rank freed or changed it during the call"
+        return ProtocolError(f"rank {self.rank}: {self._who()}: {why}", rank=self.rank, peer=p)
+
+    def timed_out(self, p: int) -> CommTimeoutError:
+        return CommTimeoutError(f"rank {self.rank}: {self._who()} timed out waiting for rank {p}; that rank "
+                                f"is slow, stuck or did not make the same call", rank=self.rank, peer=p)
 
     def wait(self, p: int, target: int | None = None) -> None:
         """Until rank ``p`` has published round ``target`` (default: this round)."""
@@ -201,8 +212,7 @@ class HostSegment:
             if _ge(int(ctl[p, 0]), target):
                 return
             if time.monotonic() > self.deadline:
-                raise CommTimeoutError(f"rank {self.rank}: {self._who()} timed out waiting for rank {p}; that rank "
-                                       f"is slow, stuck or did not make the same call", rank=self.rank, peer=p)
+                raise self.timed_out(p)
             self.check_alive(p, self.seq)
 
     def _who(self) -> str:

@@ -1,0 +1,65 @@
+"""What a communicator says about itself: its ranks, links, topology, algorithms and settings.
+A base of :class:`pyxccl.Communicator` (the API layer, with ``comm.py``)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class Description:
+    """The introspection part of the Communicator's API (``self._ctx``: its context)."""
+
+    @property
+    def world_ranks(self) -> list[int]:
+        """The world rank of each rank of this communicator."""
+        return list(self._ctx.world_ranks)
+
+    def transport(self, peer: int) -> str:
+        """How data moves to ``peer``: "shm", "tcp" or "self"."""
+        return self._ctx.peer(peer).kind
+
+    def connection(self, peer: int) -> dict:
+        """How this rank reaches ``peer``: ``transport`` ("shm", "tcp", "self"), the peer's ``host``
+        ("name (address)"; None for itself) and the ``connections`` of the pair (PYXCCL_NSOCKS)."""
+        p = self._ctx.peer(peer)
+        return dict(transport=p.kind, host=getattr(p, "host", None), connections=getattr(p, "connections", 1))
+
+    def link_class(self, a: int, b: int) -> str:
+        """Link class between ranks ``a`` and ``b``: "self", "shm", "tcp_local" (one host) or "tcp"."""
+        return self._ctx.link_class(a, b)
+
+    @property
+    def host_ranks(self) -> list[int]:
+        """Ranks of this communicator on the same host as this rank (by host identity)."""
+        return [r for r, h in enumerate(self._ctx.hosts) if h == self._ctx.hosts[self.rank]]
+
+    def topology(self) -> list[dict]:
+        """Per rank: its host's identity, index (in order of first rank), cores and NUMA node."""
+        m, c = self._ctx.mesh, self._ctx
+        return [dict(host=m.hosts[w], host_index=c.hosts[r], cores=m.cores[w], numa=m.numa[w])
+                for r, w in enumerate(c.world_ranks)]
+
+    def link_figures(self):
+        """The measured figures the tuner uses (a ``pyxccl.tuning.Machine``), or None."""
+        return self._ctx.mesh.machine
+
+    @property
+    def thread_check(self) -> bool:
+        """Whether a call's fingerprint names its thread (default True), so that calls which threads
+        issued in different orders on different ranks raise CollectiveMismatchError instead of pairing
+        wrongly. Threads are known by name (the workers of one pool as one): matching calls must come
+        from threads of one name on every rank. Turn it off where the program orders calls from several
+        threads itself (the torch backend does: torch issues a group's calls from hooks and callbacks).
+        """
+        return self._ctx.thread_check
+
+    @thread_check.setter
+    def thread_check(self, on: bool) -> None:
+        self._ctx.thread_check = bool(on)
+
+    def algorithms(self, primitive: str) -> list[str]:
+        """The algorithms ``primitive`` can run with on this communicator (``algorithm=`` values)."""
+        return self._ctx.plans.usable(primitive)
+
+    def algorithm_for(self, primitive: str, nbytes: int, dtype="float32") -> str:
+        """The algorithm a ``primitive`` call of ``nbytes`` (nccl-tests' size) would run here."""
+        return self._ctx.plans.choose(primitive, np.dtype(dtype), nbytes).name
