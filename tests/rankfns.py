@@ -566,10 +566,16 @@ FOREIGN = 1 << 20        # the disagreeing rank's values: a bit no agreeing rank
 
 def _mismatched_call(comm, kind: str, odd: bool, timeout: float, path: str):
     """Make call ``kind`` of the mismatch matrix: ``odd`` is the one rank that disagrees; ``path``:
-    "segment" (the one-host fast path) or "messages" (each primitive's default message algorithm).
-    Returns the buffer the call writes into (to be looked at afterwards)."""
+    "segment" (the one-host fast path), "prepared" (the same, after every rank made both forms of the
+    call twice, so that each form runs prepared) or "messages" (each primitive's default message
+    algorithm). Returns the buffer the call writes into (to be looked at afterwards)."""
     from pyxccl.algorithms import registry
     r, n = comm.rank, comm.size
+    if path == "prepared":
+        forms = (False,) if kind == "single_copy_counts" else (False, True)   # its odd form disagrees by itself
+        for form in forms * 2:
+            _mismatched_call(comm, kind, form, timeout, "segment")
+        path = "segment"
 
     def algo(prim):
         return "shm" if path == "segment" else registry.default(prim)
@@ -723,3 +729,125 @@ def memory_growth(comm, calls: int = 3000) -> int:
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     return grown
+
+
+# --- prepared calls (core/quick.py) -------------------------------------------------------------
+
+def check_prepared(comm, counts, pairs, reps: int = 3):
+    """Every primitive made ``reps`` times with the same shape and new data each time (from the second
+    call on it runs prepared): every result right, in place and out of place, every root."""
+    fails, n, r = [], comm.size, comm.rank
+    for count in counts:
+        for dt, op in pairs:
+            tag = f"{op.name} {np.dtype(dt)} n={count}"
+            out = np.empty(count, dt)
+            for k in range(reps):
+                x = data(r, count, dt, op, salt=k)
+                comm.allreduce(x, op)
+                _cmp(fails, f"allreduce #{k} {tag}", x, reference(op, n, count, dt, k))
+                comm.allreduce(data(r, count, dt, op, salt=k), op, out=out)
+                _cmp(fails, f"allreduce out= #{k} {tag}", out, reference(op, n, count, dt, k))
+                for root in sorted({0, n - 1}):
+                    x = data(r, count, dt, op, salt=k)
+                    comm.reduce(x, root, op)
+                    _cmp(fails, f"reduce root={root} #{k} {tag}", x,
+                         reference(op, n, count, dt, k) if r == root else data(r, count, dt, op, salt=k))
+                rs = np.empty(count, dt)
+                whole = [data(p, count * n, dt, op, salt=k) for p in range(n)]
+                comm.reduce_scatter(whole[r], rs, op)
+                exp = whole[0].copy()
+                for p in range(1, n):
+                    UFUNC[op](exp, whole[p], out=exp)
+                if op is ReduceOp.AVG:
+                    np.divide(exp, n, out=exp)
+                _cmp(fails, f"reduce_scatter #{k} {tag}", rs, exp[r * count:(r + 1) * count])
+        for dt in sorted({np.dtype(d) for d, _ in pairs}, key=str):
+            for k in range(reps):
+                tag = f"{dt} n={count} #{k}"
+                everyone = [data(p, count, dt, salt=k) for p in range(n)]
+                for root in sorted({0, n - 1}):
+                    x = data(r, count, dt, salt=k + 7)
+                    comm.broadcast(x, root)
+                    _cmp(fails, f"broadcast root={root} {tag}", x, data(root, count, dt, salt=k + 7))
+                    g = comm.gather(everyone[r], np.empty(count * n, dt) if r == root else None, root)
+                    if r == root:
+                        _cmp(fails, f"gather root={root} {tag}", g, np.concatenate(everyone))
+                    got = np.empty(count, dt)
+                    comm.scatter(np.concatenate(everyone) if r == root else None, got, root)
+                    _cmp(fails, f"scatter root={root} {tag}", got, everyone[r])
+                got = np.empty(count * n, dt)
+                comm.allgather(everyone[r], got)
+                _cmp(fails, f"allgather {tag}", got, np.concatenate(everyone))
+                send = np.concatenate([data(r * n + p, count, dt, salt=k) for p in range(n)])
+                comm.alltoall(send, got)
+                _cmp(fails, f"alltoall {tag}", got, np.concatenate([data(p * n + r, count, dt, salt=k)
+                                                                    for p in range(n)]))
+            comm.barrier()
+    return fails
+
+
+def check_prepared_refusals(comm):
+    """After a call shape is prepared, a call of the same dtypes and sizes that the full path refuses
+    (non-contiguous, read-only output, overlapping alltoall buffers) is still refused, on the calling
+    rank, before any byte moves; the communicator stays usable. Returns the failures."""
+    import pyxccl
+    fails, n, r = [], comm.size, comm.rank
+    x, out = np.ones(8, np.float32), np.empty(8 * n, np.float32)
+    for _ in range(3):
+        comm.allreduce(x)
+        comm.allgather(x, out)
+        comm.alltoall(out, np.empty(8 * n, np.float32))
+    ro = np.ones(8, np.float32)
+    ro.flags.writeable = False
+    wide = np.ones(16, np.float32)
+    both = np.zeros(16 * n, np.float32)
+    for what, call in (("non-contiguous allreduce", lambda: comm.allreduce(wide[::2])),
+                       ("read-only allreduce", lambda: comm.allreduce(ro)),
+                       ("non-contiguous allgather", lambda: comm.allgather(wide[::2], out)),
+                       ("read-only allgather output", lambda: comm.allgather(x, _readonly(8 * n))),
+                       ("overlapping alltoall", lambda: comm.alltoall(both[:8 * n], both[4:8 * n + 4]))):
+        try:
+            call()
+            fails.append(f"{what}: ran")
+        except pyxccl.InvalidArgumentError:
+            pass
+    y = np.full(8, r + 1, np.float32)
+    comm.allreduce(y)
+    if not (y == n * (n + 1) / 2).all():
+        fails.append(f"allreduce after the refusals: {y}")
+    return fails
+
+
+def _readonly(count: int) -> np.ndarray:
+    a = np.empty(count, np.float32)
+    a.flags.writeable = False
+    return a
+
+
+def full_path_calls(comm, reps: int = 5) -> int:
+    """Argument checks run by ``reps`` repeated blocking calls of each primitive after a warm-up:
+    0 when every repeat ran prepared (core/quick.py)."""
+    import pyxccl.comm as api
+    n, r = comm.size, comm.rank
+    x, out, other = np.ones(4, np.float32), np.empty(4 * n, np.float32), np.empty(4 * n, np.float32)
+
+    def calls():
+        comm.allreduce(x)
+        comm.allreduce(x, out=out[:4])
+        comm.broadcast(x, 0)
+        comm.reduce(x, n - 1)
+        comm.allgather(x, out)
+        comm.reduce_scatter(out, x)
+        comm.alltoall(out, other)
+        comm.gather(x, out if r == 0 else None, 0)
+        comm.scatter(out if r == 0 else None, x, 0)
+        comm.barrier()
+    calls()
+    made, real = [], api.Check
+    api.Check = lambda *a: made.append(a) or real(*a)
+    try:
+        for _ in range(reps):
+            calls()
+    finally:
+        api.Check = real
+    return len(made)

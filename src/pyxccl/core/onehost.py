@@ -179,9 +179,9 @@ def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline:
            (int(seg.spin * 1e9), seg.yields, *codes), deadline)
 
 
-def overlap(a, b) -> bool:
-    """Do arrays ``a`` and ``b`` (contiguous) share memory?"""
-    return _native.overlap(a, b)
+def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
+    """Do contiguous arrays ``a`` and ``b`` share memory?"""
+    return _native.overlap(a, b) if _native is not None else np.shares_memory(a, b)
 
 
 def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadline: float) -> None:

@@ -2,34 +2,39 @@
 
 The first call of a shape (primitive, dtypes, sizes, root, op, algorithm,
 timeout, from one thread) takes the full path: argument checks, plan,
-schedule, fingerprint. When that plan runs natively on the one-host segment,
-the call is kept as a ``Prepared`` under its key; the next call with the same
-key only checks what the key cannot say (the arrays are contiguous, the
-output writable, the communicator usable and idle), takes its numbers and
-runs the compiled program. Anything else (a torch tensor, async_op, an
-engine with work queued, a failed communicator) takes the full path, which
-gives the same result or raises the proper error.
+schedule, fingerprint. The call is then kept as a ``Prepared`` under its key;
+the next call with the same key only checks what the key cannot say (the
+arrays are contiguous, the output writable, the communicator usable and
+idle), takes its numbers and runs the schedule: the compiled program, when
+it runs natively on the one-host segment, else through its plan. Anything
+else (a torch tensor, async_op, an engine with work queued, a failed
+communicator) takes the full path, which gives the same result or raises
+the proper error.
 """
 from __future__ import annotations
 
 import time
 from threading import get_ident
 
+import numpy as np
+
 from .._errors import CommError
 from . import onehost
 from .engine import annotate
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
+_KEPT = 256              # prepared call shapes per communicator
 
 
 class Prepared:
-    __slots__ = ("plan", "name", "prog", "words", "settings", "record", "timeout", "writes", "avg", "disjoint")
+    __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg",
+                 "disjoint")
 
     def __init__(self, plan, name, s, size, thread, words, timeout, writes):
         seg = plan.ctx.segment
-        self.plan, self.name, self.words, self.timeout, self.writes = plan, name, words, timeout, writes
-        self.prog = onehost.program(s, plan.dtype.itemsize)
-        self.settings = (int(seg.spin * 1e9), seg.yields, *plan.codes)
+        self.plan, self.name, self.s, self.words, self.timeout, self.writes = plan, name, s, words, timeout, writes
+        self.prog = onehost.program(s, plan.dtype.itemsize) if plan.codes else None     # else: plan.run
+        self.settings = plan.codes and (int(seg.spin * 1e9), seg.yields, *plan.codes)
         self.record = (plan, name, size, thread, words)
         self.avg, self.disjoint = plan.avg, name == "alltoall"      # alltoall refuses overlapping buffers
 
@@ -47,11 +52,14 @@ class Quick:
 
     def keep(self, key, plan, name: str, s, size, thread: str, words, timeout, writes: bool) -> None:
         """After the full path decided a call: keep it under ``key`` if it can run prepared."""
-        if key is not None and plan.codes is not None and not s.scratch and len(self._prepared) < 256:
-            try:
-                self._prepared[(key, get_ident())] = Prepared(plan, name, s, size, thread, words, timeout, writes)
-            except TypeError:       # an unhashable argument (some op object): never prepared
-                pass
+        if key is None:
+            return
+        if len(self._prepared) >= _KEPT:
+            del self._prepared[next(iter(self._prepared))]        # the oldest
+        try:
+            self._prepared[(key, get_ident())] = Prepared(plan, name, s, size, thread, words, timeout, writes)
+        except TypeError:       # an unhashable argument (some op object): never prepared
+            pass
 
     def __call__(self, key, inp, out) -> bool:
         """Run the call kept under ``key`` on arrays ``inp`` and ``out`` (either may be None); False if
@@ -68,7 +76,7 @@ class Quick:
                 return False
         if inp is not None and inp is not out and not inp.flags.c_contiguous:
             return False
-        if p.disjoint and onehost.overlap(inp, out):
+        if p.disjoint and onehost.overlaps(inp, out):
             return False
         ctx = self.ctx
         eng = ctx.engine
@@ -82,8 +90,11 @@ class Quick:
             calls = ctx._calls
             calls[cseq] = p.record
             calls.pop((cseq - _RECENT_CALLS) & 0xFFFFFFFF, None)
-            seg = ctx.segment
             deadline = time.monotonic() + (ctx.timeout if p.timeout is None else p.timeout)
+            if p.prog is None:
+                p.plan.run(p.s, _bufs(inp, out), cseq, p.words, p.name, deadline)
+                return True
+            seg = ctx.segment
             seg.deadline, seg.op, seg.seq = deadline, p.name, cseq
             onehost.native(ctx, p.prog, (cseq, *p.words), (inp, out, None), p.settings, deadline)
             if p.avg:
@@ -95,3 +106,13 @@ class Quick:
             raise e from None
         finally:
             eng.release()
+
+
+def _bufs(inp, out) -> dict:
+    """The named buffers of a schedule, flat, as the full path makes them."""
+    bufs = {} if inp is not None or out is not None else {"in": np.empty(0, np.uint8)}
+    if inp is not None:
+        bufs["in"] = inp.reshape(-1)
+    if out is not None:
+        bufs["out"] = bufs["in"] if out is inp else out.reshape(-1)
+    return bufs
