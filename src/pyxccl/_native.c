@@ -225,7 +225,8 @@ static int step(Run *r, const int64_t *i) {
     return UNSUPPORTED;
 }
 
-/* run(program, pc, segment, round, call, buffers, settings) -> (status, pc, round, peer, err)
+/* run(program, pc, segment, round, call, buffers, settings) -> the new round when done (the common
+ * case, kept cheap), else (status, pc, round, peer, err)
  *   program:  C-contiguous int64, 9 values per instruction (opcode + 8 arguments)
  *   segment:  (base, line, hdr_at, head, area, pids_at, me, n): where things are in it
  *   round:    the segment's round counter (returned advanced)
@@ -282,6 +283,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
     for (int k = 0; k < 3; k++)
         if (objs[k] != Py_None) PyBuffer_Release(&views[k]);
     PyBuffer_Release(&prog);
+    if (status == DONE) return PyLong_FromUnsignedLong(r->round);
     return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
 }
 

@@ -67,8 +67,9 @@ class Communicator(Description):
         >>> comm.allreduce(grad, op=pyxccl.ReduceOp.AVG)   # doctest: +SKIP
         """
         dst = tensor if out is None else out
-        q = _shape(tensor) and _shape(dst) and ("allreduce", _shape(tensor), out is None or _shape(out), op,
-                                                algorithm, timeout)
+        sh = _shape(tensor)
+        q = sh and (out is None or _shape(out)) and ("allreduce", sh, out is None or _shape(out), op, algorithm,
+                                                     timeout)
         if q and not async_op and self._ctx.quick(q, tensor, dst):
             return dst
         c = Check(self, "allreduce")
@@ -80,7 +81,8 @@ class Communicator(Description):
 
     def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Copy ``tensor`` of rank ``root`` into ``tensor`` of every rank."""
-        q = type(root) is int and _shape(tensor) and ("broadcast", _shape(tensor), root, algorithm, timeout)
+        sh = _shape(tensor)
+        q = sh and type(root) is int and ("broadcast", sh, root, algorithm, timeout)
         if q and not async_op and self._ctx.quick(q, None, tensor):
             return tensor
         c = Check(self, "broadcast")
@@ -96,8 +98,9 @@ class Communicator(Description):
         The other ranks' buffers are left unchanged.
         """
         dst = out if out is not None and self.rank == root else tensor
-        q = type(root) is int and _shape(tensor) and _shape(dst) and (
-            "reduce", _shape(tensor), dst is tensor or _shape(dst), root, op, algorithm, timeout)
+        sh = _shape(tensor)
+        q = sh and type(root) is int and (dst is tensor or _shape(dst)) and (
+            "reduce", sh, dst is tensor or _shape(dst), root, op, algorithm, timeout)
         if q and not async_op and self._ctx.quick(q, tensor, dst):
             return dst
         c = Check(self, "reduce")

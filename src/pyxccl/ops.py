@@ -24,6 +24,8 @@ class ReduceOp(enum.Enum):
     LAND = "land"
     LOR = "lor"
 
+    __hash__ = object.__hash__      # members are singletons; Enum's own hash is Python code, on every call
+
 
 _UFUNC = {
     ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,

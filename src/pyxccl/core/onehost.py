@@ -176,7 +176,7 @@ def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline:
         walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
         return
     native(ctx, program(s, dt.itemsize), (seq, *call), (bufs.get("in"), bufs.get("out"), bufs.get("tmp")),
-           (int(seg.spin * 1e9), seg.yields, *codes), deadline)
+           (int(seg.spin * 1e9), seg.yields, *codes), deadline, op)
 
 
 def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
@@ -184,18 +184,21 @@ def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
     return _native.overlap(a, b) if _native is not None else np.shares_memory(a, b)
 
 
-def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadline: float) -> None:
-    """Run ``prog`` natively on ``where`` = (in, out, tmp) for the call whose fingerprint is ``mine``;
-    between sleeps of a wait, check the deadline and the peers."""
-    seg, pc = ctx.segment, 0
-    while True:
-        status, pc, seg.round, peer, err = _native.run(prog, pc, seg.layout, seg.round, mine, where, settings)
-        if status == _DONE:
-            return
-        if status == _NAPPED:       # a wait slept: is the call still alive?
+def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadline: float, op: str,
+           done=None) -> None:
+    """Run ``prog`` natively on ``where`` = (in, out, tmp) for call ``op`` whose fingerprint is ``mine``;
+    between sleeps of a wait, check the deadline and the peers. ``done``: what a first run returned."""
+    seg = ctx.segment
+    if done is None:
+        done = _native.run(prog, 0, seg.layout, seg.round, mine, where, settings)
+    while type(done) is not int:            # (status, pc, round, peer, err): it stopped
+        status, pc, seg.round, peer, err = done
+        seg.deadline, seg.op, seg.seq = deadline, op, mine[0]      # named in the errors below
+        if status == _NAPPED:       # a wait slept: is the call still alive? (then wait without spinning)
             if time.monotonic() > deadline:
                 raise seg.timed_out(peer)
             seg.check_alive(peer, mine[0])
+            settings = (0, 0, *settings[2:])
         elif status == _MISMATCH:
             theirs = seg.call_of(peer, seg.round & 1)
             raise ctx.mismatch(peer, mine[0], theirs[1:], their_seq=theirs[0])
@@ -203,8 +206,10 @@ def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadlin
             raise seg.read_error(peer, seg.round & 1, err, OSError(err, os.strerror(err))
                                  if status == _CMA_FAILED else None)
         else:
-            raise RuntimeError(f"rank {ctx.rank}: {seg.op}: the native executor cannot run this call (status "
+            raise RuntimeError(f"rank {ctx.rank}: {op}: the native executor cannot run this call (status "
                                f"{status}); set PYXCCL_NATIVE=0 and report it")
+        done = _native.run(prog, pc, seg.layout, seg.round, mine, where, settings)
+    seg.round = done
 
 
 def attach_segment(ctx, broadcast_object, allgather_object) -> None:

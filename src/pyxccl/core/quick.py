@@ -20,6 +20,9 @@ import numpy as np
 
 from .._errors import CommError
 from . import onehost
+from .onehost import _native
+
+native_run = _native.run if _native is not None else None
 from .engine import annotate
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
@@ -80,12 +83,17 @@ class Quick:
             return False
         ctx = self.ctx
         eng = ctx.engine
-        with eng.lock:          # as Context.submit: numbers and place in line under one lock
-            if ctx.error is not None or ctx.closed or not eng.claim():
-                return False
-            ctx.seq += 1
-            seq = ctx.seq
-            ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
+        lock = eng.lock         # as Context.submit and Engine.claim: numbers and place in line under one lock
+        lock.acquire()
+        if ctx.error is not None or ctx.closed or eng._pending:
+            lock.release()
+            return False
+        eng._pending = 1
+        eng._exec.acquire()
+        ctx.seq += 1
+        seq = ctx.seq
+        ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
+        lock.release()
         try:
             calls = ctx._calls
             calls[cseq] = p.record
@@ -94,9 +102,12 @@ class Quick:
             if p.prog is None:
                 p.plan.run(p.s, _bufs(inp, out), cseq, p.words, p.name, deadline)
                 return True
-            seg = ctx.segment
-            seg.deadline, seg.op, seg.seq = deadline, p.name, cseq
-            onehost.native(ctx, p.prog, (cseq, *p.words), (inp, out, None), p.settings, deadline)
+            seg, mine, where = ctx.segment, (cseq, *p.words), (inp, out, None)
+            done = native_run(p.prog, 0, seg.layout, seg.round, mine, where, p.settings)
+            if type(done) is int:
+                seg.round = done
+            else:
+                onehost.native(ctx, p.prog, mine, where, p.settings, deadline, p.name, done)
             if p.avg:
                 out /= ctx.size
             return True
