@@ -605,16 +605,16 @@ def _mismatched_call(comm, kind: str, odd: bool, timeout: float, path: str):
             comm.allreduce(x, timeout=timeout, algorithm=algo("allreduce"))
         comm.barrier(timeout=timeout, algorithm=algo("barrier"))
     elif kind == "single_copy_counts":
-        # a broadcast large enough for single-copy reads; the root's buffer is followed by a planted
+        # a scatter large enough for single-copy reads; the root's buffer is followed by a planted
         # value that must never reach the others, who expect more elements than the root has
         count = (1 << 20) // 4
+        send = None
         if r == 0:
-            whole = np.full(count + 4096, -7, np.int32)
-            x = whole[:count]
-            x[:] = 1
-        else:
-            x = np.zeros(count + (4096 if odd else 0), np.int32)
-        comm.broadcast(x, root=0, timeout=timeout, algorithm=algo("broadcast"))
+            whole = np.full(n * count + 4096, -7, np.int32)
+            send = whole[:n * count]
+            send[:] = 1
+        x = np.zeros(count + (4096 if odd else 0), np.int32)
+        comm.scatter(send, x, root=0, timeout=timeout, algorithm=algo("scatter"))
     return x
 
 

@@ -100,7 +100,7 @@ def _mismatch_ok(out, kind, n):
 @pytest.mark.parametrize("transport_, path", (("shm", "segment"), ("shm", "prepared"), ("shm", "messages"),
                                               ("tcp", "messages")))
 def test_ranks_that_disagree_get_an_error_on_every_rank(pools, transport_, path, n, kind):
-    """dtype, count, op, primitive, root, algorithm, an extra call on one rank, and broadcast counts
+    """dtype, count, op, primitive, root, algorithm, an extra call on one rank, and scatter counts
     that differ on the single-copy path, on the one-host fast path (calls made for the first time,
     and prepared ones) and over messages (shared memory and TCP): every rank raises ProtocolError within a second, naming the ranks and both calls; no
     rank holds a byte of a call it did not make; the communicator is aborted."""

@@ -131,3 +131,44 @@ def test_single_copy_reads_stay_inside_what_the_owner_posted():
     finally:
         reader.close()
         owner.close()
+
+
+def test_native_single_copy_reads_stay_inside_what_the_owner_posted():
+    """The same defense in the native executor: a Get past the end of the buffer the owner posted
+    stops with a ProtocolError naming the owner, before a byte is read."""
+    import os
+    import types
+
+    import pytest
+
+    from pyxccl.core import onehost
+    from pyxccl.schedule import Get, Schedule
+    from pyxccl.transport.cma import works
+    from pyxccl.transport.segment import HostSegment
+    if onehost._native is None:
+        pytest.skip("pyxccl._native is not built (PYXCCL_NATIVE=0 runs cover the Python executor)")
+    owner = HostSegment(0, 2, 1 << 16)
+    reader = HostSegment.open(1, 2, 1 << 16, os.getpid(), owner.fd)
+    try:
+        if not works(os.getpid(), int(owner.pids[0, 1])):
+            pytest.skip("process_vm_readv is not allowed here (ptrace rules)")
+        data = np.arange(16, dtype=np.int32)
+        words = (1, 2, 3)
+        parity = owner.begin()
+        owner.post(parity, data)
+        owner.publish(*words)
+        ctx = types.SimpleNamespace(segment=reader, rank=1)
+        for count, fits in ((16, True), (17, False)):
+            s = Schedule(1, 2, [(Get(0, 0, "out", 0, count),)], segment=True, window=16)
+            got = np.zeros(count, np.int32)
+            reader.round = 0
+            if fits:
+                onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
+                assert (got == data).all()
+            else:
+                with pytest.raises(pyxccl.ProtocolError, match="rank 0 posted"):
+                    onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
+                assert not got.any()
+    finally:
+        reader.close()
+        owner.close()

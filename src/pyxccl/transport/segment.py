@@ -132,6 +132,7 @@ class HostSegment:
         m, at = self._map, self.rank * self.line
         _CALL.pack_into(m, self._hdr_at + ((self.round & 1) * self.n + self.rank) * _LINE, seq, w0, w1)
         _U32.pack_into(m, at, self.round)
+        self.fence()        # my counter before their sleep flags: else a waiter may sleep through it
         if any(m[at + 4:at + 4 + 4 * self.n]):      # somebody sleeps on my counter
             _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + at), _FUTEX_WAKE, ctypes.c_int(self.n),
                           None, None, 0)
@@ -203,6 +204,7 @@ class HostSegment:
         flag = 1 + self.rank
         while True:
             ctl[p, flag] = 1
+            self.fence()    # my flag before their counter (the publisher does the converse)
             cur = int(ctl[p, 0])
             if _ge(cur, target):
                 ctl[p, flag] = 0
