@@ -177,7 +177,7 @@ def _read(path: str) -> tuple[dict, list[str], bool]:
     try:
         with open(path, "rb") as f:
             raw = f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):     # not there (a bad directory: store() says so)
         return {}, [], True
     except OSError as e:
         return {}, [f"it cannot be read ({e.strerror or e})"], True

@@ -25,7 +25,6 @@ import numpy as np
 
 from . import linkcache
 from .cost import Link, Machine
-from .linkcache import cache_path  # noqa: F401  (where the figures are kept; re-exported)
 
 log = logging.getLogger("pyxccl")
 
