@@ -176,4 +176,6 @@ def measure(comm, clock=time.perf_counter) -> Machine:
         links["seg"] = entry.links[seg]
     if tcp is not None:
         links["tcp"] = tcp
+    if comm.rank == 0:
+        log.info("link figures %s (%s)", why, path)
     return Machine(links, entry.gamma, entry.copy, len(os.sched_getaffinity(0)), source=why)
