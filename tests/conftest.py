@@ -1,9 +1,21 @@
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))   # rank processes import rankfns from here
+
+# The suite never reads or writes the user's link figures (~/.cache/pyxccl/links.json): it loads
+# the cores, so figures it measured would be a busy machine's, and it must see a fresh machine.
+# Set before any rank process starts: the pools' and launched jobs' processes inherit it.
+LINKS_DIR = tempfile.mkdtemp(prefix="pyxccl-test-links-")
+os.environ["PYXCCL_LINKS"] = os.path.join(LINKS_DIR, "links.json")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(LINKS_DIR, ignore_errors=True)
 
 from pyxccl.testing import RankPool  # noqa: E402
 

@@ -46,8 +46,12 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
     ``timeout`` (s, default ``PYXCCL_TIMEOUT`` or 300) is the deadline of
     set-up and of every later call; ``transport`` (default
     ``PYXCCL_TRANSPORT`` or ``"auto"``) forces ``"tcp"`` or ``"shm"``. The
-    first init on a host measures its links (well under a second) and caches
-    the figures the tuner chooses algorithms with.
+    first init on a host measures its links (well under a second) and keeps
+    the figures the tuner chooses algorithms with in
+    ``~/.cache/pyxccl/links.json`` (``PYXCCL_LINKS``); later inits check them
+    with a quick re-measurement and measure again when the file was recorded
+    on a busy machine, belongs to another machine or software version, is
+    older than ``PYXCCL_LINKS_MAX_AGE`` seconds (a week) or is malformed.
 
     >>> comm = pyxccl.init(rank=0, size=2, init_method="tcp://127.0.0.1:29500")   # doctest: +SKIP
     """

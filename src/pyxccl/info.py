@@ -32,7 +32,9 @@ def report() -> None:
             print(f"{r:>4}  {node:<20}{pid:>8}{topo[r]['cores']:>6}{topo[r]['numa']:>5}  {kinds}")
         m = comm.link_figures()
         if m is not None:
+            from .tuning.linkcache import cache_path
             print("\nmeasured link figures (alpha = latency per message, beta as bandwidth):")
+            print(f"  ({m.source}; kept in {cache_path()})")
             for k, link in sorted(m.links.items()):
                 bw = f"{1 / link.beta / 1e9:6.2f} GB/s" if link.beta else "(copies, below)"
                 print(f"  {k:<10} alpha {link.alpha * 1e6:8.1f} us   {bw}")

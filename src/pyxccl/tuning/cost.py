@@ -46,6 +46,7 @@ class Machine:
     gamma: float = 2e-10         # seconds per byte reduced
     copy: float = 1.5e-10        # seconds per byte copied locally
     cores: int = 1
+    source: str = field(default="", compare=False)    # how the figures were got (probe.measure says)
 
     def link(self, klass: str) -> Link:
         """Measured figures of ``klass``, else the defaults."""
