@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 NPROC  ?= $(shell nproc)
 
-.PHONY: install install-test run test clean
+.PHONY: install install-test run test peers clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ install-test: $(VENV)/.installed-test
 # The main job: the benchmark of every collective on all local cores.
 run: install
 	$(VENV)/bin/pyxccl bench -n $(NPROC) all -b 8 -e 64M -f 8
+
+# The peers of `pyxccl bench --vs` outside the pip extra: Intel MPI, DeepSpeed, oneCCL (scripts/setup_peers.sh).
+peers:
+	bash scripts/setup_peers.sh all
 
 test: install-test
 	$(PY) -m pytest -q

@@ -25,9 +25,7 @@ def _impi(env: dict) -> list[str]:
     """Intel MPI under this Python's mpi4py: Intel's libmpi is ABI-compatible with MPICH's (libmpi.so.12),
     so mpi4py's MPICH build runs on it once MPI4PY_LIBMPI names it; Intel's own hydra starts the ranks."""
     root = installs.impi_root()
-    lib = os.path.join(root, "lib")
-    env.update(I_MPI_ROOT=root, MPI4PY_LIBMPI=os.path.join(lib, "libmpi.so.12"),
-               LD_LIBRARY_PATH=os.pathsep.join(filter(None, [lib, env.get("LD_LIBRARY_PATH")])))
+    env.update(I_MPI_ROOT=root, MPI4PY_LIBMPI=os.path.join(root, "lib", "libmpi.so.12"))
     # One host: shared memory only (no libfabric provider), hydra's control traffic on loopback.
     env.setdefault("I_MPI_FABRICS", "shm")
     env.setdefault("I_MPI_HYDRA_IFACE", "lo")

@@ -30,8 +30,14 @@ def peers_dir() -> str:
     return os.environ.get("PYXCCL_PEERS_DIR") or os.path.expanduser("~/.cache/pyxccl-peers")
 
 
+#: What a missing library is called in the message that says so.
+NAMES = {"impi": "Intel MPI (impi-rt wheel)", "deepspeed": "DeepSpeed (CPU torch + deepspeed venv)",
+         "oneccl": "oneCCL (oneccl_bench binary)"}
+
+
 def setup_command(lib: str) -> str:
-    return f"scripts/setup_peers.sh {lib}  (in a pyxccl checkout; installs into {peers_dir()})"
+    where = f"PYXCCL_PEERS_DIR={peers_dir()} " if os.environ.get("PYXCCL_PEERS_DIR") else ""
+    return f"{where}scripts/setup_peers.sh {lib}  (from a pyxccl checkout; installs into {peers_dir()})"
 
 
 def impi_root() -> str:
@@ -74,7 +80,7 @@ def missing(lib: str) -> str | None:
     absent = [p for p in need if not os.path.exists(p)]
     if not absent:
         return None
-    return f"not installed (no {', '.join(absent)}); install it with: {setup_command(lib)}"
+    return f"{NAMES[lib]} is not installed (no {', '.join(absent)}); install it with: {setup_command(lib)}"
 
 
 def unfit(lib: str, prims, dtype: str) -> str | None:

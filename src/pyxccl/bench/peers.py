@@ -130,10 +130,13 @@ class _DeepSpeedComm(_GlooComm):
 
 
 class _MpiComm:
-    def __init__(self):
+    def __init__(self, intel=False):
         from mpi4py import MPI
         self.MPI, self.c = MPI, MPI.COMM_WORLD
         self.rank, self.size = self.c.Get_rank(), self.c.Get_size()
+        if intel and "Intel" not in MPI.Get_library_version():
+            # an mpi4py that ignores MPI4PY_LIBMPI would time MPICH in Intel MPI's column
+            raise SystemExit(f"impi: mpi4py loaded {MPI.Get_library_version().splitlines()[0]!r}, not Intel MPI")
 
     def barrier(self):
         self.c.Barrier()
@@ -167,7 +170,7 @@ class _MpiComm:
         pass
 
 
-COMMS = {"gloo": _GlooComm, "deepspeed": _DeepSpeedComm, "mpi": _MpiComm, "impi": _MpiComm}
+COMMS = {"gloo": _GlooComm, "deepspeed": _DeepSpeedComm, "mpi": _MpiComm, "impi": lambda: _MpiComm(intel=True)}
 
 
 def run(lib: str, out: str, prims: list[str], sizes: list[int], dtype: str) -> None:
