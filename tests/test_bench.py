@@ -86,16 +86,29 @@ def test_missing_pip_peers_name_the_extra(monkeypatch):
     assert "no mpiexec" in installs.missing("mpi") and installs.missing("gloo") is None
 
 
-def test_plan_runs_allreduce_only_peers_on_allreduce_only(tmp_path, monkeypatch):
+def test_plan_runs_each_peer_on_what_it_has(monkeypatch):
     monkeypatch.setattr(installs, "missing", lambda lib: "not here" if lib == "impi" else None)
-    todo, skipped = compare.plan(["mpi", "impi", "deepspeed", "oneccl"], ["allreduce", "broadcast"], "float32")
-    assert todo == {"pyxccl": ["allreduce", "broadcast"], "mpi": ["allreduce", "broadcast"],
-                    "deepspeed": ["allreduce"], "oneccl": ["allreduce"]}
+    prims = ["allreduce", "broadcast", "gather"]
+    todo, skipped = compare.plan(["mpi", "impi", "deepspeed", "oneccl"], prims, "float32")
+    assert todo == {"pyxccl": prims, "mpi": prims, "deepspeed": ["allreduce"], "oneccl": ["allreduce", "broadcast"]}
     assert skipped == {"impi": "not here"}
     todo, skipped = compare.plan(["deepspeed", "oneccl"], ["broadcast"], "float32")
-    assert list(todo) == ["pyxccl"] and set(skipped) == {"deepspeed", "oneccl"}
-    _, skipped = compare.plan(["oneccl"], ["allreduce"], "float64")
-    assert skipped == {"oneccl": "times only a float32 allreduce"}
+    assert todo == {"pyxccl": ["broadcast"], "oneccl": ["broadcast"]} and skipped == {"deepspeed": "has only allreduce"}
+    _, skipped = compare.plan(["oneccl"], ["scatter", "gather"], "float32")
+    assert skipped == {"oneccl": "has only allreduce, broadcast, reduce, allgather, reduce_scatter, alltoall"}
+    _, skipped = compare.plan(["oneccl", "mpi"], ["allreduce"], "float64")
+    assert skipped == {"oneccl": "timed on float32 only"}
+
+
+def test_oneccl_gets_the_counts_of_methodology(monkeypatch):
+    seen = []
+    monkeypatch.setattr(oneccl.subprocess, "run", lambda cmd, **kw: seen.append(cmd) or
+                        subprocess.CompletedProcess(cmd, 0, ONECCL_OUT, ""))
+    args = argparse.Namespace(dtype="float32", algo=None)
+    rows = compare.run_lib("oneccl", 4, ["allreduce", "allgather"], [8, 1 << 20], args, "unused.json")
+    assert seen[0][1:] == ["-n", "4", "--cases", "allreduce:2:2,allreduce:262144:262144,"
+                           "allgather:4:1,allgather:262144:65536"]       # 8 B of allgather at 4 ranks: 16 B
+    assert [r["size"] for r in rows] == [8, 1048576]
 
 
 ONECCL_OUT = """\
@@ -122,7 +135,7 @@ def _row(lib, op, size, us, wrong=0):
                 out_of_place=dict(M.summarize([us * 1e-6], size, op, 2), wrong=wrong))
 
 
-def test_allreduce_only_peers_merge_into_the_table(capsys):
+def test_peers_with_fewer_primitives_merge_into_the_table(capsys):
     runs = {"pyxccl": [[_row("pyxccl", "allreduce", 8, us), _row("pyxccl", "broadcast", 8, us - 10)]
                        for us in (20.0, 40.0, 30.0)],                                    # three rounds
             "deepspeed": [[_row("deepspeed", "allreduce", 8, us, w)] for us, w in ((5.0, 0), (7.0, 1), (6.0, 0))],
@@ -181,11 +194,13 @@ def test_vs_installed_peer(tmp_path, lib):
     if installs.missing(lib):
         pytest.skip(installs.missing(lib))
     out = tmp_path / "vs.json"
-    p = subprocess.run([sys.executable, "-m", "pyxccl", "bench", "--vs", lib, "-n", "2", "allreduce,broadcast",
+    p = subprocess.run([sys.executable, "-m", "pyxccl", "bench", "--vs", lib, "-n", "2", "all",
                         "-b", "8", "-e", "64K", "-f", "8192", "--check", "--json", str(out)],
                        capture_output=True, text=True, timeout=280)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = {(r["lib"], r["op"], r["size"]): r for r in json.loads(out.read_text())}
-    for size in (8, 65536):
-        assert rows[(lib, "allreduce", size)]["wrong"] == 0 and rows[(lib, "allreduce", size)]["time_us"] > 0
-    assert ((lib, "broadcast", 8) in rows) == (lib not in installs.ALLREDUCE_ONLY)
+    has = installs.primitives(lib, M.PRIMITIVES)
+    assert {k[1] for k in rows if k[0] == lib} == set(has)
+    for op in has:
+        for size in (8, 65536):
+            assert rows[(lib, op, size)]["wrong"] == 0 and rows[(lib, op, size)]["time_us"] > 0, (op, size)

@@ -1,28 +1,30 @@
-// oneCCL (Intel oneAPI Collective Communications Library, C++ API) CPU allreduce, for `pyxccl bench --vs oneccl`
-// (built by scripts/setup_peers.sh oneccl; run by pyxccl/bench/oneccl.py, which turns its lines into table rows).
+// oneCCL (Intel oneAPI Collective Communications Library, C++ API) on CPU, for `pyxccl bench --vs oneccl`:
+// built by scripts/setup_peers.sh oneccl, run by src/pyxccl/bench/oneccl.py, which turns its lines into rows.
+// (From ../shared/peers/more/bench_oneccl.cpp, the recipe these numbers were first measured with.)
 //
-// One binary, self-launching: `bench_oneccl -n 2 --sizes 8,1048576,67108864` fork()s n ranks
-// on this host before ccl::init(); rank 0 creates the main KVS and hands its address to the
-// other ranks over pipes (no MPI / PMI needed: CCL_PROCESS_LAUNCHER=none with
-// CCL_LOCAL_RANK/CCL_LOCAL_SIZE set per rank). Build + run: see run_oneccl.sh.
+//     oneccl_bench -n NPROC --cases PRIM:TOTAL:PER,...      e.g. --cases allreduce:2:2,allgather:262144:131072
 //
-// Method (that of pyxccl.bench.runner.time_case): per size, W warm-up + N timed iterations (5+20 up to
-// 1 MiB, 2+10 up to 16 MiB, 1+5 above); the input (pyxccl's pattern i % 7 + rank + 1) is reset untimed
-// before every iteration, a ccl::barrier precedes every timed call, the timed call is an in-place
-// ccl::allreduce(buf, buf, count, sum, comm).wait(); per-iteration time = max over ranks; the last
-// iteration's result is compared exactly with the expected sum. Rank 0 prints one JSON line per size on
-// stdout with the per-iteration times and the wrong elements summed over ranks: Python takes the median,
-// so every library's figures come out of the same code (pyxccl.bench.methodology.summarize).
+// PRIM is allreduce, broadcast, reduce, allgather, reduce_scatter or alltoall (oneCCL has no gather/scatter);
+// TOTAL and PER are element counts (float32) as pyxccl.bench.methodology.counts gives them, so no rule of
+// sizes is written twice. The binary fork()s its NPROC ranks before ccl::init(); rank 0 creates the main KVS
+// and hands its address to the others over pipes (no MPI / PMI: CCL_PROCESS_LAUNCHER=none with
+// CCL_LOCAL_RANK / CCL_LOCAL_SIZE set per rank).
+//
+// Method (that of pyxccl.bench.runner.time_case, buffers and expected results of runner.Case): per case,
+// W warm-up + N timed iterations (5+20 up to 1 MiB, 2+10 up to 16 MiB, 1+5 above); the inputs are reset
+// untimed before every iteration, a ccl::barrier precedes every timed call; per-iteration time = max over
+// ranks; the last iteration's result is compared exactly with the expected one. Rank 0 prints one JSON line
+// per case on stdout with the per-iteration times and the wrong elements summed over ranks: Python takes
+// the median, so every library's figures come out of the same code (methodology.summarize).
 #include <oneapi/ccl.hpp>
 
-#include <fcntl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,26 +32,15 @@
 #include <string>
 #include <vector>
 
-static size_t parse_size(std::string s)
-{
-    size_t mult = 1;
-    const char* sufs[] = {"KiB", "MiB", "GiB", "K", "M", "G"};
-    const size_t mults[] = {1ul << 10, 1ul << 20, 1ul << 30, 1ul << 10, 1ul << 20, 1ul << 30};
-    for (int i = 0; i < 6; i++) {
-        size_t l = strlen(sufs[i]);
-        if (s.size() > l && s.compare(s.size() - l, l, sufs[i]) == 0) {
-            s = s.substr(0, s.size() - l);
-            mult = mults[i];
-            break;
-        }
-    }
-    return std::stoull(s) * mult;
-}
+struct Case {
+    std::string prim;
+    size_t total, per;  // elements: the full buffer, and one rank's block of the split primitives
+};
 
-static void schedule(size_t size, int& warm, int& iters)
+static void schedule(size_t bytes, int& warm, int& iters)
 {
-    if (size <= (1ul << 20)) { warm = 5; iters = 20; }
-    else if (size <= (16ul << 20)) { warm = 2; iters = 10; }
+    if (bytes <= (1ul << 20)) { warm = 5; iters = 20; }
+    else if (bytes <= (16ul << 20)) { warm = 2; iters = 10; }
     else { warm = 1; iters = 5; }
 }
 
@@ -75,15 +66,61 @@ static void read_all(int fd, void* p, size_t n)
 
 static FILE* json_out = stdout;
 
-static int run_rank(int rank, int world, int addr_fd_in, const std::vector<int>& addr_fds_out,
-                    const std::vector<size_t>& sizes, const std::string& kvs_file)
+// One rank's buffers of a case, as runner.Case makes them (pattern p(i) = i % 7, root 0).
+struct Buffers {
+    std::vector<float> ref, send, recv, expect;  // expect empty: nothing to check on this rank
+    bool inplace;
+};
+
+static Buffers buffers(const Case& c, int rank, int n)
 {
-    const bool external = !kvs_file.empty();  // launched by mpiexec (hydra): rank/size from PMI_*
-    if (!external) {
-        setenv("CCL_PROCESS_LAUNCHER", "none", 1);
-        setenv("CCL_LOCAL_RANK", std::to_string(rank).c_str(), 1);
-        setenv("CCL_LOCAL_SIZE", std::to_string(world).c_str(), 1);
+    auto p = [](size_t i) { return float(i % 7); };
+    const float tri = float(n * (n + 1) / 2);
+    Buffers b;
+    b.inplace = c.prim == "allreduce" || c.prim == "broadcast";
+    size_t in = c.total, out = c.total;
+    if (c.prim == "allgather") in = c.per;
+    if (c.prim == "reduce_scatter") out = c.per;
+    b.ref.resize(in);
+    for (size_t i = 0; i < in; i++) {
+        if (c.prim == "broadcast") b.ref[i] = rank == 0 ? p(i) + 1 : 0;
+        else if (c.prim == "alltoall") b.ref[i] = p(i % c.per) + 3 * rank + float(i / c.per);
+        else b.ref[i] = p(i) + float(rank + 1);
     }
+    if (c.prim != "reduce" || rank == 0) {
+        b.expect.resize(out);
+        for (size_t i = 0; i < out; i++) {
+            if (c.prim == "allreduce" || c.prim == "reduce") b.expect[i] = float(n) * p(i) + tri;
+            else if (c.prim == "broadcast") b.expect[i] = p(i) + 1;
+            else if (c.prim == "allgather") b.expect[i] = p(i % c.per) + float(i / c.per + 1);
+            else if (c.prim == "reduce_scatter") b.expect[i] = float(n) * p(rank * c.per + i) + tri;
+            else if (c.prim == "alltoall") b.expect[i] = p(i % c.per) + 3 * float(i / c.per) + float(rank);
+        }
+    }
+    b.send.resize(in);
+    if (!b.inplace) b.recv.resize(out);
+    return b;
+}
+
+static void call(const Case& c, Buffers& b, const ccl::communicator& comm)
+{
+    float* s = b.send.data();
+    float* r = b.inplace ? s : b.recv.data();
+    const auto sum = ccl::reduction::sum;
+    if (c.prim == "allreduce") ccl::allreduce(s, r, c.total, sum, comm).wait();
+    else if (c.prim == "broadcast") ccl::broadcast(s, c.total, 0, comm).wait();
+    else if (c.prim == "reduce") ccl::reduce(s, r, c.total, sum, 0, comm).wait();
+    else if (c.prim == "allgather") ccl::allgather(s, r, c.per, comm).wait();
+    else if (c.prim == "reduce_scatter") ccl::reduce_scatter(s, r, c.per, sum, comm).wait();
+    else if (c.prim == "alltoall") ccl::alltoall(s, r, c.per, comm).wait();
+}
+
+static int run_rank(int rank, int world, int addr_fd_in, const std::vector<int>& addr_fds_out,
+                    const std::vector<Case>& cases)
+{
+    setenv("CCL_PROCESS_LAUNCHER", "none", 1);
+    setenv("CCL_LOCAL_RANK", std::to_string(rank).c_str(), 1);
+    setenv("CCL_LOCAL_SIZE", std::to_string(world).c_str(), 1);
     setenv("CCL_KVS_IFACE", "lo", 0);  // KVS bootstrap socket on loopback only
     setenv("FI_TCP_IFACE", "lo", 0);    // in case the ofi tcp provider is chosen
     setenv("FI_SOCKETS_IFACE", "lo", 0);
@@ -103,29 +140,10 @@ static int run_rank(int rank, int world, int addr_fd_in, const std::vector<int>&
     if (rank == 0) {
         kvs = ccl::create_main_kvs();
         addr = kvs->get_address();
-        if (external) {
-            std::string tmp = kvs_file + ".tmp";
-            int fd = open(tmp.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
-            if (fd < 0) { perror("open kvs file"); exit(3); }
-            write_all(fd, addr.data(), addr.size());
-            close(fd);
-            rename(tmp.c_str(), kvs_file.c_str());
-        }
         for (int fd : addr_fds_out) { write_all(fd, addr.data(), addr.size()); close(fd); }
     } else {
-        if (external) {
-            int fd = -1;
-            for (int tries = 0; fd < 0 && tries < 120000; tries++) {
-                fd = open(kvs_file.c_str(), O_RDONLY);
-                if (fd < 0) usleep(1000);
-            }
-            if (fd < 0) { fprintf(stderr, "rank %d: no KVS address in %s\n", rank, kvs_file.c_str()); exit(3); }
-            read_all(fd, addr.data(), addr.size());
-            close(fd);
-        } else {
-            read_all(addr_fd_in, addr.data(), addr.size());
-            close(addr_fd_in);
-        }
+        read_all(addr_fd_in, addr.data(), addr.size());
+        close(addr_fd_in);
         kvs = ccl::create_kvs(addr);
     }
     auto comm = ccl::create_communicator(world, rank, kvs);
@@ -136,9 +154,8 @@ static int run_rank(int rank, int world, int addr_fd_in, const std::vector<int>&
 
     if (rank == 0) {
         auto v = ccl::get_library_version();
-        const char* keys[] = {"CCL_PROCESS_LAUNCHER", "I_MPI_FABRICS", "CCL_ATL_TRANSPORT", "CCL_ATL_SHM", "FI_PROVIDER", "CCL_WORKER_COUNT",
-                              "CCL_WORKER_AFFINITY", "CCL_WORKER_OFFLOAD", "CCL_WORKER_WAIT", "CCL_ALLREDUCE",
-                              "OMP_NUM_THREADS"};
+        const char* keys[] = {"CCL_ATL_TRANSPORT", "CCL_ATL_SHM", "FI_PROVIDER", "CCL_WORKER_COUNT",
+                              "CCL_WORKER_AFFINITY", "CCL_WORKER_OFFLOAD", "CCL_WORKER_WAIT", "CCL_ALLREDUCE"};
         fprintf(stderr, "{\"kind\": \"meta\", \"lib\": \"oneccl\", \"ccl_version\": \"%d.%d.%d %s\", \"world_size\": %d",
                 v.major, v.minor, v.update, v.full, world);
         for (auto k : keys) {
@@ -148,74 +165,70 @@ static int run_rank(int rank, int world, int addr_fd_in, const std::vector<int>&
         fprintf(stderr, "}\n");
     }
 
-    const float tri = float(world * (world + 1) / 2);
-    for (size_t size : sizes) {
-        size_t n = size / 4;
-        std::vector<float> src(n), expected(n), x(n);
-        for (size_t i = 0; i < n; i++) {
-            float p = float(i % 7);
-            src[i] = p + float(rank + 1);
-            expected[i] = float(world) * p + tri;
-        }
+    for (const Case& c : cases) {
+        Buffers b = buffers(c, rank, world);
         int warm, iters;
-        schedule(size, warm, iters);
+        schedule(c.total * sizeof(float), warm, iters);
         std::vector<double> times;
         for (int it = 0; it < warm + iters; it++) {
-            memcpy(x.data(), src.data(), size);
+            b.send = b.ref;
+            std::fill(b.recv.begin(), b.recv.end(), 0.0f);
             ccl::barrier(comm).wait();
             auto t0 = std::chrono::steady_clock::now();
-            ccl::allreduce(x.data(), x.data(), n, ccl::reduction::sum, comm).wait();
+            call(c, b, comm);
             auto t1 = std::chrono::steady_clock::now();
             if (it >= warm) times.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
         }
+        const std::vector<float>& got = b.inplace ? b.send : b.recv;
         int64_t wrong = 0;
-        for (size_t i = 0; i < n; i++) wrong += x[i] != expected[i];
+        for (size_t i = 0; i < b.expect.size(); i++) wrong += got[i] != b.expect[i];
         std::vector<double> tmax(times.size());
         ccl::allreduce(times.data(), tmax.data(), times.size(), ccl::reduction::max, comm).wait();
         int64_t wrong_all = 0;
         ccl::allreduce(&wrong, &wrong_all, 1, ccl::reduction::sum, comm).wait();
         if (rank == 0) {
-            fprintf(json_out, "{\"lib\": \"oneccl\", \"op\": \"allreduce\", \"type\": \"float32\", \"n\": %d, "
+            fprintf(json_out, "{\"lib\": \"oneccl\", \"op\": \"%s\", \"type\": \"float32\", \"n\": %d, "
                     "\"size\": %zu, \"count\": %zu, \"wrong\": %lld, \"warmup\": %d, \"times_us\": [",
-                    world, size, n, (long long)wrong_all, warm);
+                    c.prim.c_str(), world, c.total * sizeof(float), c.total, (long long)wrong_all, warm);
             for (size_t i = 0; i < tmax.size(); i++) fprintf(json_out, "%s%.3f", i ? ", " : "", tmax[i]);
             fprintf(json_out, "]}\n");
             fflush(json_out);
         }
     }
     ccl::barrier(comm).wait();
-    if (external && rank == 0) unlink(kvs_file.c_str());
     return 0;
 }
+
+static const char* PRIMS[] = {"allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall"};
 
 int main(int argc, char** argv)
 {
     int world = 2;
-    std::string sizes_s = "8,1048576,67108864";
-    std::string kvs_file;
+    std::string cases_s;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         if ((a == "-n" || a == "--nproc") && i + 1 < argc) world = atoi(argv[++i]);
-        else if (a == "--sizes" && i + 1 < argc) sizes_s = argv[++i];
-        else if (a.rfind("--sizes=", 0) == 0) sizes_s = a.substr(8);
-        else if (a == "--kvs-file" && i + 1 < argc) kvs_file = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [-n NPROC] [--sizes B1,B2,...]   (self-launch NPROC ranks, ofi transport)\n"
-                            "       mpiexec -n NPROC %s --kvs-file UNIQUE_PATH [--sizes ...]   (ranks from PMI_RANK/PMI_SIZE)\n",
-                    argv[0], argv[0]);
-            return 1;
-        }
+        else if (a == "--cases" && i + 1 < argc) cases_s = argv[++i];
+        else world = 0;  // unknown argument: usage below
     }
-    std::vector<size_t> sizes;
-    std::stringstream ss(sizes_s);
+    std::vector<Case> cases;
+    std::stringstream ss(cases_s);
     std::string tok;
     while (std::getline(ss, tok, ',')) {
-        if (tok.empty()) continue;
-        size_t s = parse_size(tok);
-        if (s == 0 || s % 4) { fprintf(stderr, "size %zu not a positive multiple of 4\n", s); return 1; }
-        sizes.push_back(s);
+        Case c;
+        char prim[32];
+        if (sscanf(tok.c_str(), "%31[a-z_]:%zu:%zu", prim, &c.total, &c.per) != 3) { cases.clear(); break; }
+        c.prim = prim;
+        bool known = false;
+        for (auto p : PRIMS) known |= c.prim == p;
+        if (!known || c.total == 0 || c.per == 0) { cases.clear(); break; }
+        cases.push_back(c);
     }
-    if (world < 1) return 1;
+    if (world < 1 || cases.empty()) {
+        fprintf(stderr, "usage: %s -n NPROC --cases PRIM:TOTAL:PER,...   (element counts of float32; PRIM one of "
+                        "allreduce broadcast reduce allgather reduce_scatter alltoall)\n", argv[0]);
+        return 1;
+    }
 
     // oneCCL writes its CCL_WARN/CCL_INFO lines to stdout: keep stdout for the JSON lines only.
     fflush(stdout);
@@ -228,14 +241,7 @@ int main(int argc, char** argv)
     std::vector<int> to_child_w;  // rank 0 writes the KVS address into these
     std::vector<pid_t> pids;
     int my_rank = 0, my_in = -1;
-    if (!kvs_file.empty()) {
-        const char* r = getenv("PMI_RANK");
-        const char* n = getenv("PMI_SIZE");
-        if (!r || !n) { fprintf(stderr, "--kvs-file needs PMI_RANK/PMI_SIZE (launch with mpiexec)\n"); return 1; }
-        my_rank = atoi(r);
-        world = atoi(n);
-    }
-    for (int r = 1; kvs_file.empty() && r < world; r++) {
+    for (int r = 1; r < world; r++) {
         int fds[2];
         if (pipe(fds)) { perror("pipe"); return 3; }
         fflush(stdout); fflush(stderr);
@@ -255,7 +261,7 @@ int main(int argc, char** argv)
     }
     int rc = 0;
     try {
-        rc = run_rank(my_rank, world, my_in, to_child_w, sizes, kvs_file);
+        rc = run_rank(my_rank, world, my_in, to_child_w, cases);
     } catch (const std::exception& e) {
         fprintf(stderr, "[rank %d] exception: %s\n", my_rank, e.what());
         rc = 5;

@@ -65,8 +65,8 @@ def run_lib(lib: str, n: int, prims, sizes, args, out: str) -> list[dict] | str:
         env.update(PYTHONPATH=_pyxccl_path(os.path.dirname(out)), GLOO_SOCKET_IFNAME="lo", DS_ACCELERATOR="cpu",
                    TORCH_EXTENSIONS_DIR=os.path.join(installs.peers_dir(), "torch_ext"))
         code = run(n, [installs.ds_python(), "-m", "pyxccl.bench.peers", "deepspeed", *peer_args], env=env)
-    elif lib == "oneccl":     # float32 only (installs.unfit): the byte sizes pyxccl's rows will have
-        return oneccl.run(n, [M.counts("allreduce", s, 4, n)[0] * 4 for s in sizes])
+    elif lib == "oneccl":     # float32 only (installs.unfit)
+        return oneccl.run(n, [(p, *M.counts(p, s, 4, n)) for p in prims for s in sizes])
     if code != 0:
         return f"its run exited with code {code}"
     with open(out) as f:
@@ -90,7 +90,7 @@ def plan(peers, prims, dtype: str) -> tuple[dict[str, list[str]], dict[str, str]
         if why:
             skipped[lib] = why
         else:
-            todo[lib] = ["allreduce"] if lib in installs.ALLREDUCE_ONLY else list(prims)
+            todo[lib] = installs.primitives(lib, prims)
     return todo, skipped
 
 

@@ -20,8 +20,12 @@ import sys
 
 #: Every library --vs knows, in the order of the table's columns.
 PEERS = ("gloo", "mpi", "impi", "deepspeed", "oneccl")
-#: Libraries that only time an allreduce of float32: other rows show "-".
-ALLREDUCE_ONLY = ("deepspeed", "oneccl")
+#: The primitives of the libraries that do not have them all (their other rows show "-"): DeepSpeed's shm
+#: op is an allreduce, oneCCL has no gather or scatter.
+ONLY = {"deepspeed": ("allreduce",),
+        "oneccl": ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")}
+#: Libraries timed on float32 only (DeepSpeed's op also does bf16/fp16, oneccl_bench does not).
+FLOAT32_ONLY = ("deepspeed", "oneccl")
 
 PIP_EXTRA = "pip install 'pyxccl[peers]'"
 
@@ -83,8 +87,15 @@ def missing(lib: str) -> str | None:
     return f"{NAMES[lib]} is not installed (no {', '.join(absent)}); install it with: {setup_command(lib)}"
 
 
+def primitives(lib: str, prims) -> list[str]:
+    """Those of ``prims`` that ``lib`` is timed on."""
+    return [p for p in prims if p in ONLY.get(lib, prims)]
+
+
 def unfit(lib: str, prims, dtype: str) -> str | None:
     """Why ``lib`` has nothing to time in this sweep, if it has not."""
-    if lib in ALLREDUCE_ONLY and ("allreduce" not in prims or dtype != "float32"):
-        return "times only a float32 allreduce"
+    if lib in FLOAT32_ONLY and dtype != "float32":
+        return "timed on float32 only"
+    if not primitives(lib, prims):
+        return f"has only {', '.join(ONLY[lib])}"
     return None

@@ -1,7 +1,7 @@
 """oneCCL's column of `pyxccl bench --vs`: its C++ API has no Python binding a user would pick, so a small
-binary (scripts/peers/oneccl_bench.cpp, built by scripts/setup_peers.sh oneccl) times the allreduce as
-runner.time_case does and prints one JSON line per size with the per-iteration times; this module runs it
-and turns those lines into the rows every other library writes.
+binary (scripts/peers/oneccl_bench.cpp, built by scripts/setup_peers.sh oneccl) times each case with the
+buffers of runner.Case as runner.time_case does, and prints one JSON line per case with the per-iteration
+times; this module runs it and turns those lines into the rows every other library writes.
 
 oneCCL runs its own algorithms over libfabric's shm provider with no worker thread (CCL_ATL_TRANSPORT=ofi,
 CCL_ATL_SHM=1, FI_PROVIDER=shm, CCL_WORKER_OFFLOAD=0, set by the binary unless the environment says
@@ -32,9 +32,10 @@ def rows(text: str) -> list[dict]:
     return out
 
 
-def run(n: int, sizes: list[int], timeout: float = 1800) -> list[dict] | str:
-    """oneCCL's allreduce rows at these sizes (bytes, float32), or why it could not run."""
-    cmd = [installs.oneccl_bench(), "-n", str(n), "--sizes", ",".join(map(str, sizes))]
+def run(n: int, cases: list[tuple[str, int, int]], timeout: float = 1800) -> list[dict] | str:
+    """oneCCL's rows of these (primitive, total elements, elements per rank) of float32, or why it could not
+    run. The counts come from methodology.counts, so the binary repeats no rule of sizes."""
+    cmd = [installs.oneccl_bench(), "-n", str(n), "--cases", ",".join(f"{p}:{t}:{q}" for p, t, q in cases)]
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
