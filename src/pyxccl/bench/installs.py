@@ -9,7 +9,8 @@ libmpi.so.12 would shadow MPICH's, DeepSpeed needs torch's CPU build), so
     impi/        venv holding the impi-rt wheel: lib/libmpi.so.12, bin/mpiexec (hydra)
     ds/          venv with torch 2.13.0+cpu and deepspeed 0.19.8
     torch_ext/   DeepSpeed's JIT-built shm op (TORCH_EXTENSIONS_DIR)
-    oneccl_bench oneCCL's benchmark binary (built against oneccl/lib)
+    oneccl/      venv with oneCCL's CPU runtime and headers (and libccl.so.2, see the script)
+    oneccl_bench oneCCL's benchmark binary, built against oneccl/lib
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import os
 import shutil
 import sys
 
-#: Every library --vs knows, in the order of the table's columns.
+#: Every library --vs knows.
 PEERS = ("gloo", "mpi", "impi", "deepspeed", "oneccl")
 #: The primitives of the libraries that do not have them all (their other rows show "-"): DeepSpeed's shm
 #: op is an allreduce, oneCCL has no gather or scatter.
