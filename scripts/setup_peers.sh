@@ -36,7 +36,8 @@ impi() {
 
 deepspeed() {
   [ -x "$D/ds/bin/python" ] || "$PY" -m venv "$D/ds"
-  # 'torch==2.13.0+cpu' is the CPU build; a bare 'torch' would bring the newest CUDA build (GBs).
+  # 'torch==2.13.0+cpu' is the CPU build (this project's machines provide it; elsewhere give pip PyTorch's CPU
+  # index in PIP_EXTRA_INDEX_URL); a bare 'torch' would bring the newest CUDA build (GBs).
   # numpy and ml_dtypes: the ranks run pyxccl's own bench code (pyxccl.bench.peers) in this venv.
   "$D/ds/bin/pip" install -q "torch==2.13.0+cpu" "deepspeed==0.19.8" numpy ml_dtypes
   # Build the shm op once now (JIT, a minute), not inside the first timed run.
