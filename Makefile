@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 NPROC  ?= $(shell nproc)
 
-.PHONY: install install-test run test clean
+.PHONY: install install-test run test peers clean
 
 $(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(VENV)/bin/pyxccl bench -n $(NPROC) all -b 8 -e 64M -f 8
 
+# The peers of `pyxccl bench --vs` outside the pip extra: Intel MPI, DeepSpeed, oneCCL (scripts/setup_peers.sh).
+peers:
+	bash scripts/setup_peers.sh all
+
 # The whole suite, then the one-host and collective tests again with the pure-Python executor
 # (what runs where pyxccl._native could not be built).
 test: install-test
@@ -31,4 +35,4 @@ test: install-test
 		tests/test_errors.py -k "not sigkill and not close_leaves and not host_faults"
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so

@@ -26,7 +26,8 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--check", action="store_true", help="exit non-zero if any result is wrong")
     p.add_argument("--json", default=None, help="write the rows to this file")
-    p.add_argument("--vs", default="", help="also run the sweep with these libraries: gloo,mpi")
+    p.add_argument("--vs", default="", help="also run the sweep with these libraries: gloo,mpi,impi,deepspeed,"
+                   "oneccl (see README.md, Benchmark, for installing them)")
     p.add_argument("--rounds", type=int, default=1, help="with --vs: repeat the sweeps, report the median")
     p.add_argument("--plot", default=None, help="with --vs: draw busbw against size into this PNG")
     p.add_argument("--sizes", default=None, help=argparse.SUPPRESS)     # exact sizes, for --vs runs
