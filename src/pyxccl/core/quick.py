@@ -9,7 +9,8 @@ idle), takes its numbers and runs the schedule: the compiled program, when
 it runs natively on the one-host segment, else through its plan. Anything
 else (a torch tensor, async_op, an engine with work queued, a failed
 communicator) takes the full path, which gives the same result or raises
-the proper error.
+the proper error. (A thread is known by its identity here: one renamed after
+its first call keeps its first name in the fingerprints of prepared calls.)
 """
 from __future__ import annotations
 
@@ -20,11 +21,10 @@ import numpy as np
 
 from .._errors import CommError
 from . import onehost
+from .engine import annotate
 from .onehost import _native
 
 native_run = _native.run if _native is not None else None
-from .engine import annotate
-
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
 _KEPT = 256              # prepared call shapes per communicator
 
