@@ -376,14 +376,17 @@ def threads_after_close(comm):
     fresh = pyxccl.init(comm.rank, comm.size, store=PrefixStore("fresh", store),
                         transport=comm.transport((comm.rank + 1) % comm.size))
     fresh.allreduce(np.ones(4, np.float32))
+    fresh.allreduce(np.ones(4, np.float32))         # the shape is prepared now
     fresh.close()
     store.close()
-    try:
-        fresh.allreduce(np.ones(4, np.float32))
-        return "allreduce after close did not raise"
-    except pyxccl.CommClosedError as e:
-        if f"rank {comm.rank}" not in str(e) or "closed" not in str(e):
-            return f"bad message: {e}"
+    for what, call in (("a prepared allreduce", lambda: fresh.allreduce(np.ones(4, np.float32))),
+                       ("an allgather of a new shape", lambda: fresh.allgather(np.ones(3, np.int64)))):
+        try:
+            call()
+            return f"{what} after close did not raise"
+        except pyxccl.CommClosedError as e:
+            if f"rank {comm.rank}" not in str(e) or "closed" not in str(e):
+                return f"bad message: {e}"
     time.sleep(0.3)
     return len(ours() - before)
 

@@ -103,6 +103,7 @@ class Planner:
         key = (primitive, dtype, bucket(nbytes), op, root, algorithm)
         p = self._plans.get(key)
         if p is None:
+            self.ctx.usable(primitive)      # closed or failed: say so, not that the segment is gone
             p = self._plans[key] = Plan(self.ctx, primitive, self.choose(primitive, dtype, nbytes, algorithm, error),
                                         dtype, op, root)
         return p

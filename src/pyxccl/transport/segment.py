@@ -77,7 +77,10 @@ class HostSegment:
         self.hdr = buf[ctl_bytes + pids:head].view(np.uint64).reshape(2, nranks, _LINE // 8)
         self._hdr_at = ctl_bytes + pids      # byte offset of the round headers (struct access on the hot path)
         self.data = buf[head:].reshape(2, nranks, self.area)
-        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        # Held for the object's life: the map is never unmapped under a native run of another thread
+        # (it holds this object); it goes when the last reference to the segment does.
+        self._anchor = ctypes.c_char.from_buffer(self._map)
+        self._base = ctypes.addressof(self._anchor)
         self.layout = (self._base, self.line, self._hdr_at, head, self.area, ctl_bytes, rank, nranks)  # for _native
         self.pids[rank] = (os.getpid(), self._base)    # something the others may try to read (cma.works)
         self.cma = False          # single-copy reads between the ranks work (set by the communicator)
@@ -99,11 +102,7 @@ class HostSegment:
             os.close(self.fd)
             self.fd = None
         self.ctl = self.data = self.hdr = self.pids = None
-        self._typed.clear()
-        try:
-            self._map.close()
-        except BufferError:
-            pass      # a view is still alive; the map goes with it
+        self._typed.clear()         # the map itself goes with the last reference to this object
 
     # --- one round -------------------------------------------------------------------
     def begin(self) -> int:
