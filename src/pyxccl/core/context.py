@@ -271,7 +271,7 @@ class Context:
                                        f"call: {e}", rank=self.rank, op=name) from None
         thread, number = self.thread() if self.thread_check else ("", 0)
         words = plan.words(name, key, size, number)
-        if not async_op:
+        if not async_op and self.error is None and not self.closed:
             self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes)
         calls = self._calls
 
