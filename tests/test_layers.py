@@ -4,6 +4,7 @@ import ast
 import pathlib
 
 import numpy as np
+import pytest
 
 import pyxccl
 from pyxccl.algorithms import registry
@@ -96,79 +97,74 @@ def test_a_forced_fast_path_without_a_segment_is_a_clear_error():
         comm.close()
 
 
-def test_single_copy_reads_stay_inside_what_the_owner_posted():
-    """Defense behind the fingerprints: a read of another rank's posted buffer never goes past the
-    size its owner declared, and a failing read is a ProtocolError naming the owner (not a raw OSError)."""
+@pytest.fixture
+def two_segments():
+    """Rank 0's segment and rank 1's view of it, in this process (single-copy reads must work here)."""
     import os
 
     from pyxccl.transport.cma import works
-    from pyxccl.transport.segment import ADDR, NBYTES, HostSegment
+    from pyxccl.transport.segment import HostSegment
     owner = HostSegment(0, 2, 1 << 16)
     reader = HostSegment.open(1, 2, 1 << 16, os.getpid(), owner.fd)
     try:
         if not works(os.getpid(), int(owner.pids[0, 1])):
-            import pytest
             pytest.skip("process_vm_readv is not allowed here (ptrace rules)")
-        data = np.arange(16, dtype=np.int32)
-        owner.post(0, data)
-        got = np.zeros(16, np.int32)
-        reader.read(0, 0, got, 0)
-        assert (got == data).all()
-        for dst, offset in ((np.zeros(17, np.int32), 0), (np.zeros(4, np.int32), 60), (np.zeros(1, np.int32), -4)):
-            try:
-                reader.read(0, 0, dst, offset)
-            except pyxccl.ProtocolError as e:
-                assert "rank 0 posted" in str(e), e
-            else:
-                raise AssertionError(f"read {dst.nbytes} bytes at {offset} of a 64-byte buffer")
-        owner.hdr[0, 0, ADDR], owner.hdr[0, 0, NBYTES] = 8, 64      # an address nobody can read
-        try:
-            reader.read(0, 0, got, 0)
-        except pyxccl.ProtocolError as e:
-            assert "rank 0" in str(e), e
-        else:
-            raise AssertionError("a read of an unmapped address succeeded")
+        yield owner, reader
     finally:
         reader.close()
         owner.close()
 
 
-def test_native_single_copy_reads_stay_inside_what_the_owner_posted():
+def test_single_copy_reads_stay_inside_what_the_owner_posted(two_segments):
+    """Defense behind the fingerprints: a read of another rank's posted buffer never goes past the
+    size its owner declared, and a failing read is a ProtocolError naming the owner (not a raw OSError)."""
+    from pyxccl.transport.segment import ADDR, NBYTES
+    owner, reader = two_segments
+    data = np.arange(16, dtype=np.int32)
+    owner.post(0, data)
+    got = np.zeros(16, np.int32)
+    reader.read(0, 0, got, 0)
+    assert (got == data).all()
+    for dst, offset in ((np.zeros(17, np.int32), 0), (np.zeros(4, np.int32), 60), (np.zeros(1, np.int32), -4)):
+        try:
+            reader.read(0, 0, dst, offset)
+        except pyxccl.ProtocolError as e:
+            assert "rank 0 posted" in str(e), e
+        else:
+            raise AssertionError(f"read {dst.nbytes} bytes at {offset} of a 64-byte buffer")
+    owner.hdr[0, 0, ADDR], owner.hdr[0, 0, NBYTES] = 8, 64      # an address nobody can read
+    try:
+        reader.read(0, 0, got, 0)
+    except pyxccl.ProtocolError as e:
+        assert "rank 0" in str(e), e
+    else:
+        raise AssertionError("a read of an unmapped address succeeded")
+
+
+def test_native_single_copy_reads_stay_inside_what_the_owner_posted(two_segments):
     """The same defense in the native executor: a Get past the end of the buffer the owner posted
     stops with a ProtocolError naming the owner, before a byte is read."""
-    import os
     import types
-
-    import pytest
 
     from pyxccl.core import onehost
     from pyxccl.schedule import Get, Schedule
-    from pyxccl.transport.cma import works
-    from pyxccl.transport.segment import HostSegment
     if onehost._native is None:
         pytest.skip("pyxccl._native is not built (PYXCCL_NATIVE=0 runs cover the Python executor)")
-    owner = HostSegment(0, 2, 1 << 16)
-    reader = HostSegment.open(1, 2, 1 << 16, os.getpid(), owner.fd)
-    try:
-        if not works(os.getpid(), int(owner.pids[0, 1])):
-            pytest.skip("process_vm_readv is not allowed here (ptrace rules)")
-        data = np.arange(16, dtype=np.int32)
-        words = (1, 2, 3)
-        parity = owner.begin()
-        owner.post(parity, data)
-        owner.publish(*words)
-        ctx = types.SimpleNamespace(segment=reader, rank=1)
-        for count, fits in ((16, True), (17, False)):
-            s = Schedule(1, 2, [(Get(0, 0, "out", 0, count),)], segment=True, window=16)
-            got = np.zeros(count, np.int32)
-            reader.round = 0
-            if fits:
+    owner, reader = two_segments
+    data = np.arange(16, dtype=np.int32)
+    words = (1, 2, 3)
+    parity = owner.begin()
+    owner.post(parity, data)
+    owner.publish(*words)
+    ctx = types.SimpleNamespace(segment=reader, rank=1)
+    for count, fits in ((16, True), (17, False)):
+        s = Schedule(1, 2, [(Get(0, 0, "out", 0, count),)], segment=True, window=16)
+        got = np.zeros(count, np.int32)
+        reader.round = 0
+        if fits:
+            onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
+            assert (got == data).all()
+        else:
+            with pytest.raises(pyxccl.ProtocolError, match="rank 0 posted"):
                 onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
-                assert (got == data).all()
-            else:
-                with pytest.raises(pyxccl.ProtocolError, match="rank 0 posted"):
-                    onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
-                assert not got.any()
-    finally:
-        reader.close()
-        owner.close()
+            assert not got.any()
