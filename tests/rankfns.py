@@ -854,3 +854,37 @@ def full_path_calls(comm, reps: int = 5) -> int:
     finally:
         api.Check = real
     return len(made)
+
+
+def check_nan_and_overflow(comm, algorithm=None):
+    """MIN and MAX propagate NaN as numpy's minimum/maximum do; integer sums wrap; float sums
+    saturate to inf: the same bits on every rank, prepared or not."""
+    fails, n, r = [], comm.size, comm.rank
+    for dt in (np.float32, np.float64):
+        for op, uf in ((ReduceOp.MIN, np.minimum), (ReduceOp.MAX, np.maximum)):
+            for _ in range(2):
+                x = np.arange(6, dtype=dt) + r
+                if r == n - 1:
+                    x[[1, 4]] = np.nan
+                exp = np.arange(6, dtype=dt)
+                for p in range(1, n):
+                    y = np.arange(6, dtype=dt) + p
+                    if p == n - 1:
+                        y[[1, 4]] = np.nan
+                    exp = uf(exp, y)
+                comm.allreduce(x, op, algorithm=algorithm)
+                if not np.array_equal(x, exp, equal_nan=True):
+                    fails.append(f"{op.name} {np.dtype(dt)} with NaN: got {x}, want {exp}")
+        big = np.full(3, np.finfo(dt).max, dt)
+        comm.allreduce(big, algorithm=algorithm)
+        if not np.isinf(big).all():
+            fails.append(f"SUM {np.dtype(dt)} of max values: got {big}")
+    for dt in (np.int8, np.uint16, np.int64):
+        x = np.full(5, np.iinfo(dt).max, dt)
+        comm.allreduce(x, algorithm=algorithm)
+        want = np.full(5, np.iinfo(dt).max, dt)
+        for _ in range(n - 1):
+            want = np.add(want, np.iinfo(dt).max, dtype=dt, casting="unsafe")
+        if not np.array_equal(x, want):
+            fails.append(f"SUM {np.dtype(dt)} overflow: got {x}, want {want}")
+    return fails

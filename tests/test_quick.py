@@ -51,3 +51,9 @@ def test_prepared_calls_over_tcp_give_right_results(pools):
 @pytest.mark.parametrize("transport", ("shm", "tcp"))
 def test_prepared_shapes_still_refuse_what_the_full_path_refuses(pools, transport):
     _ok(pools(2).run(rf.check_prepared_refusals, transport=transport))
+
+
+@pytest.mark.parametrize("n", (2, 3))
+@pytest.mark.parametrize("algorithm", ("shm", "ring"))
+def test_nan_and_overflow_match_numpy(pools, n, algorithm):
+    _ok(pools(n).run(rf.check_nan_and_overflow, algorithm, transport="shm"))
