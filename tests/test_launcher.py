@@ -314,3 +314,34 @@ def test_a_rank_may_exit_right_after_its_last_send(tmp_path):
                        env=dict(ENV, PYXCCL_TUNE="0"))
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == ["[0] got all"]
+
+
+def test_local_ranks_are_bound_to_their_own_cpus(tmp_path, capfd, monkeypatch):
+    """As many ranks as CPUs (or fewer): each rank gets its own share, the shares cover the CPUs once,
+    the children learn the node's count, and the launcher's own mask is left as it was;
+    PYXCCL_BIND=none and bind=False leave the ranks unbound."""
+    from pyxccl.launcher import shares
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to bind")
+    script = _script(tmp_path, """
+        import os
+        print("cpus", os.environ["RANK"], sorted(os.sched_getaffinity(0)), os.environ.get("PYXCCL_JOB_CPUS"))
+    """)
+    n = len(cpus)
+    assert run(n, [script]) == 0
+    got = {int(line.split()[2]): line.split(" ", 3)[3] for line in capfd.readouterr().out.splitlines()
+           if " cpus " in line}
+    want = shares(n)
+    assert [set(c) for c in want] == [{c} for c in cpus]
+    assert got == {r: f"{sorted(want[r])} {n}" for r in range(n)}
+    assert sorted(os.sched_getaffinity(0)) == cpus
+    for kw, envvar in ((dict(bind=False), None), ({}, "none")):
+        if envvar:
+            monkeypatch.setenv("PYXCCL_BIND", envvar)
+        assert run(n, [script], **kw) == 0
+        lines = [line for line in capfd.readouterr().out.splitlines() if " cpus " in line]
+        assert all(line.endswith(f"{cpus} None") for line in lines), lines
+    assert shares(n + 1) is None and shares(1) is None         # more ranks than CPUs, or one rank
+    monkeypatch.delenv("PYXCCL_BIND")
+    assert [len(s) for s in shares(2)] == [len(cpus) // 2 + len(cpus) % 2, len(cpus) // 2]

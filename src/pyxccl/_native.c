@@ -11,6 +11,7 @@
  *
  * Segment layout: see transport/segment.py (offsets are passed in).
  */
+#define _GNU_SOURCE          /* sched_getcpu */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -32,6 +33,8 @@
 #else
 #define PAUSE() ((void)0)
 #endif
+
+#define YIELD_EVERY_NS 20000
 
 enum { I_BEGIN = 1, I_COPY, I_POST, I_PUBLISH, I_GET, I_SYNC };
 enum { B_IN, B_OUT, B_TMP, B_WIN };
@@ -60,6 +63,7 @@ static inline volatile uint32_t *counter(Run *r, int64_t p) { return (volatile u
 static inline volatile uint64_t *header(Run *r, int parity, int64_t p) {
     return (volatile uint64_t *)(r->base + r->hdr_at + (parity * r->n + p) * 64);
 }
+static inline volatile uint32_t *my_cpu(Run *r) { return counter(r, r->me) + 1 + r->n; }
 static inline char *window(Run *r, int parity, int64_t p) { return r->base + r->head + (parity * r->n + p) * r->area; }
 
 static int64_t now_ns(void) {
@@ -73,11 +77,28 @@ static int64_t now_ns(void) {
 static int wait_for(Run *r, int64_t p, uint32_t target) {
     volatile uint32_t *c = counter(r, p);
     if (ge(__atomic_load_n(c, __ATOMIC_ACQUIRE), target)) return 1;
-    int64_t t0 = now_ns();
+    /* Where each of us runs: a peer queued on this very core cannot publish until this one yields
+     * (spinning would burn the time slice it needs); on another core it is worth spinning for. */
+    int cpu = sched_getcpu();
+    *my_cpu(r) = (uint32_t)cpu;
+    volatile uint32_t *theirs = c + 1 + r->n;
+    int64_t t0 = now_ns(), next_yield = t0 + YIELD_EVERY_NS;
     for (unsigned i = 1;; i++) {
         PAUSE();
         if (ge(__atomic_load_n(c, __ATOMIC_ACQUIRE), target)) return 1;
-        if ((i & 63) == 0 && now_ns() - t0 > r->spin_ns) break;
+        if ((i & 15) == 0 && *theirs == (uint32_t)cpu) {
+            sched_yield();
+            cpu = sched_getcpu();
+            *my_cpu(r) = (uint32_t)cpu;
+        }
+        if ((i & 63) == 0) {
+            int64_t t = now_ns();
+            if (t - t0 > r->spin_ns) break;
+            if (t > next_yield) {   /* the rank we wait for may be queued on this very core: let it run */
+                sched_yield();
+                next_yield = t + YIELD_EVERY_NS;
+            }
+        }
     }
     for (int64_t i = 0; i < r->yields; i++) {
         sched_yield();
@@ -202,6 +223,7 @@ static int step(Run *r, const int64_t *i) {
         volatile uint64_t *h = header(r, r->parity, r->me);
         h[SEQ] = r->call[0]; h[W0] = r->call[1]; h[W1] = r->call[2];
         volatile uint32_t *c = counter(r, r->me);
+        *my_cpu(r) = (uint32_t)sched_getcpu();
         __atomic_store_n(c, r->round, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* my counter before their flags (and counters) */
         for (int64_t w = 0; w < r->n; w++)

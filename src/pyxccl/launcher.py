@@ -22,6 +22,12 @@ numbers of ranks (a pyxccl extension; torchrun gets there through its elastic
 rendezvous): ``--nproc-per-node 2,1,2`` gives every node's count, the same
 list on every node, and ranks are numbered node after node.
 
+When a node runs no more ranks than it has CPUs for us, each local rank is
+bound to its own share of them (as MPI launchers bind by default): two ranks
+that wait on each other are then never queued on one core while another core
+runs something else. ``PYXCCL_BIND=none`` turns it off; the children learn the
+node's count from PYXCCL_JOB_CPUS.
+
 Each child's stdout and stderr lines come out on ours, prefixed with its
 global rank as ``[rank] ``. When a child fails, this node's other children are
 stopped (SIGTERM to their process groups, SIGKILL after ``grace`` seconds) and
@@ -41,7 +47,7 @@ import time
 
 from ._errors import InvalidArgumentError
 
-__all__ = ["run", "free_port", "node_ranks"]
+__all__ = ["run", "free_port", "node_ranks", "shares"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -132,8 +138,19 @@ def node_ranks(nproc, nnodes: int = 1, node_rank: int = 0) -> tuple[int, int, in
     return sum(counts[:node_rank]), counts[node_rank], sum(counts)
 
 
+def shares(local_n: int) -> list[set[int]] | None:
+    """The CPUs each of ``local_n`` local ranks is bound to (consecutive, as even as can be), or None
+    when they are not bound (PYXCCL_BIND=none, one rank, or more ranks than CPUs)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if os.environ.get("PYXCCL_BIND", "core") == "none" or not 1 < local_n <= len(cpus):
+        return None
+    q, extra = divmod(len(cpus), local_n)
+    bounds = [i * q + min(i, extra) for i in range(local_n + 1)]
+    return [set(cpus[bounds[i]:bounds[i + 1]]) for i in range(local_n)]
+
+
 def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
-        master_port: int | None = None, env: dict | None = None, grace: float = 5.0) -> int:
+        master_port: int | None = None, env: dict | None = None, grace: float = 5.0, bind: bool = True) -> int:
     """Run ``cmd`` as this node's ranks; return 0, or the first failing rank's exit code.
 
     ``nproc``: ranks per node (an int), or a list of every node's count.
@@ -144,7 +161,8 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
     children's base environment (as with subprocess). ``master_port``
     defaults to a free port on one node and must be given with several.
     SIGINT/SIGTERM sent to the launcher are forwarded to the children (a
-    second one kills them).
+    second one kills them). ``bind``: bind each local rank to its share of
+    the CPUs (see :func:`shares`).
     """
     first, local_n, world = node_ranks(nproc, nnodes, node_rank)
     if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
@@ -180,6 +198,8 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
     if threading.current_thread() is threading.main_thread():    # signal.signal works only there
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     code = 0
+    cpus = os.sched_getaffinity(0)
+    bound = shares(local_n) if bind else None
     try:
         for local in range(local_n):
             if signals_seen:
@@ -190,6 +210,9 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
                              LOCAL_WORLD_SIZE=str(local_n), GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(nnodes),
                              ROLE_RANK=str(r), ROLE_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,
                              MASTER_PORT=str(port), PYXCCL_LAUNCHER="pyxccl", PYTHONUNBUFFERED="1")
+            if bound:
+                child_env["PYXCCL_JOB_CPUS"] = str(len(cpus))
+                os.sched_setaffinity(0, bound[local])       # this thread's mask is what the child inherits
             try:
                 p = subprocess.Popen(argv, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
@@ -198,6 +221,9 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
                           f"name and that it is executable\n".encode())
                 code = 127 if isinstance(e, FileNotFoundError) else 126
                 break
+            finally:
+                if bound:
+                    os.sched_setaffinity(0, cpus)
             procs.append(p)
             for stream, sink in ((p.stdout, out), (p.stderr, err)):
                 t = threading.Thread(target=_pump, args=(stream, sink, f"[{r}] ".encode()), daemon=True)

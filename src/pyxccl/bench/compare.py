@@ -56,7 +56,9 @@ def run_lib(lib: str, n: int, prims, sizes, args, out: str) -> list[dict] | str:
             cmd += ["--algo", args.algo]
         code = run(n, cmd)
     elif lib == "gloo":
-        code = run(n, [*py, "pyxccl.bench.peers", "gloo", *peer_args], env=dict(env, GLOO_SOCKET_IFNAME="lo"))
+        # torchrun binds nothing: the peers our launcher starts in its place are not bound either
+        code = run(n, [*py, "pyxccl.bench.peers", "gloo", *peer_args], env=dict(env, GLOO_SOCKET_IFNAME="lo"),
+                   bind=False)
     elif lib in ("mpi", "impi"):
         mpiexec = _mpich_command() if lib == "mpi" else _impi(env)
         code = subprocess.run([*mpiexec, "-n", str(n), *py, "pyxccl.bench.peers", lib, *peer_args],
@@ -64,7 +66,8 @@ def run_lib(lib: str, n: int, prims, sizes, args, out: str) -> list[dict] | str:
     elif lib == "deepspeed":
         env.update(PYTHONPATH=_pyxccl_path(os.path.dirname(out)), GLOO_SOCKET_IFNAME="lo", DS_ACCELERATOR="cpu",
                    TORCH_EXTENSIONS_DIR=os.path.join(installs.peers_dir(), "torch_ext"))
-        code = run(n, [installs.ds_python(), "-m", "pyxccl.bench.peers", "deepspeed", *peer_args], env=env)
+        code = run(n, [installs.ds_python(), "-m", "pyxccl.bench.peers", "deepspeed", *peer_args], env=env,
+                   bind=False)
     elif lib == "oneccl":     # float32 only (installs.unfit)
         return oneccl.run(n, [(p, *M.counts(p, s, 4, n)) for p in prims for s in sizes])
     if code != 0:

@@ -24,7 +24,7 @@ import time
 from . import auth
 from .._errors import InvalidArgumentError, RendezvousError
 from .mailbox import Mailbox
-from .topology import host_id, local_address, numa_node
+from .topology import host_id, job_cpus, local_address, numa_node
 from .shm import ShmPeer
 from .tcp import TcpPeer
 
@@ -60,7 +60,7 @@ class Mesh:
         self.mailbox.on_comm_error = self._comm_error
         self.peers: dict[int, object] = {rank: SelfPeer(rank, self.mailbox)}
         self.hosts: list[str] = []
-        self.cores: list[int] = [len(os.sched_getaffinity(0))]
+        self.cores: list[int] = [job_cpus()]
         self.numa: list[int] = [numa_node()]
         self.kinds: list[list[str]] = []    # transport kind between every pair of world ranks
         self.machine = None                 # link figures, once measured (tuning.probe)
@@ -196,7 +196,7 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
     try:
         store.set(f"addr/{rank}", json.dumps({"host": me, "tcp": [addr, tcp_l.getsockname()[1]],
                                               "unix": unix_name[1:], "pid": os.getpid(),
-                                              "cores": len(os.sched_getaffinity(0)), "nsocks": nsocks,
+                                              "cores": job_cpus(), "nsocks": nsocks,
                                               "numa": numa_node()}).encode())
         infos = [json.loads(store.get(f"addr/{r}", timeout=max(0.1, deadline - time.monotonic())))
                  for r in range(size)]

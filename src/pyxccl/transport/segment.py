@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from .._errors import CommTimeoutError, ProtocolError
+from .topology import job_cpus
 
 _LINE = 64
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
@@ -57,7 +58,8 @@ class HostSegment:
     def __init__(self, rank: int, nranks: int, area_bytes: int, fd: int | None = None):
         self.rank, self.n = rank, nranks
         self.area = area_bytes - area_bytes % _LINE
-        self.line = _LINE * ((4 * (nranks + 1) + _LINE - 1) // _LINE)    # counter + a sleep flag per rank
+        # counter, a sleep flag per rank, the CPU the rank last ran on (the native waits read it)
+        self.line = _LINE * ((4 * (nranks + 2) + _LINE - 1) // _LINE)
         ctl_bytes = self.line * nranks
         pids = _LINE * ((16 * nranks + _LINE - 1) // _LINE)
         head = ctl_bytes + pids + 2 * nranks * _LINE
@@ -86,7 +88,7 @@ class HostSegment:
         self.cma = False          # single-copy reads between the ranks work (set by the communicator)
         self.round = 0
         self._typed: dict = {}
-        oversubscribed = nranks > len(os.sched_getaffinity(0))
+        oversubscribed = nranks > job_cpus()
         self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 1000)) * 1e-6
         self.yields = int(os.environ.get("PYXCCL_YIELDS", 20)) if oversubscribed else 0
         self.deadline = 0.0

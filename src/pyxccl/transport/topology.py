@@ -155,6 +155,15 @@ def _is_local(address: str) -> bool:
     return any(i.address == address for i in interfaces())
 
 
+def job_cpus() -> int:
+    """CPUs this host gives the job: the launcher's count when it bound each rank to a share of them
+    (PYXCCL_JOB_CPUS), else this process's own. (More ranks than this: the ranks take turns.)"""
+    try:
+        return max(1, int(os.environ.get("PYXCCL_JOB_CPUS", "")))
+    except ValueError:
+        return len(os.sched_getaffinity(0))
+
+
 def numa_node() -> int:
     """NUMA node of this process's first allowed CPU (-1 if the kernel does not say)."""
     cpu = min(os.sched_getaffinity(0))

@@ -34,6 +34,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from ..transport.topology import job_cpus
 from .cost import Link
 
 FORMAT = 2
@@ -85,7 +86,7 @@ def fingerprint() -> dict:
     import numpy
     from .. import __version__
     return {"format": FORMAT, "pyxccl": __version__, "host": socket.gethostname(), "cpu": _cpu_model(),
-            "cpus": os.cpu_count() or 0, "affinity": len(os.sched_getaffinity(0)), "kernel": platform.release(),
+            "cpus": os.cpu_count() or 0, "affinity": job_cpus(), "kernel": platform.release(),
             "python": platform.python_version(), "numpy": numpy.__version__}
 
 

@@ -18,11 +18,11 @@ A busy moment must not fool the tuner for good, so:
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import numpy as np
 
+from ..transport.topology import job_cpus
 from . import linkcache
 from .cost import Link, Machine
 
@@ -178,4 +178,4 @@ def measure(comm, clock=time.perf_counter) -> Machine:
         links["tcp"] = tcp
     if comm.rank == 0:
         log.info("link figures %s (%s)", why, path)
-    return Machine(links, entry.gamma, entry.copy, len(os.sched_getaffinity(0)), source=why)
+    return Machine(links, entry.gamma, entry.copy, job_cpus(), source=why)
