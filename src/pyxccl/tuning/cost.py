@@ -142,6 +142,9 @@ class _Timing(Semantics):
             if not q:
                 return False
             arrive, overhead = q.popleft()
+            if self.klass(o.peer, r) == "shm":     # the receiver copies out of the ring itself, one at a time
+                nb = o.count * self.itemsize
+                arrive = max(arrive, self.recv_free[r] + nb * self.m.link("shm").beta * self.stretch[r])
             done = max(self.recv_free[r], arrive) + overhead       # receives are handled one by one
             self.recv_free[r] = done
             if o.reduce:
