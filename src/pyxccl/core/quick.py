@@ -83,13 +83,11 @@ class Quick:
             return False
         ctx = self.ctx
         eng = ctx.engine
-        lock = eng.lock         # as Context.submit and Engine.claim: numbers and place in line under one lock
+        lock = eng.lock         # as Context.submit: numbers and place in line under one lock
         lock.acquire()
-        if ctx.error is not None or ctx.closed or eng._pending:
+        if ctx.error is not None or ctx.closed or not eng.claim():
             lock.release()
             return False
-        eng._pending = 1
-        eng._exec.acquire()
         ctx.seq += 1
         seq = ctx.seq
         ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
