@@ -52,7 +52,6 @@ typedef struct {
     int64_t spin_ns, yields;
     int dtype, op;
     char *posted;               /* what I posted this round (NULL: nothing) */
-    int64_t posted_bytes;
     char *scratch;              /* single-copy reads that are reduced land here first */
     int64_t scratch_bytes;
     int64_t peer, err;          /* who failed, and errno or offset */

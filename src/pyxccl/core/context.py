@@ -30,7 +30,9 @@ from ..primitives import describe_words, differences
 from ..transport.mailbox import ABORT, ABORT_MISMATCH, RecvRequest
 from .engine import Engine, Work, _Call, annotate
 from .plan import Planner
-from .quick import _RECENT_CALLS, Quick
+from .quick import Quick
+
+_RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
 
 
 class Context:
@@ -273,14 +275,19 @@ class Context:
         words = plan.words(name, key, size, number)
         if not async_op and self.error is None and not self.closed:
             self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes)
-        calls = self._calls
+        record = (plan, name, size, thread, words)
 
         def fn(work, seq, cseq, deadline):
-            calls[cseq] = (plan, name, size, thread, words)
-            calls.pop((cseq - _RECENT_CALLS) & 0xFFFFFFFF, None)
+            self.remember(cseq, record)
             plan.run(s, bufs, cseq, words, name, deadline)
             return result
         return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=True, algorithm=plan.algo.name)
+
+    def remember(self, cseq: int, record: tuple) -> None:
+        """Keep collective ``cseq``'s (plan, name, size, thread, words), the last few, for naming it in
+        a mismatch error."""
+        self._calls[cseq] = record
+        self._calls.pop((cseq - _RECENT_CALLS) & 0xFFFFFFFF, None)
 
     def thread(self) -> tuple[str, int]:
         """The calling thread as fingerprints name it, and its 16-bit digest: its name, the workers of

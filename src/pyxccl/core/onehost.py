@@ -171,12 +171,12 @@ def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline:
     """Run this rank's segment schedule ``s`` of collective ``seq``; ``call``: its fingerprint words;
     ``codes``: the native executor's (dtype, op) codes, None to run it in Python."""
     seg = ctx.segment
-    seg.deadline, seg.op, seg.seq = deadline, op, seq
     if codes is None:
+        seg.deadline, seg.op, seg.seq = deadline, op, seq       # its waits name the call (native: on a stop)
         walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
         return
     native(ctx, program(s, dt.itemsize), (seq, *call), (bufs.get("in"), bufs.get("out"), bufs.get("tmp")),
-           (int(seg.spin * 1e9), seg.yields, *codes), deadline, op)
+           (*seg.waits, *codes), deadline, op)
 
 
 def overlaps(a: np.ndarray, b: np.ndarray) -> bool:

@@ -76,18 +76,15 @@ class Plan:
     def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float) -> None:
         if s.scratch:
             bufs["tmp"] = self.ctx.scratch(s.scratch, self.dtype)
-        if self.codes is not None:
+        if self.codes is not None:          # natively: no numpy reductions, no error state to enter
             onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
-            if self.avg:
-                np.divide(bufs["out"], self.ctx.size, out=bufs["out"])
-            return
-        if self.reduce is None:
+        elif self.reduce is None:
             self.execute(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype)
-            return
-        with np.errstate(all="ignore"):         # overflow saturates or wraps, as in NCCL and MPI
-            self.execute(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype)
-            if self.avg:
-                np.divide(bufs["out"], self.ctx.size, out=bufs["out"])
+        else:
+            with np.errstate(all="ignore"):     # overflow saturates or wraps, as in NCCL and MPI
+                self.execute(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype)
+        if self.avg:
+            np.divide(bufs["out"], self.ctx.size, out=bufs["out"])
 
 
 class Planner:

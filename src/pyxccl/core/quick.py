@@ -25,7 +25,6 @@ from .engine import annotate
 from .onehost import _native
 
 native_run = _native.run if _native is not None else None
-_RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
 _KEPT = 256              # prepared call shapes per communicator
 
 
@@ -37,7 +36,7 @@ class Prepared:
         seg = plan.ctx.segment
         self.plan, self.name, self.s, self.words, self.timeout, self.writes = plan, name, s, words, timeout, writes
         self.prog = onehost.program(s, plan.dtype.itemsize) if plan.codes else None     # else: plan.run
-        self.settings = plan.codes and (int(seg.spin * 1e9), seg.yields, *plan.codes)
+        self.settings = plan.codes and (*seg.waits, *plan.codes)
         self.record = (plan, name, size, thread, words)
         self.avg, self.disjoint = plan.avg, name == "alltoall"      # alltoall refuses overlapping buffers
 
@@ -93,9 +92,7 @@ class Quick:
         ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
         lock.release()
         try:
-            calls = ctx._calls
-            calls[cseq] = p.record
-            calls.pop((cseq - _RECENT_CALLS) & 0xFFFFFFFF, None)
+            ctx.remember(cseq, p.record)
             deadline = time.monotonic() + (ctx.timeout if p.timeout is None else p.timeout)
             if p.prog is None:
                 p.plan.run(p.s, _bufs(inp, out), cseq, p.words, p.name, deadline)

@@ -1,8 +1,9 @@
 """A shared memory segment for the ranks of one communicator on one host.
 
 The one-host fast path runs segment schedules on it (``algorithms/shm.py``,
-executed by ``core/onehost.py``): every rank owns a 64-byte control line (its
-round counter, a futex word, and flags saying who sleeps waiting on it), and
+executed by ``core/onehost.py``): every rank owns a control line (its round
+counter, a futex word, flags saying who sleeps waiting on it, and the CPU it
+last ran on, which the native waits read), and
 per round parity a 64-byte header (the fingerprint of its call: seq and two
 words; the address and size of a buffer it posted for single-copy reads) and
 a data area, its window. A round: wait until everyone finished the round
@@ -91,6 +92,7 @@ class HostSegment:
         oversubscribed = nranks > job_cpus()
         self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 1000)) * 1e-6
         self.yields = int(os.environ.get("PYXCCL_YIELDS", 20)) if oversubscribed else 0
+        self.waits = (int(self.spin * 1e9), self.yields)       # the native executor's wait settings
         self.deadline = 0.0
         self.op, self.seq = "fast path", 0     # the call running on the segment, named in errors
 
