@@ -713,25 +713,28 @@ def issue_from_two_threads(comm, calls: int = 150, timeout: float = 5.0):
     return out
 
 
-def memory_growth(comm, calls: int = 3000) -> int:
-    """Bytes of Python memory still held after ``calls`` small collectives (after a warm-up)."""
+def memory_growth(comm, calls: int = 1500) -> int:
+    """Bytes of Python memory still held after ``calls`` pairs of small collectives, once warm: traced
+    from the first pair on, read after ``calls`` pairs and again after as many more (the flight
+    recorder, full by then, replaces its entries: what it holds does not grow)."""
     import gc
     import tracemalloc
     x = np.ones(2, np.float32)
     for _ in range(200):
         comm.allreduce(x)
         comm.broadcast(x, root=comm.size - 1)
-    gc.collect()
+    assert 2 * calls >= comm._ctx.recorder.ops.maxlen
     tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    for _ in range(calls):
-        comm.allreduce(x)
-        comm.broadcast(x, root=comm.size - 1)     # the root only sends: nothing may pile up at it
-    comm.barrier()
-    gc.collect()
-    grown = tracemalloc.get_traced_memory()[0] - before
+    held = []
+    for _ in range(2):
+        for _ in range(calls):
+            comm.allreduce(x)
+            comm.broadcast(x, root=comm.size - 1)     # the root only sends: nothing may pile up at it
+        comm.barrier()
+        gc.collect()
+        held.append(tracemalloc.get_traced_memory()[0])
     tracemalloc.stop()
-    return grown
+    return held[1] - held[0]
 
 
 # --- prepared calls (core/quick.py) -------------------------------------------------------------

@@ -29,6 +29,10 @@ __all__ = [
 __version__ = "0.1.0"
 
 _open: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+# Stores init() made, by rendezvous, kept for the process's life: a later init() with the same
+# rendezvous (close() then init(), or a new world of survivors) uses the same server, where a
+# store closed with its world would vanish under the ranks still connecting to it.
+_stores: dict[tuple, object] = {}
 
 
 def init(rank: int | None = None, size: int | None = None, store=None, *, init_method: str | None = None,
@@ -77,21 +81,24 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
     if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size):
         raise InvalidArgumentError(f"pyxccl.init: rank={rank!r} and size={size!r} must be integers with "
                                    f"0 <= rank < size", rank=rank, op="init")
-    owned = None
     if size == 1 and store is None and init_method is None:
         mesh = Mesh(0, 1)
         from .transport.topology import host_id
         mesh.hosts = [host_id()]
     else:
         if store is None:
-            store = owned = create_store(init_method or "env://", rank=rank, world_size=size, timeout=timeout)
+            url = init_method or "env://"
+            where = (url, os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"), rank)
+            store = _stores.get(where)
+            if store is None:
+                store = _stores[where] = create_store(url, rank=rank, world_size=size, timeout=timeout)
             if init_method and init_method.startswith("tcp://"):
                 master = init_method[6:].rsplit(":", 1)[0]
         # Every init() on one store gets its own key space, the same on every rank.
         gen = store.add(f"pyxccl/init-count/{rank}", 1)
         mesh = build_mesh(PrefixStore(f"pyxccl/{gen}", store), rank, size, transport=transport,
                           master_addr=master, timeout=timeout)
-    comm = _world(mesh, timeout, owned, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
+    comm = _world(mesh, timeout, None, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
     _open.add(comm)
     return comm
 
@@ -112,8 +119,9 @@ def _setup_logging() -> None:
 
 @atexit.register
 def _close_all() -> None:
-    for c in list(_open):
+    for c in [*_open, *_stores.values()]:
         try:
             c.close()
         except Exception:  # noqa: BLE001  (best effort at exit)
             pass
+    _stores.clear()

@@ -30,7 +30,9 @@ from ..primitives import describe_words, differences
 from ..transport.mailbox import ABORT, ABORT_MISMATCH, RecvRequest
 from .engine import Engine, Work, _Call, annotate
 from .plan import Planner
+from . import recorder
 from .quick import Quick
+from .recorder import Recorder, ended, started
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
 
@@ -64,6 +66,8 @@ class Context:
         self._calls: dict[int, tuple] = {}      # collective seq -> (plan, call, size, thread, words), the last few
         self._scratch = np.empty(0, np.uint8)
         self._telling: threading.Thread | None = None
+        self.recorder = Recorder()  # the flight recorder: the last operations, dumped on failure
+        recorder.register(self)
         mesh.attach(comm_id, self)
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
         if parent is not None:
@@ -131,9 +135,10 @@ class Context:
         with self._lock:
             self._inflight.discard(req)
 
-    def abort(self, err: BaseException, tell: bool = True) -> None:
+    def abort(self, err: BaseException, tell: bool = True, dump: bool = True) -> None:
         """Fail what is in flight and refuse later calls; with ``tell``, the first failure is sent to
-        the other ranks (a lost peer is not: every rank sees its connection end)."""
+        the other ranks (a lost peer is not: every rank sees its connection end); with ``dump``, the
+        flight recorder is written (``PYXCCL_DUMP_DIR``)."""
         with self._lock:
             first = self.error is None and not self.closed
             if first:
@@ -142,7 +147,9 @@ class Context:
         for r in reqs:
             r.fail(err)
         for c in list(self.children):
-            c.abort(err, tell=False)
+            c.abort(err, tell=False, dump=False)
+        if first and dump:
+            recorder.dump(f"rank {self.rank} of communicator {self.id:08x}: {err}")
         if first and tell and not isinstance(err, PeerLostError) and self.size > 1:
             t = threading.Thread(target=self._tell, args=(err,), daemon=True, name=f"pyxccl-abort-{self.rank}")
             t.start()
@@ -216,10 +223,12 @@ class Context:
             rank=self.rank, peer=peer, op=call.name if call else None, seq=seq)
 
     # --- running calls ----------------------------------------------------------------
-    def submit(self, op: str, fn, *, async_op: bool, timeout, collective: bool, algorithm=None):
+    def submit(self, op: str, fn, *, async_op: bool, timeout, collective: bool, what: tuple, peer=None):
         """Run ``fn(work, seq, cseq, deadline)`` in issue order, inline or on the worker; return its
-        result, or a Work with ``async_op``. A failure of a collective aborts the communicator."""
+        result, or a Work with ``async_op``. A failure of a collective aborts the communicator.
+        ``what`` = (op, dtype, count, bytes, algorithm) and ``peer`` go to the flight recorder."""
         eng = self.engine
+        algorithm = what[4]
         with eng.lock:
             self.usable(op)
             self.seq += 1
@@ -229,21 +238,30 @@ class Context:
             else:
                 cseq = 0
             deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
+            entry = self.recorder.issue(seq, cseq, what, peer)
 
             def guarded(w):
-                self.usable(op)
+                started(entry)
                 try:
-                    return fn(w, seq, cseq, deadline)
+                    self.usable(op)
+                    out = fn(w, seq, cseq, deadline)
                 except CommError as e:
-                    e = annotate(e, op, seq, self.rank)
+                    e = annotate(e, op, cseq or seq, self.rank)
+                    ended(entry, e)
                     if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
                             or (isinstance(e, PeerLostError) and not self.mesh.graceful(e.peer)):
                         self.abort(e)   # a half-done collective leaves the ranks out of step
                     raise e from None
+                except BaseException as e:
+                    ended(entry, e)
+                    raise
+                if not w._recvs:
+                    ended(entry)
+                return out
             inline = not async_op and eng.claim()
             if not inline:
                 work = Work(op, seq, self.rank, deadline, algorithm)
-                work._from_world = self.to_comm
+                work._from_world, work._entry = self.to_comm, entry
                 eng.enqueue(guarded, work)
         if inline:
             call = _Call(seq)
@@ -255,7 +273,12 @@ class Context:
                 work = Work(op, seq, self.rank, deadline)
                 work._recvs, work._cancel, work._from_world = call._recvs, call._cancel, self.to_comm
                 work._ran.set()
-                work.wait()
+                try:
+                    work.wait()
+                except BaseException as e:
+                    ended(entry, e)
+                    raise
+                ended(entry)
             return out
         if async_op:
             return work
@@ -273,15 +296,17 @@ class Context:
                                        f"call: {e}", rank=self.rank, op=name) from None
         thread, number = self.thread() if self.thread_check else ("", 0)
         words = plan.words(name, key, size, number)
+        nbytes = max(b.nbytes for b in bufs.values())
+        what = (name, plan.dtype.name, nbytes // plan.dtype.itemsize, nbytes, plan.algo.name)
         if not async_op and self.error is None and not self.closed:
-            self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes)
+            self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes, what)
         record = (plan, name, size, thread, words)
 
         def fn(work, seq, cseq, deadline):
             self.remember(cseq, record)
             plan.run(s, bufs, cseq, words, name, deadline)
             return result
-        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=True, algorithm=plan.algo.name)
+        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=True, what=what)
 
     def remember(self, cseq: int, record: tuple) -> None:
         """Keep collective ``cseq``'s (plan, name, size, thread, words), the last few, for naming it in
@@ -308,7 +333,8 @@ class Context:
 
         def fn(work, seq, cseq, deadline):
             self.peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
-        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
+        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False,
+                           what=(name, buf.dtype.name, buf.size, buf.nbytes, None), peer=dst)
 
     def recv(self, name: str, buf: np.ndarray, src: int | None, tag: int, result, *, async_op: bool, timeout):
         def fn(work, seq, cseq, deadline):
@@ -318,7 +344,8 @@ class Context:
             work._cancel = self.mailbox.cancel
             self.mailbox.post(req)
             return result
-        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False)
+        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False,
+                           what=(name, buf.dtype.name, buf.size, buf.nbytes, None), peer=src)
 
     # --- sub-communicators and teardown ----------------------------------------------------
     def split(self, color: int | None, members: list[tuple[int, int]]) -> "Context | None":
@@ -338,6 +365,7 @@ class Context:
         for child in list(self.children):
             child.close()
         self.closed = True
+        recorder.unregister(self)
         self.engine.stop()
         if self._telling is not None:
             self._telling.join(timeout=3)

@@ -17,6 +17,7 @@ import time
 
 from .._errors import CommAbortedError, CommTimeoutError, PyxcclError
 from ..transport.mailbox import RecvRequest
+from .recorder import ended
 
 
 class Work:
@@ -37,6 +38,7 @@ class Work:
         self._callbacks: list = []
         self._cancel = None
         self._from_world = None  # world rank -> this communicator's rank, for naming peers
+        self._entry = None       # its flight-recorder entry
 
     def _finish(self, result=None, exc: BaseException | None = None) -> None:
         self._result, self._exc = result, exc
@@ -60,6 +62,8 @@ class Work:
                 one_done(r)
 
     def _fire(self) -> None:
+        if self._recvs and self._entry is not None:     # a receive ends when its message has landed
+            ended(self._entry, self.exception())
         for cb in self._callbacks:
             cb(self)
 

@@ -23,6 +23,7 @@ from .._errors import CommError
 from . import onehost
 from .engine import annotate
 from .onehost import _native
+from .recorder import ended
 
 native_run = _native.run if _native is not None else None
 _KEPT = 256              # prepared call shapes per communicator
@@ -30,14 +31,15 @@ _KEPT = 256              # prepared call shapes per communicator
 
 class Prepared:
     __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg",
-                 "disjoint")
+                 "disjoint", "what")
 
-    def __init__(self, plan, name, s, size, thread, words, timeout, writes):
+    def __init__(self, plan, name, s, size, thread, words, timeout, writes, what):
         seg = plan.ctx.segment
         self.plan, self.name, self.s, self.words, self.timeout, self.writes = plan, name, s, words, timeout, writes
         self.prog = onehost.program(s, plan.dtype.itemsize) if plan.codes else None     # else: plan.run
         self.settings = plan.codes and (*seg.waits, *plan.codes)
         self.record = (plan, name, size, thread, words)
+        self.what = what            # for the flight recorder
         self.avg, self.disjoint = plan.avg, name == "alltoall"      # alltoall refuses overlapping buffers
 
 
@@ -52,14 +54,14 @@ class Quick:
         """Forget every prepared call (their fingerprints or plans changed)."""
         self._prepared.clear()
 
-    def keep(self, key, plan, name: str, s, size, thread: str, words, timeout, writes: bool) -> None:
+    def keep(self, key, plan, name: str, s, size, thread: str, words, timeout, writes: bool, what) -> None:
         """After the full path decided a call: keep it under ``key`` if it can run prepared."""
         if key is None:
             return
         if len(self._prepared) >= _KEPT:
             del self._prepared[next(iter(self._prepared))]        # the oldest
         try:
-            self._prepared[(key, get_ident())] = Prepared(plan, name, s, size, thread, words, timeout, writes)
+            self._prepared[(key, get_ident())] = Prepared(plan, name, s, size, thread, words, timeout, writes, what)
         except TypeError:       # an unhashable argument (some op object): never prepared
             pass
 
@@ -91,6 +93,7 @@ class Quick:
         seq = ctx.seq
         ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
         lock.release()
+        entry = ctx.recorder.begin(seq, cseq, p.what)
         try:
             ctx.remember(cseq, p.record)
             deadline = time.monotonic() + (ctx.timeout if p.timeout is None else p.timeout)
@@ -105,9 +108,11 @@ class Quick:
                 onehost.native(ctx, p.prog, mine, where, p.settings, deadline, p.name, done)
             if p.avg:
                 out /= ctx.size
+            ended(entry)
             return True
         except CommError as e:
-            e = annotate(e, p.name, seq, ctx.rank)
+            e = annotate(e, p.name, cseq, ctx.rank)
+            ended(entry, e)
             ctx.abort(e)        # a half-done collective leaves the ranks out of step
             raise e from None
         finally:

@@ -104,6 +104,7 @@ class Mesh:
         self._closed = True
         for p in self.peers.values():
             p.close()
+        self._contexts.clear()      # no cycles left through the mesh: closing frees it, not the GC
 
 
 def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str | None,
@@ -248,7 +249,13 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
         mesh.close()
         raise
     finally:
-        all_in.set()            # stops the acceptor
+        all_in.set()            # stops the acceptor; shutting a listener down wakes its select at once
+        for lst in (tcp_l, unix_l):
+            try:
+                lst.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        acceptor.join(timeout=1)    # it holds the mesh: a close() must leave no thread behind
         tcp_l.close()
         unix_l.close()
     for p, peer in mesh.peers.items():

@@ -101,4 +101,5 @@ class ShmPeer(StreamPeer):
         super().close()
         with self._free_cv:
             self._free_cv.notify_all()
-        # The maps are released when the arrays viewing them are garbage-collected.
+        if not self._thread.is_alive():     # nothing reads the rings any more: unmap them now, not at GC
+            self._in = self._out = self._in_map = self._out_map = None

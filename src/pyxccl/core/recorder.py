@@ -1,0 +1,155 @@
+"""The flight recorder: every communicator's last operations, dumped when something goes wrong.
+
+Each call on a communicator appends one entry (a list, so that finishing it
+is two stores): its numbers, what it moves and when it queued, started and
+ended. ``PYXCCL_RECORD`` (default 2000) entries are kept per communicator.
+When a communicator fails (a timeout, a lost peer, a mismatch, an abort) or
+the process gets SIGTERM or SIGUSR1, and ``PYXCCL_DUMP_DIR`` is set, the
+process writes the entries of all its communicators to
+``DIR/pyxccl-rank<world rank>.json``; ``pyxccl doctor DIR`` reads every
+rank's file and says who is stuck where (``pyxccl.doctor``).
+
+With ``PYXCCL_TRACE=DIR`` every entry is kept, for the timeline
+(``pyxccl.trace``). Cost when neither is set: one list and two clock reads
+per call (well under a microsecond).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections import deque
+
+# Fields of an entry, in order (the dump writes them under these names).
+FIELDS = ("seq", "coll_seq", "op", "dtype", "count", "bytes", "algorithm", "peer",
+          "issued", "started", "ended", "state", "error")
+SEQ, CSEQ, OP, DTYPE, COUNT, BYTES, ALGO, PEER, ISSUED, STARTED, ENDED, STATE, ERROR = range(len(FIELDS))
+QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
+
+
+def _capacity() -> int:
+    v = os.environ.get("PYXCCL_RECORD", "2000")
+    return int(v) if v.isdigit() else 2000
+
+
+class Recorder:
+    """The last operations of one communicator (see the module docstring)."""
+    __slots__ = ("ops", "trace")
+
+    def __init__(self):
+        self.ops: deque = deque(maxlen=_capacity())
+        self.trace: list | None = [] if os.environ.get("PYXCCL_TRACE") else None   # every entry, for the timeline
+
+    def issue(self, seq: int, cseq: int, what: tuple, peer=None) -> list:
+        """A new entry for call ``seq`` (collective number ``cseq``, 0 for point to point); ``what`` =
+        (op, dtype name, count, bytes, algorithm)."""
+        now = time.time()
+        e = [seq, cseq, *what, peer, now, 0.0, 0.0, QUEUED, None]
+        self.ops.append(e)
+        if self.trace is not None:
+            self.trace.append(e)
+        return e
+
+    def begin(self, seq: int, cseq: int, what: tuple) -> list:
+        """A new entry for a call that starts running now (a prepared call)."""
+        now = time.time()
+        e = [seq, cseq, *what, None, now, now, 0.0, RUNNING, None]
+        self.ops.append(e)
+        if self.trace is not None:
+            self.trace.append(e)
+        return e
+
+    def entries(self) -> list[dict]:
+        return [dict(zip(FIELDS, e)) for e in list(self.ops)]
+
+
+def started(e: list) -> None:
+    e[STARTED], e[STATE] = time.time(), RUNNING
+
+
+def ended(e: list, err: BaseException | None = None) -> None:
+    e[ENDED] = time.time()
+    if err is None:
+        e[STATE] = DONE
+    else:
+        e[STATE], e[ERROR] = FAILED, {"type": type(err).__name__, "peer": getattr(err, "peer", None),
+                                      "message": str(err)}
+
+
+# --- dumps ---------------------------------------------------------------------------------
+
+_contexts: "set" = set()          # the live contexts of this process (a WeakSet would cost a lookup per call)
+_dump_lock = threading.Lock()
+
+
+def register(ctx) -> None:
+    _contexts.add(ctx)
+    if os.environ.get("PYXCCL_DUMP_DIR"):
+        _install_signals()
+
+
+def unregister(ctx) -> None:
+    _contexts.discard(ctx)
+
+
+def dump(reason: str) -> str | None:
+    """Write every live communicator's entries to ``PYXCCL_DUMP_DIR`` (returns the path, or None
+    when it is not set or cannot be written)."""
+    where = os.environ.get("PYXCCL_DUMP_DIR")
+    if not where or not _contexts:
+        return None
+    ctxs = sorted(_contexts, key=lambda c: (c.parent is not None, c.id))
+    world_rank = ctxs[0].mesh.rank
+    doc = {"world_rank": world_rank, "pid": os.getpid(), "host": socket.gethostname(), "time": time.time(),
+           "reason": reason, "fields": FIELDS,
+           "communicators": [_describe(c) for c in ctxs]}
+    path = os.path.join(where, f"pyxccl-rank{world_rank}.json")
+    with _dump_lock:
+        try:
+            os.makedirs(where, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(doc, f, default=str)
+            os.replace(tmp, path)
+        except OSError:
+            return None
+    return path
+
+
+def _describe(ctx) -> dict:
+    err = ctx.error
+    return {"id": f"{ctx.id:08x}", "rank": ctx.rank, "size": ctx.size, "world_ranks": ctx.world_ranks,
+            "world": ctx.parent is None, "coll_seq": ctx.coll_seq, "closed": ctx.closed,
+            "error": None if err is None else {"type": type(err).__name__, "peer": getattr(err, "peer", None),
+                                               "message": str(err)},
+            "ops": [list(e) for e in list(ctx.recorder.ops)]}
+
+
+_installed = False
+
+
+def _install_signals() -> None:
+    """SIGUSR1 dumps; SIGTERM dumps, then does what it did before (a launcher stopping the job)."""
+    global _installed
+    if _installed or threading.current_thread() is not threading.main_thread():
+        return
+    _installed = True
+
+    def on_usr1(signum, frame):
+        dump("SIGUSR1")
+
+    def on_term(signum, frame):
+        dump("SIGTERM")
+        signal.signal(signum, prev_term if prev_term is not None else signal.SIG_DFL)
+        if callable(prev_term):
+            prev_term(signum, frame)
+        else:
+            os.kill(os.getpid(), signum)
+    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGUSR1, on_usr1)
+    prev_term = signal.getsignal(signal.SIGTERM)
+    if prev_term in (signal.SIG_DFL, None) or callable(prev_term):
+        signal.signal(signal.SIGTERM, on_term)
