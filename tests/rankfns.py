@@ -891,3 +891,100 @@ def check_nan_and_overflow(comm, algorithm=None):
         if not np.array_equal(x, want):
             fails.append(f"SUM {np.dtype(dt)} overflow: got {x}, want {want}")
     return fails
+
+
+# --- reliability: faults, blame, abort (test_faults.py) ----------------------------------------
+
+FAULT_PRIMS = ("allreduce", "allgather", "alltoall", "broadcast")
+
+
+def _fault_call(comm, prim: str, count: int):
+    n = comm.size
+    x = np.ones(count, np.float32)
+    if prim == "allreduce":
+        comm.allreduce(x)
+    elif prim == "allgather":
+        comm.allgather(x, np.empty(count * n, np.float32))
+    elif prim == "alltoall":
+        comm.alltoall(np.ones(count * n, np.float32), np.empty(count * n, np.float32))
+    else:
+        comm.broadcast(x, root=0)
+
+
+def killed_in(comm, victim: int, prim: str, when: str):
+    """``victim`` SIGKILLs itself ``when`` = "before" the others call ``prim``, "during" a loop of large
+    ``prim`` calls, or "after" every rank completed one; the others report (error type, its peer, the
+    seconds from their last call's start to the error, the message)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import pyxccl as px
+    me = comm.rank == victim
+    die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+    _fault_call(comm, prim, 16)
+    comm.barrier()
+    if when == "after":
+        _fault_call(comm, prim, 16)
+        if me:
+            die()
+    elif when == "before" and me:
+        die()
+    elif when == "during" and me:
+        threading.Timer(0.3, die).start()
+    time.sleep(0.1 if when != "during" else 0)
+    count = 1 << 18 if when == "during" else 16
+    while True:
+        t0 = time.monotonic()
+        try:
+            _fault_call(comm, prim, count)
+        except px.PyxcclError as e:
+            return type(e).__name__, e.peer, time.monotonic() - t0, str(e)
+
+
+def stops_calling(comm, idle: int, timeout: float):
+    """Rank ``idle`` stops making calls (sleeps past the others' deadline, then tries once); the others'
+    allreduce times out. Returns (error type, peer, message) of every rank's failing call."""
+    import time
+
+    import pyxccl as px
+    x = np.ones(1000, np.float32)
+    for _ in range(5):
+        comm.allreduce(x)
+    if comm.rank == idle:
+        time.sleep(timeout + 1.5)
+    try:
+        comm.allreduce(x, timeout=timeout)
+        return None
+    except px.PyxcclError as e:
+        return type(e).__name__, e.peer, str(e)
+
+
+def aborted_from_a_thread(comm, delay: float):
+    """Rank 0 calls comm.abort() from a timer thread while it waits in a recv that nothing answers and
+    the others wait in an allreduce rank 0 never joins: (error type, peer, seconds) on every rank."""
+    import threading
+    import time
+
+    import pyxccl as px
+    c = comm.dup()
+    x = np.ones(1000, np.float32)
+    c.allreduce(x)
+    t0 = time.monotonic()
+    try:
+        if c.rank == 0:
+            threading.Timer(delay, c.abort).start()
+            c.recv(x, 1, timeout=30)
+        else:
+            c.allreduce(x, timeout=30)
+        out = None
+    except px.PyxcclError as e:
+        out = type(e).__name__, e.peer, time.monotonic() - t0 - (delay if c.rank == 0 else 0)
+    try:
+        c.barrier()
+        later = "a later call ran"
+    except px.PyxcclError as e:
+        later = type(e).__name__
+    c.close()
+    return out, later

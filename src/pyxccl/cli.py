@@ -128,5 +128,15 @@ def _bench(p: argparse.ArgumentParser):
     return main
 
 
+@command("doctor", "say who is stuck where, from the ranks' flight-recorder dumps (PYXCCL_DUMP_DIR)")
+def _doctor(p: argparse.ArgumentParser):
+    p.add_argument("dir", help="the directory the ranks dumped to (their PYXCCL_DUMP_DIR)")
+
+    def go(a) -> int:
+        from .doctor import main
+        return main(a.dir)
+    return go
+
+
 if __name__ == "__main__":      # after every @command, so all subcommands are registered
     sys.exit(main())

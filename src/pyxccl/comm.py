@@ -14,6 +14,7 @@ import pickle
 import numpy as np
 
 from ._checks import Check
+from ._errors import CommAbortedError
 from ._describe import Description
 from .core.context import Context
 from .core.onehost import attach_segment
@@ -340,6 +341,16 @@ class Communicator(Description):
         return self.split(0, self.rank)
 
     # --- teardown ---------------------------------------------------------------------
+    def abort(self) -> None:
+        """Give up on this communicator, from any thread: every pending and later operation raises
+        ``CommAbortedError``, and the other ranks' operations fail at once with ``PeerLostError``
+        naming this rank instead of waiting for their deadline. ``close()`` still releases it.
+
+        >>> threading.Timer(60, comm.abort).start()    # a watchdog   # doctest: +SKIP
+        """
+        self._ctx.abort(CommAbortedError(f"rank {self.rank}: comm.abort() was called; make a new communicator",
+                                         rank=self.rank, op="abort"))
+
     def close(self) -> None:
         """Release the communicator. Closing the world communicator also closes every
         communicator split from it and releases sockets, threads and shared memory."""

@@ -22,12 +22,12 @@ import zlib
 
 import numpy as np
 
-from .._errors import (CollectiveMismatchError, CommAbortedError, CommClosedError, CommError, InvalidArgumentError,
-                       PeerLostError, ProtocolError)
+from .._errors import (CollectiveMismatchError, CommAbortedError, CommClosedError, CommError, CommTimeoutError,
+                       InvalidArgumentError, PeerLostError, ProtocolError)
 from ..algorithms import registry
 from ..dtypes import DTYPE_CODE
 from ..primitives import describe_words, differences
-from ..transport.mailbox import ABORT, ABORT_MISMATCH, RecvRequest
+from ..transport.mailbox import ABORT, ABORT_CALLED, ABORT_MISMATCH, PROGRESS, PROGRESS_REPLY, RecvRequest, _newer
 from .engine import Engine, Work, _Call, annotate
 from .plan import Planner
 from . import recorder
@@ -35,6 +35,7 @@ from .quick import Quick
 from .recorder import Recorder, ended, started
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
+_BLAME_SECONDS = 0.5     # how long a rank whose collective timed out waits for the others' progress
 
 
 class Context:
@@ -146,6 +147,8 @@ class Context:
             reqs = list(self._inflight)
         for r in reqs:
             r.fail(err)
+        if first:
+            self.mailbox.fail_posted(self.id, err)      # point-to-point receives too
         for c in list(self.children):
             c.abort(err, tell=False, dump=False)
         if first and dump:
@@ -157,13 +160,60 @@ class Context:
 
     def _tell(self, err: BaseException) -> None:
         payload = np.frombuffer(str(err).encode()[:60000], np.uint8)
-        code = ABORT_MISMATCH if isinstance(err, CollectiveMismatchError) else 0
+        code = ABORT_MISMATCH if isinstance(err, CollectiveMismatchError) else \
+            ABORT_CALLED if isinstance(err, CommAbortedError) and err.cause is None else 0
         for p in range(self.size):
             if p != self.rank:
                 try:
                     self.peer(p).send((self.id, ABORT, 0), code, payload, time.monotonic() + 2.0)
                 except (CommError, OSError):
                     pass          # that peer is gone or stuck: it learns otherwise
+
+    def blame(self, err: CommTimeoutError, cseq: int, op: str) -> CommTimeoutError:
+        """The timeout of collective ``cseq`` naming the ranks that never entered it, not the neighbour
+        this rank waited for (which may itself wait for them): every peer is asked how far it got."""
+        asked = {}
+        for p in range(self.size):
+            if p != self.rank:
+                got = np.zeros(2, np.int64)
+                req = RecvRequest(self.world_ranks[p], (self.id, PROGRESS_REPLY, cseq), got, None, op)
+                self.mailbox.post(req)
+                asked[p] = (req, got)
+        end = time.monotonic() + _BLAME_SECONDS
+        for p in asked:
+            self._quiet_send(p, (self.id, PROGRESS, cseq), np.empty(0, np.uint8), end)
+        behind = []
+        for p, (req, got) in asked.items():
+            if req.event.wait(max(0.0, end - time.monotonic())) and req.error is None:
+                if _newer(cseq, int(got[0])):
+                    behind.append((p, int(got[0]), int(got[1])))
+            else:
+                self.mailbox.cancel(req)
+        if not behind:
+            return err
+        from ..doctor import ranges
+        first, issued, done = behind[0]
+        them = ranges(p for p, _, _ in behind)
+        via = "" if err.peer == first else f" (it waited for rank {err.peer}, which waits in turn)"
+        return CommTimeoutError(
+            f"rank {self.rank}: {op} #{cseq} timed out: {them} never entered it (rank {first}: last call "
+            f"#{issued}, last completed #{done}){via}; check what {them} is doing (its output; SIGUSR1 with "
+            f"PYXCCL_DUMP_DIR set dumps its calls), or raise the deadline with timeout= or PYXCCL_TIMEOUT",
+            rank=self.rank, peer=first, op=op, seq=cseq)
+
+    def progress_asked(self, world_peer: int, cseq: int) -> None:
+        """A peer's collective ``cseq`` timed out: tell it how far this rank got (from another thread:
+        this is the receiver's)."""
+        got = np.array([self.coll_seq, self.recorder.last_done()], np.int64).view(np.uint8)
+        threading.Thread(target=self._quiet_send, daemon=True, name=f"pyxccl-progress-{self.rank}",
+                         args=(self.to_comm(world_peer), (self.id, PROGRESS_REPLY, cseq), got,
+                               time.monotonic() + _BLAME_SECONDS)).start()
+
+    def _quiet_send(self, p: int, key, payload, deadline: float) -> None:
+        try:
+            self.peer(p).send(key, 0, payload, deadline)
+        except (CommError, OSError):
+            pass          # that peer is gone or stuck: it is named otherwise
 
     def peer_lost(self, world_rank: int, err: BaseException) -> None:
         """The mesh's news: a process this communicator may contain is gone."""
@@ -246,7 +296,11 @@ class Context:
                     self.usable(op)
                     out = fn(w, seq, cseq, deadline)
                 except CommError as e:
+                    if isinstance(e, (PeerLostError, CommAbortedError)) and isinstance(self.error, PeerLostError):
+                        e = self.error      # blame the first rank lost, not one that left after it
                     e = annotate(e, op, cseq or seq, self.rank)
+                    if collective and isinstance(e, CommTimeoutError) and self.error is None:
+                        e = self.blame(e, cseq, op)
                     ended(entry, e)
                     if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
                             or (isinstance(e, PeerLostError) and not self.mesh.graceful(e.peer)):

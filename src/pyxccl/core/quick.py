@@ -19,7 +19,7 @@ from threading import get_ident
 
 import numpy as np
 
-from .._errors import CommError
+from .._errors import CommError, CommTimeoutError
 from . import onehost
 from .engine import annotate
 from .onehost import _native
@@ -99,6 +99,7 @@ class Quick:
             deadline = time.monotonic() + (ctx.timeout if p.timeout is None else p.timeout)
             if p.prog is None:
                 p.plan.run(p.s, _bufs(inp, out), cseq, p.words, p.name, deadline)
+                ended(entry)
                 return True
             seg, mine, where = ctx.segment, (cseq, *p.words), (inp, out, None)
             done = native_run(p.prog, 0, seg.layout, seg.round, mine, where, p.settings)
@@ -112,6 +113,8 @@ class Quick:
             return True
         except CommError as e:
             e = annotate(e, p.name, cseq, ctx.rank)
+            if isinstance(e, CommTimeoutError) and ctx.error is None:
+                e = ctx.blame(e, cseq, p.name)
             ended(entry, e)
             ctx.abort(e)        # a half-done collective leaves the ranks out of step
             raise e from None

@@ -62,6 +62,13 @@ class Recorder:
             self.trace.append(e)
         return e
 
+    def last_done(self) -> int:
+        """The number of the last collective completed here (0: none kept)."""
+        for e in reversed(self.ops):
+            if e[CSEQ] and e[STATE] == DONE:
+                return e[CSEQ]
+        return 0
+
     def entries(self) -> list[dict]:
         return [dict(zip(FIELDS, e)) for e in list(self.ops)]
 

@@ -33,7 +33,10 @@ from ..dtypes import CODE_DTYPE, DTYPE_CODE, dtype_name
 
 COLL = -1               # the tag of collective messages
 ABORT = -2              # the tag of a rank's "I gave up on this communicator" message (seq 0)
-ABORT_MISMATCH = 1      # its dtype field: why (a mismatch, or anything else)
+ABORT_MISMATCH = 1      # its dtype field: why (a mismatch, the sender's comm.abort(), or anything else)
+ABORT_CALLED = 2
+PROGRESS = -3           # "how far are you?" of a rank whose collective #seq timed out (no payload)
+PROGRESS_REPLY = -4     # the answer: int64 (last collective issued, last completed); dropped if nobody waits
 _MAX_ABORT = 64 << 10
 _COUNTING = threading.Lock()     # bytes landed and completion, when several threads fill one message
 
@@ -142,6 +145,7 @@ class Mailbox:
         self._early: dict[int, set] = {}          # comm id -> (peer, key) of unexpected collective messages
         self._describe: dict[int, object] = {}    # comm id -> describe(peer, seq, words) of its ongoing calls
         self.on_comm_error = lambda comm_id, err, remote: None   # set by the mesh
+        self.on_progress = lambda comm_id, peer, seq: None      # a PROGRESS query came (set by the mesh)
 
     # --- called by the engine -------------------------------------------------
     def post(self, req: RecvRequest) -> None:
@@ -248,6 +252,9 @@ class Mailbox:
         and fills the parts with ``fill``). ``call``: the fingerprint words of a collective's message."""
         pk = (peer, key)
         stray = None
+        if key[1] == PROGRESS and off == 0:
+            self.on_progress(key[0], peer, key[2])
+            return _Unexpected(total, dtype_code, -1)
         with self._lock:
             cur = self._current.get(pk)
             if off == 0 and cur is None:
@@ -261,10 +268,10 @@ class Mailbox:
                         target.fail(err)
                         target = _Unexpected(total, dtype_code, -1)  # read it, nobody will use it
                 elif (key[1] == COLL and key[0] in self._done and not _newer(key[2], self._done[key[0]])) \
-                        or (key[1] == ABORT and total > _MAX_ABORT):
-                    stray = self._stray(peer, key, call) if key[1] == COLL else ProtocolError(
-                        f"rank {self.rank}: rank {peer} sent an abort message of {total} bytes", rank=self.rank,
-                        peer=peer)
+                        or (key[1] == ABORT and total > _MAX_ABORT) or key[1] == PROGRESS_REPLY:
+                    stray = self._stray(peer, key, call) if key[1] == COLL else None if key[1] == PROGRESS_REPLY \
+                        else ProtocolError(f"rank {self.rank}: rank {peer} sent an abort message of {total} bytes",
+                                           rank=self.rank, peer=peer)
                     target = _Unexpected(total, dtype_code, -1)
                 else:
                     self._arrivals += 1
@@ -305,9 +312,12 @@ class Mailbox:
                 if not q:
                     del self._unexpected[(peer, key)]
         text = msg.text()
-        cls = CollectiveMismatchError if msg.dtype_code == ABORT_MISMATCH else CommAbortedError
-        self.on_comm_error(key[0], cls(f"rank {self.rank}: rank {peer} gave up on this communicator: {text}",
-                                       rank=self.rank, peer=peer), True)
+        if msg.dtype_code == ABORT_CALLED:     # to its peers, an aborted rank is a lost one
+            err = lost_error(self.rank, peer, f"it aborted the communicator: {text}")
+        else:
+            cls = CollectiveMismatchError if msg.dtype_code == ABORT_MISMATCH else CommAbortedError
+            err = cls(f"rank {self.rank}: rank {peer} gave up on this communicator: {text}", rank=self.rank, peer=peer)
+        self.on_comm_error(key[0], err, True)
 
     def deliver(self, peer: int, key, dtype_code: int, total: int, off: int, src: np.ndarray, call=None) -> None:
         """Chunk [off, off+len(src)) of a ``total``-byte message from ``peer`` (copied before returning)."""
@@ -380,6 +390,16 @@ class Mailbox:
                 f"where it expected {req.nbytes} bytes; the ranks passed different sizes or counts",
                 rank=self.rank, peer=req.peer, op=req.op)
         return None
+
+    def fail_posted(self, comm_id: int, exc: BaseException) -> None:
+        """Fail every receive posted for a communicator (it was aborted)."""
+        with self._lock:
+            reqs = []
+            for d in (self._posted, self._any):
+                for k in [k for k in d if (k[1] if d is self._posted else k)[0] == comm_id]:
+                    reqs.extend(d.pop(k))
+        for r in reqs:
+            r.fail(exc)
 
     def peer_lost(self, peer: int, exc: BaseException) -> None:
         """Fail every receive posted for ``peer``, now and later."""

@@ -58,6 +58,7 @@ class Mesh:
         self.rank, self.size = rank, size
         self.mailbox = Mailbox(rank)
         self.mailbox.on_comm_error = self._comm_error
+        self.mailbox.on_progress = self._progress
         self.peers: dict[int, object] = {rank: SelfPeer(rank, self.mailbox)}
         self.hosts: list[str] = []
         self.cores: list[int] = [job_cpus()]
@@ -92,6 +93,11 @@ class Mesh:
         if not graceful:
             for ctx in list(self._contexts.values()):
                 ctx.peer_lost(peer, err)
+
+    def _progress(self, comm_id: int, peer: int, seq: int) -> None:
+        ctx = self._contexts.get(comm_id)
+        if ctx is not None:
+            ctx.progress_asked(peer, seq)
 
     def _comm_error(self, comm_id: int, err: BaseException, remote: bool) -> None:
         ctx = self._contexts.get(comm_id)

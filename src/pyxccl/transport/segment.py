@@ -20,6 +20,7 @@ that made it, so nothing ever has a name in /dev/shm.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import platform
@@ -30,6 +31,7 @@ import time
 import numpy as np
 
 from .._errors import CommTimeoutError, ProtocolError
+from .mailbox import lost_error
 from .topology import job_cpus
 
 _LINE = 64
@@ -181,13 +183,19 @@ class HostSegment:
         if err is None:
             why = (f"reading up to byte {end} of the {int(self.hdr[parity, p, NBYTES])}-byte buffer rank {p} "
                    f"posted: the ranks disagree on sizes")
+        elif err.errno == errno.ESRCH:      # its process is gone: a lost rank, not a protocol error
+            e = lost_error(self.rank, p, "its process exited or was killed during the call")
+            e.op, e.seq = self.op, self.seq
+            return e
         else:
             why = f"reading the buffer rank {p} posted failed ({err}); that rank freed or changed it during the call"
-        return ProtocolError(f"rank {self.rank}: {self._who()}: {why}", rank=self.rank, peer=p)
+        return ProtocolError(f"rank {self.rank}: {self._who()}: {why}", rank=self.rank, peer=p, op=self.op,
+                             seq=self.seq)
 
     def timed_out(self, p: int) -> CommTimeoutError:
         return CommTimeoutError(f"rank {self.rank}: {self._who()} timed out waiting for rank {p}; that rank "
-                                f"is slow, stuck or did not make the same call", rank=self.rank, peer=p)
+                                f"is slow, stuck or did not make the same call", rank=self.rank, peer=p, op=self.op,
+                                seq=self.seq)
 
     def wait(self, p: int, target: int | None = None) -> None:
         """Until rank ``p`` has published round ``target`` (default: this round)."""
