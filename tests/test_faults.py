@@ -134,3 +134,26 @@ def test_doctor_on_hand_made_dumps(tmp_path):
     assert "ranks 0-2, 4-5 and 7 wait in allreduce #118 for ranks 3 and 6" in said, said
     assert "rank 6 left no dump" in said, said
     assert doctor.ranges([0, 1, 2, 4, 5, 6, 7]) == "ranks 0-2 and 4-7"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport_", ("shm", "tcp"))
+def test_the_elastic_example_loses_a_rank_and_finishes_with_the_rest(transport_):
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "elastic.py")
+    env = dict(os.environ, PYXCCL_TRANSPORT=transport_, PYXCCL_TUNE="0")
+    p = subprocess.run([sys.executable, "-m", "pyxccl", "run", "--keep-going", "-n", "4", example], env=env,
+                       capture_output=True, text=True, timeout=100)
+    assert p.returncode == 137, p.stdout + p.stderr          # the victim's SIGKILL, reported at the end
+    ok = re.findall(r"OK: .* 3 ranks at the end", p.stdout)
+    assert len(ok) == 3 and "WRONG" not in p.stdout, p.stdout + p.stderr
+    assert p.stdout.count("lost rank 2; shrinking") == 3, p.stdout
+
+
+@pytest.mark.timeout(60)
+def test_sigusr1_dumps_the_flight_recorder(tmp_path):
+    with RankPool(2, transports=("tcp",), env={"PYXCCL_DUMP_DIR": str(tmp_path)}) as pool:
+        pool.run(rf.signal_self, transport="tcp")
+    said = json.loads((tmp_path / "pyxccl-rank1.json").read_text())
+    assert said["reason"] == "SIGUSR1", said["reason"]
+    world = said["communicators"][0]
+    assert any(op[2] == "allgather" and op[11] == "done" for op in world["ops"]), world["ops"][-3:]

@@ -98,7 +98,8 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
         gen = store.add(f"pyxccl/init-count/{rank}", 1)
         mesh = build_mesh(PrefixStore(f"pyxccl/{gen}", store), rank, size, transport=transport,
                           master_addr=master, timeout=timeout)
-    comm = _world(mesh, timeout, None, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
+        mesh.store, mesh.how = PrefixStore(f"pyxccl/{gen}", store), (transport, master)
+    comm = _world(mesh, timeout, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
     _open.add(comm)
     return comm
 

@@ -63,3 +63,14 @@ class Description:
     def algorithm_for(self, primitive: str, nbytes: int, dtype="float32") -> str:
         """The algorithm a ``primitive`` call of ``nbytes`` (nccl-tests' size) would run here."""
         return self._ctx.plans.choose(primitive, np.dtype(dtype), nbytes).name
+
+    def flight_record(self) -> list[dict]:
+        """This communicator's last operations, oldest first (the flight recorder: ``PYXCCL_RECORD``,
+        default 2000, are kept): seq, coll_seq, op, dtype, count, bytes, algorithm, peer, issued,
+        started and ended (``time.time()`` seconds), state and error. ``PYXCCL_DUMP_DIR`` writes them
+        on a failure; ``pyxccl doctor`` reads those dumps.
+
+        >>> comm.flight_record()[-1]["op"]        # doctest: +SKIP
+        'allreduce'
+        """
+        return self._ctx.recorder.entries()

@@ -33,6 +33,8 @@ def _run(p: argparse.ArgumentParser):
                    help="port of rank 0's store (default on one host: a free one; required with --nnodes > 1)")
     p.add_argument("--standalone", action="store_true",
                    help="one host, a free port (torchrun's flag; the default with --nnodes 1)")
+    p.add_argument("--keep-going", action="store_true",
+                   help="a rank that fails does not stop the others (jobs that recover with comm.shrink())")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="script.py args..., -m module args..., or a command")
 
     def go(a) -> int:
@@ -45,7 +47,7 @@ def _run(p: argparse.ArgumentParser):
         from ._errors import InvalidArgumentError
         try:
             return run(a.nproc, cmd, nnodes=a.nnodes, node_rank=a.node_rank, master_addr=a.master_addr,
-                       master_port=a.master_port)
+                       master_port=a.master_port, keep_going=a.keep_going)
         except InvalidArgumentError as e:
             p.error(str(e).removeprefix("pyxccl run: "))
     return go
@@ -71,7 +73,7 @@ def _nnodes(text: str) -> int:
 
 _RUN_VALUE_OPTIONS = {"-n", "--nproc-per-node", "--nproc_per_node", "--nproc", "--nnodes", "--node-rank",
                       "--node_rank", "--master-addr", "--master_addr", "--master-port", "--master_port"}
-_RUN_FLAGS = {"-h", "--help", "--standalone"}
+_RUN_FLAGS = {"-h", "--help", "--standalone", "--keep-going"}
 
 
 def _split_run_command(argv: list[str]) -> list[str]:

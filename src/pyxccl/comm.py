@@ -343,13 +343,21 @@ class Communicator(Description):
     # --- teardown ---------------------------------------------------------------------
     def abort(self) -> None:
         """Give up on this communicator, from any thread: every pending and later operation raises
-        ``CommAbortedError``, and the other ranks' operations fail at once with ``PeerLostError``
-        naming this rank instead of waiting for their deadline. ``close()`` still releases it.
+        ``CommAbortedError``; the other ranks' fail at once with ``PeerLostError`` naming this rank.
 
         >>> threading.Timer(60, comm.abort).start()    # a watchdog   # doctest: +SKIP
         """
         self._ctx.abort(CommAbortedError(f"rank {self.rank}: comm.abort() was called; make a new communicator",
                                          rank=self.rank, op="abort"))
+
+    def shrink(self, *, timeout=None) -> "Communicator":
+        """After a lost rank, the survivors' new world communicator (MPI ULFM's MPIX_Comm_shrink; every
+        survivor calls it; core/shrink.py). ``examples/elastic.py`` finishes a job that lost a rank.
+
+        >>> comm = comm.shrink()   # in `except pyxccl.PeerLostError:`   # doctest: +SKIP
+        """
+        from .core.shrink import shrink
+        return world(shrink(self._ctx, Check(self, "shrink").timeout(timeout) or self.timeout), self.timeout, False)
 
     def close(self) -> None:
         """Release the communicator. Closing the world communicator also closes every
@@ -386,9 +394,6 @@ def _ready(comm: Communicator, tune: bool = False) -> Communicator:
     return comm
 
 
-def world(mesh, timeout: float, store=None, tune: bool = True) -> Communicator:
-    """The world communicator of ``mesh`` (collective): its segment, its link figures, its tuner.
-    ``store``: closed with the world."""
-    ctx = Context(mesh, list(range(mesh.size)), 0, timeout)
-    ctx.store = store
-    return _ready(Communicator(ctx), tune)
+def world(mesh, timeout: float, tune: bool = True) -> Communicator:
+    """The world communicator of ``mesh`` (collective): its segment, its link figures, its tuner."""
+    return _ready(Communicator(Context(mesh, list(range(mesh.size)), 0, timeout)), tune)

@@ -150,7 +150,8 @@ def shares(local_n: int) -> list[set[int]] | None:
 
 
 def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
-        master_port: int | None = None, env: dict | None = None, grace: float = 5.0, bind: bool = True) -> int:
+        master_port: int | None = None, env: dict | None = None, grace: float = 5.0, bind: bool = True,
+        keep_going: bool = False) -> int:
     """Run ``cmd`` as this node's ranks; return 0, or the first failing rank's exit code.
 
     ``nproc``: ranks per node (an int), or a list of every node's count.
@@ -162,7 +163,9 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
     defaults to a free port on one node and must be given with several.
     SIGINT/SIGTERM sent to the launcher are forwarded to the children (a
     second one kills them). ``bind``: bind each local rank to its share of
-    the CPUs (see :func:`shares`).
+    the CPUs (see :func:`shares`). ``keep_going``: a failed rank does not stop
+    the others (a job that recovers with ``comm.shrink()``); the exit code is
+    still the first failure's, once every rank has exited.
     """
     first, local_n, world = node_ranks(nproc, nnodes, node_rank)
     if master_port is not None and (isinstance(master_port, bool) or not isinstance(master_port, int)
@@ -231,7 +234,7 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
                 pumps.append(t)
         while code == 0 and None in [p.poll() for p in procs]:     # a list: poll every child, no short-circuit
             failed = [(first + i, p.returncode) for i, p in enumerate(procs) if p.returncode not in (None, 0)]
-            if failed:
+            if failed and not keep_going:
                 r, rc = failed[0]
                 code = _exit_code(rc)
                 err.write(f"pyxccl run: rank {r} {_describe(rc)}; stopping the other ranks\n".encode())

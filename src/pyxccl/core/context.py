@@ -53,7 +53,6 @@ class Context:
         self.closed = False
         self.error: BaseException | None = None
         self.splits = 0           # split() calls made (each child's id depends on it)
-        self.store = None         # the rendezvous store init() made, closed with the world
         self.quick = Quick(self)  # blocking calls made before, prepared
         self._thread_check = True
         self._threads: dict = {}  # thread -> (its name, its name in fingerprints, their digest)
@@ -430,6 +429,4 @@ class Context:
         if self.parent is not None and self in self.parent.children:
             self.parent.children.remove(self)
         if self.parent is None:
-            self.mesh.close()
-            if self.store is not None:
-                self.store.close()
+            self.mesh.close()       # the store stays: it is the process's, for later inits (pyxccl.init)

@@ -73,6 +73,7 @@ class _Messages(Semantics):
 def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline: float, dt) -> None:
     """Run this rank's message schedule ``s`` of collective ``seq``; ``call``: its fingerprint words."""
     sem = _Messages(ctx, bufs, reduce, seq, call, op, deadline, dt)
+    ctx.mailbox.begin(ctx.id, seq, call)
     try:
         walk([s], sem)
     except BaseException:

@@ -30,7 +30,8 @@ SEQ, CSEQ, OP, DTYPE, COUNT, BYTES, ALGO, PEER, ISSUED, STARTED, ENDED, STATE, E
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 
 
-def _capacity() -> int:
+def capacity() -> int:
+    """How many operations a communicator's recorder keeps (``PYXCCL_RECORD``, default 2000)."""
     v = os.environ.get("PYXCCL_RECORD", "2000")
     return int(v) if v.isdigit() else 2000
 
@@ -40,7 +41,7 @@ class Recorder:
     __slots__ = ("ops", "trace")
 
     def __init__(self):
-        self.ops: deque = deque(maxlen=_capacity())
+        self.ops: deque = deque(maxlen=capacity())
         self.trace: list | None = [] if os.environ.get("PYXCCL_TRACE") else None   # every entry, for the timeline
 
     def issue(self, seq: int, cseq: int, what: tuple, peer=None) -> list:

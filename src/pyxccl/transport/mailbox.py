@@ -142,6 +142,7 @@ class Mailbox:
         self._arrivals = 0                        # orders unexpected messages for any-source receives
         self._dead: dict[int, BaseException] = {}
         self._done: dict[int, int] = {}           # comm id -> its last finished collective
+        self._running: dict[int, tuple] = {}      # comm id -> (seq, fingerprint) of its latest collective here
         self._early: dict[int, set] = {}          # comm id -> (peer, key) of unexpected collective messages
         self._describe: dict[int, object] = {}    # comm id -> describe(peer, seq, words) of its ongoing calls
         self.on_comm_error = lambda comm_id, err, remote: None   # set by the mesh
@@ -185,6 +186,19 @@ class Mailbox:
                     if not q:
                         del d[k]
 
+    def begin(self, comm_id: int, seq: int, call) -> None:
+        """Collective ``seq`` of a communicator starts here with fingerprint ``call``: a message for it
+        that carries another, already here or still to come, is a disagreement (raised through
+        ``on_comm_error``) even before a receive is posted for it (a rank waiting for another peer in
+        a call whose root differs hears of it at once, not at its deadline)."""
+        with self._lock:
+            self._running[comm_id] = (seq, call)
+            early = self._early.get(comm_id)
+            bad = [(pk, self._unexpected[pk][0].call) for pk in early if pk[1][2] == seq and pk in self._unexpected
+                   and self._unexpected[pk][0].call != call] if early else ()
+        for (peer, key), theirs in bad[:1]:
+            self.on_comm_error(comm_id, self._stray(peer, key, theirs), False)
+
     def finish(self, comm_id: int, seq: int) -> None:
         """Collective ``seq`` of a communicator is done here: a message for it, now or later, means
         the ranks disagreed about it (raised through ``on_comm_error``)."""
@@ -214,7 +228,7 @@ class Mailbox:
             if describe is not None:
                 self._describe[comm_id] = describe
                 return
-            for d in (self._describe, self._done, self._early):
+            for d in (self._describe, self._done, self._early, self._running):
                 d.pop(comm_id, None)
             for d in (self._posted, self._unexpected):
                 for pk in [pk for pk in d if pk[1][0] == comm_id]:
@@ -267,7 +281,9 @@ class Mailbox:
                     if err:
                         target.fail(err)
                         target = _Unexpected(total, dtype_code, -1)  # read it, nobody will use it
-                elif (key[1] == COLL and key[0] in self._done and not _newer(key[2], self._done[key[0]])) \
+                elif (key[1] == COLL and ((key[0] in self._done and not _newer(key[2], self._done[key[0]]))
+                                          or self._running.get(key[0], (None,))[0] == key[2]
+                                          and self._running[key[0]][1] != call)) \
                         or (key[1] == ABORT and total > _MAX_ABORT) or key[1] == PROGRESS_REPLY:
                     stray = self._stray(peer, key, call) if key[1] == COLL else None if key[1] == PROGRESS_REPLY \
                         else ProtocolError(f"rank {self.rank}: rank {peer} sent an abort message of {total} bytes",

@@ -68,6 +68,9 @@ class Mesh:
         self._contexts: dict[int, object] = {}     # communicator id -> its context
         self._graceful: set[int] = set()
         self._closed = False
+        self.store = None                   # the store it was made through, for shrink()
+        self.how = ("auto", None)           # (transport, master address) it was made with
+        self.shrinks = 0
 
     def peer(self, world_rank: int):
         return self.peers[world_rank]
