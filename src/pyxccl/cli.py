@@ -128,5 +128,28 @@ def _bench(p: argparse.ArgumentParser):
     return main
 
 
+@command("trace", "merge or summarize the timelines that PYXCCL_TRACE=DIR wrote (a Chrome/Perfetto trace per rank)")
+def _trace(p: argparse.ArgumentParser):
+    sub = p.add_subparsers(dest="action", required=True)
+    m = sub.add_parser("merge", help="merge every rank's trace into one file (open it in ui.perfetto.dev)")
+    m.add_argument("dir", help="the PYXCCL_TRACE directory")
+    m.add_argument("-o", "--output", default=None, help="the merged file (default DIR/trace.json)")
+    s = sub.add_parser("summary", help="per rank: communication time, the part not overlapped with compute, "
+                       "its share of the step; flags a share above 30%% with what to try")
+    s.add_argument("dir", help="the PYXCCL_TRACE directory (or one trace file)")
+
+    def go(a) -> int:
+        from . import trace
+        try:
+            if a.action == "merge":
+                print(trace.merge(a.dir, a.output))
+            else:
+                print(trace.format_summary(trace.summary(a.dir)))
+        except (FileNotFoundError, ValueError) as e:
+            (m if a.action == "merge" else s).error(str(e))
+        return 0
+    return go
+
+
 if __name__ == "__main__":      # after every @command, so all subcommands are registered
     sys.exit(main())
