@@ -415,7 +415,7 @@ def advice(row: dict) -> list[str]:
     if not row["compute_us"]:
         tips.append("no compute regions are marked, so all communication counts as exposed: mark compute with "
                     "`with pyxccl.compute(): ...` to measure what overlaps")
-    if row["comm_us"] and row["exposed_us"] > 0.5 * row["comm_us"]:
+    if row["comm_us"] and row["exposed_us"] >= 0.5 * row["comm_us"]:
         tips.append("overlap communication with compute: issue collectives with async_op=True and wait() only "
                     "where the result is needed (torch: DDP's bucketed all_reduce during backward)")
     top = max(row["ops"].items(), key=lambda kv: kv[1]["exposed_us"], default=None)
