@@ -76,7 +76,8 @@ def test_each_allreduce_appears_once_per_rank_with_bytes_and_algorithm(traced):
     for r in range(2):
         doc = _load(where / f"trace-rank{r}.json")
         lanes = {name: tid for tid, name in _lanes(doc).items()}
-        for transport, lane in (("tcp", "comm 00000000 (world, 2 ranks)"), ("shm", "comm 00000000 (world #2, 2 ranks)")):
+        for transport, lane in (("tcp", "comm 00000000 (world, 2 ranks)"),
+                                ("shm", "comm 00000000 (world #2, 2 ranks)")):
             calls = [e for e in doc["traceEvents"] if e["tid"] == lanes[lane] and e["name"] == "allreduce"
                      and e["args"]["bytes"] == COUNT * 4]
             # the job's calls are the last 2 * STEPS (set-up made none of this size)
@@ -256,3 +257,31 @@ def test_without_pyxccl_trace_nothing_is_kept_or_written(tmp_path):
     assert sorted(p.stdout.splitlines()) == ["[0] 0 [True] False []", "[0] None", "[1] 1 [True] False []",
                                              "[1] None"]
     assert sorted(os.listdir(tmp_path)) == ["job.py"]
+
+
+def test_written_at_exit_when_the_job_never_closes(tmp_path):
+    """No close(): atexit writes the file, with a split child closed early, and a region marked last."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np, pyxccl
+        comm = pyxccl.init()
+        sub = comm.split(color=0)
+        sub.allgather(np.ones(3, np.int32))
+        sub.close()
+        comm.allreduce(np.ones(5, np.float64), async_op=True).wait()
+        with pyxccl.compute("last"):
+            pass
+    """))
+    env = dict(os.environ, PYXCCL_TRACE=str(tmp_path / "tl"), PYXCCL_TUNE="0")
+    p = subprocess.run([sys.executable, "-m", "pyxccl", "run", "-n", "2", str(script)], capture_output=True,
+                       text=True, timeout=50, env=env)
+    assert p.returncode == 0, p.stderr
+    for r in range(2):
+        doc = _load(tmp_path / "tl" / f"trace-rank{r}.json")
+        lanes = _lanes(doc)
+        names = list(lanes.values())
+        assert names[:2] == ["MainThread", "comm 00000000 (world, 2 ranks)"] and len(names) == 3
+        assert names[2].endswith("(split of 00000000, 2 ranks)")
+        got = {(lanes[e["tid"]], e["name"], e.get("args", {}).get("bytes"))
+               for e in doc["traceEvents"] if e["ph"] == "X"}
+        assert {("MainThread", "last", None), (names[1], "allreduce", 40), (names[2], "allgather", 24)} <= got

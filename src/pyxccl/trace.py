@@ -125,6 +125,7 @@ _lanes: list = []                         # one dict per communicator, taken whe
 _taken: "weakref.WeakSet" = weakref.WeakSet()
 _worlds: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()    # world context -> its number here
 _rank: int | None = None
+_written = (0, 0)                         # (lanes, regions) in the file written last
 _write_lock = threading.Lock()
 _log = logging.getLogger("pyxccl")
 
@@ -168,11 +169,11 @@ def _launcher_rank(default: int) -> int:
 @atexit.register
 def _at_exit() -> None:
     """Communicators still open at exit (pyxccl's own exit handler, registered after this one, runs
-    first and closes those init() made)."""
+    first and closes those init() made), and regions marked after the last write."""
     live = [c for c in list(_rec._contexts) if c not in _taken and c.recorder.trace is not None]
     for c in sorted(live, key=lambda c: c.parent is not None):
         _take(c)
-    if live or (_regions and _lanes):
+    if _written != (len(_lanes), len(_regions)):
         write()
 
 
@@ -182,7 +183,9 @@ def write(where: str | None = None) -> str | None:
     where = where or os.environ.get("PYXCCL_TRACE")
     if not where or _rank is None:
         return None
+    global _written
     with _write_lock:
+        _written = (len(_lanes), len(_regions))
         doc = _document(_rank, time.time())
         path = os.path.join(where, _FILE.format(_rank))
         try:
