@@ -127,7 +127,7 @@ def test_summary_of_the_job_has_a_row_per_rank(traced):
     for r in rows:
         assert r["basis"] == "span" and 0 < r["exposed_us"] <= r["comm_us"] <= r["step_us"]
         # every allreduce is counted, but those with no recorded end (test_every_blocking_call_has_an_end)
-        assert r["ops"]["allreduce"]["calls"] + r["unfinished"] >= 4 * STEPS
+        assert sum(o["calls"] for o in r["ops"] if o["op"] == "allreduce") + r["unfinished"] >= 4 * STEPS
         assert r["compute_us"] >= 2 * STEPS * 4000
 
 
@@ -177,8 +177,10 @@ def test_summary_of_known_intervals(synthetic):
     assert got == {0: ("span", 0, 150, 100, 50, 0.3333, True, 0),
                    1: ("span", 0, 110, 70, 10, 0.0909, False, 0),
                    2: ("steps", 2, 400, 70, 70, 0.175, False, 1)}
-    assert rows[1]["ops"] == {"allreduce": {"calls": 2, "bytes": 16, "exposed_us": 10},
-                              "broadcast": {"calls": 1, "bytes": 8, "exposed_us": 0}}
+    assert rows[1]["ops"] == [{"op": "allreduce", "bytes": 8, "calls": 2, "exposed_us": 10},
+                              {"op": "broadcast", "bytes": 8, "calls": 1, "exposed_us": 0}]
+    assert [(o["op"], o["bytes"], o["exposed_us"]) for o in rows[2]["ops"]] == [
+        ("allgather", 1 << 20, 50), ("allgather", 0, 20)]
     assert rows[2]["compute_us"] == 300
 
 
@@ -188,8 +190,9 @@ def test_summary_flags_a_share_above_30_percent_with_what_to_try(synthetic, caps
     table = {line.split()[0]: line for line in out.splitlines() if line[:4].strip().isdigit()}
     assert table["0"].endswith("33.3%  > 30%") and "> 30%" not in table["1"] + table["2"]
     assert "rank 0: 33.3% of the step" in out and "rank 1: " not in out
-    assert "async_op=True" in out and "allreduce: 1 calls of 4.0 KiB" in out
+    assert "async_op=True" in out and "allreduce of 4.0 KiB: 1 calls, 0.1 ms exposed" in out
     assert "rank 2: 1 calls have no recorded end" in out
+    assert "balance the work: rank 2 computes 0.2 ms more" in out        # 300 us of compute against 100
 
 
 def test_merge_aligns_the_ranks_on_the_wall_clock(synthetic):

@@ -131,11 +131,13 @@ def _bench(p: argparse.ArgumentParser):
 @command("trace", "merge or summarize the timelines that PYXCCL_TRACE=DIR wrote (a Chrome/Perfetto trace per rank)")
 def _trace(p: argparse.ArgumentParser):
     sub = p.add_subparsers(dest="action", required=True)
-    m = sub.add_parser("merge", help="merge every rank's trace into one file (open it in ui.perfetto.dev)")
+    text = "merge every rank's trace into one file (open it in ui.perfetto.dev)"
+    m = sub.add_parser("merge", help=text, description=text)
     m.add_argument("dir", help="the PYXCCL_TRACE directory")
     m.add_argument("-o", "--output", default=None, help="the merged file (default DIR/trace.json)")
-    s = sub.add_parser("summary", help="per rank: communication time, the part not overlapped with compute, "
-                       "its share of the step; flags a share above 30%% with what to try")
+    text = ("per rank: communication time, the part not overlapped with compute, its share of the step; flags "
+            "a share above 30%% with what to try")
+    s = sub.add_parser("summary", help=text, description=text)
     s.add_argument("dir", help="the PYXCCL_TRACE directory (or one trace file)")
 
     def go(a) -> int:

@@ -372,7 +372,7 @@ def summary(path: str) -> list[dict]:
     - ``comm_us``: the union of its communication calls (every communicator), within the step;
     - ``exposed_us``: the part of that not overlapped by its compute regions (any thread; those named
       "step" are not compute); ``share`` = exposed_us / step_us, ``flagged`` when above 30%;
-    - ``ops``: per primitive, calls, bytes and exposed time;
+    - ``ops``: per primitive and size (bytes a call), the calls and their exposed time, most exposed first;
     - ``unfinished``: calls with no recorded end (queued or running when the file was written), not
       counted above.
 
@@ -401,32 +401,36 @@ def _rank_summary(rank: int, evs: list) -> dict:
     step_us = _length(window)
     comm_in = _intersect(_union(map(span, comm)), window)
     exposed = _length(_subtract(comm_in, compute))
-    ops: dict = {}
-    for name in sorted({e["name"] for e in comm}):
-        mine = [e for e in comm if e["name"] == name]
-        ops[name] = {"calls": len(mine), "bytes": sum(e.get("args", {}).get("bytes") or 0 for e in mine),
-                     "exposed_us": _length(_subtract(_intersect(_union(map(span, mine)), window), compute))}
+    groups: dict = {}
+    for e in comm:
+        groups.setdefault((e["name"], e.get("args", {}).get("bytes") or 0), []).append(span(e))
+    ops = sorted(({"op": name, "bytes": nbytes, "calls": len(iv),
+                   "exposed_us": _length(_subtract(_intersect(_union(iv), window), compute))}
+                  for (name, nbytes), iv in groups.items()), key=lambda o: (-o["exposed_us"], o["op"], o["bytes"]))
     share = exposed / step_us if step_us > 0 else 0.0
     return {"rank": rank, "basis": "steps" if steps else "span", "steps": len(steps), "step_us": step_us,
             "compute_us": _length(_intersect(compute, window)), "comm_us": _length(comm_in),
             "exposed_us": exposed, "share": share, "flagged": share > THRESHOLD, "ops": ops}
 
 
-def advice(row: dict) -> list[str]:
-    """What to try for a flagged rank, most likely first."""
+def advice(row: dict, rows: list[dict] = ()) -> list[str]:
+    """What to try for a flagged rank (a row of :func:`summary`; ``rows``: every rank's), likely first."""
     tips = []
+    slow = max(rows, key=lambda r: r["compute_us"], default=row)
+    more = slow["compute_us"] - row["compute_us"]
+    if more > 0.1 * row["step_us"]:
+        tips.append(f"balance the work: rank {slow['rank']} computes {more / 1e3:.1f} ms more, and part of this "
+                    f"rank's exposed time is waiting for it inside the collectives")
     if not row["compute_us"]:
         tips.append("no compute regions are marked, so all communication counts as exposed: mark compute with "
                     "`with pyxccl.compute(): ...` to measure what overlaps")
     if row["comm_us"] and row["exposed_us"] >= 0.5 * row["comm_us"]:
         tips.append("overlap communication with compute: issue collectives with async_op=True and wait() only "
                     "where the result is needed (torch: DDP's bucketed all_reduce during backward)")
-    top = max(row["ops"].items(), key=lambda kv: kv[1]["exposed_us"], default=None)
-    if top is not None:
-        name, o = top
-        mean = o["bytes"] / max(o["calls"], 1)
-        where = f"{name}: {o['calls']} calls of {_size(mean)} on average, {o['exposed_us'] / 1e3:.1f} ms exposed"
-        if mean < 256 << 10:
+    if row["ops"]:
+        o = row["ops"][0]
+        where = f"{o['op']} of {_size(o['bytes'])}: {o['calls']} calls, {o['exposed_us'] / 1e3:.1f} ms exposed"
+        if o["bytes"] < 256 << 10:
             tips.append(f"fewer, larger messages ({where}): bucket small tensors into one buffer, or accumulate "
                         f"gradients over more steps before synchronizing")
         else:
@@ -465,5 +469,5 @@ def format_summary(rows: list[dict]) -> str:
         if r["flagged"]:
             lines.append(f"rank {r['rank']}: {r['share']:.1%} of the step is communication not hidden behind "
                          f"compute, above {THRESHOLD:.0%}: communication is the bottleneck. Try:")
-            lines += [f"  - {t}" for t in advice(r)]
+            lines += [f"  - {t}" for t in advice(r, rows)]
     return "\n".join(lines)
