@@ -147,7 +147,7 @@ def _trace(p: argparse.ArgumentParser):
                 print(trace.merge(a.dir, a.output))
             else:
                 print(trace.format_summary(trace.summary(a.dir)))
-        except (FileNotFoundError, ValueError) as e:
+        except (OSError, ValueError) as e:      # no such directory, no traces in it, cannot write -o
             (m if a.action == "merge" else s).error(str(e))
         return 0
     return go

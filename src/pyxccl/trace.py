@@ -124,6 +124,7 @@ def _enable() -> bool:
 _lanes: list = []                         # one dict per communicator, taken when it closes (or at exit)
 _taken: "weakref.WeakSet" = weakref.WeakSet()
 _worlds: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()    # world context -> its number here
+_nworlds = 0                              # worlds numbered so far
 _rank: int | None = None
 _written = (0, 0)                         # (lanes, regions) in the file written last
 _write_lock = threading.Lock()
@@ -145,10 +146,13 @@ def _take(ctx) -> None:
     root = ctx
     while root.parent is not None:
         root = root.parent
-    global _rank
+    global _rank, _nworlds
     if _rank is None:
         _rank = _launcher_rank(root.mesh.rank)
-    nth = _worlds.setdefault(root, len(_worlds) + 1)
+    nth = _worlds.get(root)
+    if nth is None:
+        _nworlds += 1
+        nth = _worlds[root] = _nworlds
     kind = "world" if ctx.parent is None else f"split of {ctx.parent.id:08x}"
     _lanes.append({"name": f"comm {ctx.id:08x} ({kind}{f' #{nth}' if nth > 1 else ''}, {ctx.size} ranks)",
                    "order": (nth, ctx.parent is not None, len(_lanes)),          # worlds before their children
