@@ -399,7 +399,8 @@ def _rank_summary(rank: int, evs: list) -> dict:
         return (e["ts"], e["ts"] + e["dur"])
     regions = [e for e in evs if e.get("cat") == "compute"]
     comm = [e for e in evs if e.get("cat") == "comm"]
-    steps = _union(span(e) for e in regions if e["name"] == STEP)
+    marked = [span(e) for e in regions if e["name"] == STEP]
+    steps = _union(marked)
     compute = _union(span(e) for e in regions if e["name"] != STEP)
     window = steps or [(min(e["ts"] for e in evs), max(e["ts"] + e["dur"] for e in evs))]
     step_us = _length(window)
@@ -412,7 +413,7 @@ def _rank_summary(rank: int, evs: list) -> dict:
                    "exposed_us": _length(_subtract(_intersect(_union(iv), window), compute))}
                   for (name, nbytes), iv in groups.items()), key=lambda o: (-o["exposed_us"], o["op"], o["bytes"]))
     share = exposed / step_us if step_us > 0 else 0.0
-    return {"rank": rank, "basis": "steps" if steps else "span", "steps": len(steps), "step_us": step_us,
+    return {"rank": rank, "basis": "steps" if steps else "span", "steps": len(marked), "step_us": step_us,
             "compute_us": _length(_intersect(compute, window)), "comm_us": _length(comm_in),
             "exposed_us": exposed, "share": share, "flagged": share > THRESHOLD, "ops": ops}
 
