@@ -19,9 +19,10 @@ from .comm import Communicator, default_timeout
 from .comm import world as _world
 from .core.engine import Work
 from .ops import ReduceOp
+from .trace import compute
 
 __all__ = [
-    "init", "Communicator", "Work", "ReduceOp",
+    "init", "Communicator", "Work", "ReduceOp", "compute",
     "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "CommClosedError", "RendezvousError",
     "CommError", "CommTimeoutError", "PeerLostError", "ProtocolError", "CollectiveMismatchError",
     "CommAbortedError",

@@ -140,5 +140,30 @@ def _doctor(p: argparse.ArgumentParser):
     return go
 
 
+@command("trace", "merge or summarize the timelines that PYXCCL_TRACE=DIR wrote (a Chrome/Perfetto trace per rank)")
+def _trace(p: argparse.ArgumentParser):
+    sub = p.add_subparsers(dest="action", required=True)
+    text = "merge every rank's trace into one file (open it in ui.perfetto.dev)"
+    m = sub.add_parser("merge", help=text, description=text)
+    m.add_argument("dir", help="the PYXCCL_TRACE directory")
+    m.add_argument("-o", "--output", default=None, help="the merged file (default DIR/trace.json)")
+    text = ("per rank: communication time, the part not overlapped with compute, its share of the step; flags "
+            "a share above 30%% with what to try")
+    s = sub.add_parser("summary", help=text, description=text)
+    s.add_argument("dir", help="the PYXCCL_TRACE directory (or one trace file)")
+
+    def go(a) -> int:
+        from . import trace
+        try:
+            if a.action == "merge":
+                print(trace.merge(a.dir, a.output))
+            else:
+                print(trace.format_summary(trace.summary(a.dir)))
+        except (OSError, ValueError) as e:      # no such directory, no traces in it, cannot write -o
+            (m if a.action == "merge" else s).error(str(e))
+        return 0
+    return go
+
+
 if __name__ == "__main__":      # after every @command, so all subcommands are registered
     sys.exit(main())

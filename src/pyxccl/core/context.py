@@ -420,6 +420,9 @@ class Context:
         self.closed = True
         recorder.unregister(self)
         self.engine.stop()
+        if self.recorder.trace is not None:     # PYXCCL_TRACE: the timeline keeps this communicator's calls
+            from ..trace import communicator_closed
+            communicator_closed(self)
         if self._telling is not None:
             self._telling.join(timeout=3)
         if self.segment is not None:
