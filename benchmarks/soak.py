@@ -7,7 +7,7 @@ For each transport (shared memory, then TCP) it starts ``-n`` ranks with
 alltoall, broadcast, reduce_scatter, gather, scatter, reduce, barrier and a
 send/recv pair, with varying sizes, dtypes, ops and roots), checking every
 result against numpy. RSS, open descriptors and threads are read after a
-warm-up of 2,000 calls (the flight recorder full) and at the end. Then
+warm-up of 5,000 calls (the flight recorder, plans and prepared calls full) and at the end. Then
 ``--cycles`` init/close cycles in one process: descriptors, shared-memory
 maps and threads after the third cycle and after the last. A table per
 phase; figures per rank are the worst rank's.
@@ -22,7 +22,11 @@ import time
 
 import numpy as np
 
-WARMUP = 2000
+WARMUP = 5000      # calls before the first reading: with random sizes the caches are full by then
+# Element counts drawn from a menu, as a training loop's are (--sizes menu, the default), or any count
+# (--sizes random: every call a new shape, so the plans' and prepared calls' caches turn over).
+MENU = (1, 2, 7, 64, 1000, 1001, 4096, 65536, 131072)
+SIZES = MENU if os.environ.get("SOAK_SIZES", "menu") == "menu" else ()
 
 
 def state() -> dict:
@@ -37,7 +41,7 @@ def mixed(comm, i: int, rng) -> int:
     """Collective number ``i`` of the soak, checked; returns how many it made."""
     n, r = comm.size, comm.rank
     kind = i % 10
-    count = int(rng.integers(1, 3000)) if i % 7 else int(rng.integers(1, 1 << 17))
+    count = int(rng.choice(SIZES)) if SIZES else int(rng.integers(1, 3000)) if i % 7 else int(rng.integers(1, 1 << 17))
     dt = (np.float32, np.float64, np.int32, np.int64)[i % 4]
     base = np.arange(count, dtype=dt) % 7
     mine = base + r
@@ -128,13 +132,15 @@ def rank_cycles(cycles: int) -> None:
         comm.allreduce(x)
         comm.allgather(x, np.empty(4096 * comm.size, np.float32))
         comm.close()
-        if i in (2, cycles - 1):
-            seen["before" if i == 2 else "after"] = state()
+        if i == 2:
+            seen["before"] = state()
+        if i == cycles - 1:
+            seen["after"] = state()
     print("SOAK " + json.dumps(seen), flush=True)
 
 
-def launch(n: int, transport: str, mode: str, amount: int) -> list[dict]:
-    env = dict(os.environ, PYXCCL_TRANSPORT=transport)
+def launch(n: int, transport: str, mode: str, amount: int, sizes: str) -> list[dict]:
+    env = dict(os.environ, PYXCCL_TRANSPORT=transport, SOAK_SIZES=sizes)
     p = subprocess.run([sys.executable, "-m", "pyxccl", "run", "-n", str(n), __file__, f"--{mode}", str(amount)],
                        env=env, capture_output=True, text=True)
     if p.returncode:
@@ -147,6 +153,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=4)
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--cycles", type=int, default=100)
+    ap.add_argument("--sizes", choices=("menu", "random"), default="menu",
+                    help="element counts from a menu of 9 (as a training loop's), or any (every call a new shape)")
     ap.add_argument("--rank-calls", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rank-cycles", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -157,10 +165,10 @@ def main() -> None:
     print(f"| transport | phase | per rank | RSS growth (MB) | fds | threads | shm maps | seconds |")
     print("|---|---|---|---|---|---|---|---|")
     for transport in ("shm", "tcp"):
-        for mode, amount, what in (("rank-calls", a.calls, f"{a.calls} calls, all right"),
+        for mode, amount, what in (("rank-calls", a.calls, f"{a.calls} calls ({a.sizes} sizes), all right"),
                                    ("rank-cycles", a.cycles, f"{a.cycles} init/close")):
             t0 = time.perf_counter()
-            res = launch(a.n, transport, mode, amount)
+            res = launch(a.n, transport, mode, amount, a.sizes)
             grow = max((r["after"]["rss"] - r["before"]["rss"]) / 1e6 for r in res)
 
             def delta(k):

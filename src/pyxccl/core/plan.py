@@ -22,6 +22,7 @@ from ..primitives import Call, call_word, size_word
 from . import messages, onehost
 
 _SCHEDULES_PER_PLAN = 16
+_SCHEDULES = 256          # per communicator, over all its plans: calls of ever new sizes turn them over
 
 
 def bucket(nbytes: int) -> int:
@@ -53,6 +54,7 @@ class Plan:
             self._schedules[key] = s
             if len(self._schedules) > _SCHEDULES_PER_PLAN:
                 self._schedules.popitem(last=False)
+            self.ctx.plans.made(self, key)
         return s
 
     def words(self, name: str, key, size, thread: int) -> tuple[int, int]:
@@ -94,6 +96,14 @@ class Planner:
         self.ctx = ctx
         self.forced = _parse_algo_env(os.environ.get("PYXCCL_ALGO", ""))
         self._plans: dict[tuple, Plan] = {}
+        self._made: OrderedDict = OrderedDict()     # (plan, schedule key) of the schedules made, oldest first
+
+    def made(self, plan: Plan, key) -> None:
+        """A plan made a schedule: past ``_SCHEDULES`` in all, the oldest is dropped from its plan."""
+        self._made[(plan, key)] = None
+        while len(self._made) > _SCHEDULES:
+            (old, k), _ = self._made.popitem(last=False)
+            old._schedules.pop(k, None)
 
     def plan(self, primitive: str, dtype: np.dtype, nbytes: int, op=None, root=None, algorithm=None,
              error=InvalidArgumentError) -> Plan:
