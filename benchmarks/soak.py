@@ -162,7 +162,7 @@ def main() -> None:
         return rank_calls(a.rank_calls)
     if a.rank_cycles:
         return rank_cycles(a.rank_cycles)
-    print(f"| transport | phase | per rank | RSS growth (MB) | fds | threads | shm maps | seconds |")
+    print("| transport | phase | per rank | RSS growth (MB) | fds | threads | shm maps | seconds |")
     print("|---|---|---|---|---|---|---|---|")
     for transport in ("shm", "tcp"):
         for mode, amount, what in (("rank-calls", a.calls, f"{a.calls} calls ({a.sizes} sizes), all right"),
