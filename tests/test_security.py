@@ -5,6 +5,7 @@ correctly, and nothing is allocated at the size a header claims.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -20,6 +21,7 @@ import pyxccl
 from pyxccl.transport import auth
 from pyxccl.launcher import free_port
 from pyxccl.transport.mailbox import Mailbox
+from pyxccl.rendezvous import wire
 from pyxccl.rendezvous.tcp import TCPStore
 from pyxccl.transport.base import DATA, HEADER, MAGIC
 from pyxccl.transport.tcp import TcpPeer
@@ -33,32 +35,56 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _strangers(addr) -> list[str]:
-    """Knock on ``addr`` in every bad way; return what was tried."""
-    tried = []
+def _knock(addr, send, got: list[bytes]) -> None:
+    """Connect to ``addr``, run ``send(sock)``, then read until the other end drops us; keep what came."""
+    with socket.create_connection(addr, timeout=5) as s:
+        try:
+            send(s)
+            s.shutdown(socket.SHUT_WR)
+            while chunk := s.recv(1 << 16):
+                got.append(chunk)
+        except (OSError, auth.AuthError, pyxccl.RendezvousError):
+            pass
 
-    def knock(what, fn):
-        with socket.create_connection(addr, timeout=5) as s:
-            try:
-                fn(s)
-                s.shutdown(socket.SHUT_WR)
-                s.recv(1 << 16)       # until the other end drops us
-            except (OSError, auth.AuthError):
-                pass
-        tried.append(what)
-    knock("wrong secret", lambda s: auth.dial(s, b"not the job's secret", 1))
-    knock("random bytes", lambda s: s.sendall(np.random.default_rng(0).bytes(4096)))
-    knock("truncated header", lambda s: s.sendall(b"pyxccl02\x01\x00"))
-    knock("1 TB header", lambda s: s.sendall(HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0, 0, 0)))
-    knock("store request of 1 TB", lambda s: s.sendall(struct.pack("<BI", 1, 1) + b"k" + struct.pack("<Q", TB)))
-    return tried
+
+def _rank_strangers(addr, got: list[bytes]) -> list[str]:
+    """Knock on a rank's listener in every bad way; return what was tried."""
+    tried = {
+        "wrong secret": lambda s: auth.dial(s, b"not the job's secret", 1),
+        "random bytes": lambda s: s.sendall(np.random.default_rng(0).bytes(4096)),
+        "truncated header": lambda s: s.sendall(b"pyxccl02\x01\x00"),
+        "1 TB header": lambda s: s.sendall(HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0, 0, 0)),
+        "a store's proof": lambda s: auth.dial(s, b"not the job's secret", 0, auth.STORE_CHANNEL),
+    }
+    for send in tried.values():
+        _knock(addr, send, got)
+    return list(tried)
+
+
+def _store_strangers(addr, got: list[bytes]) -> list[str]:
+    """Knock on a store that requires the secret, without it; return what was tried."""
+    wrong = hashlib.sha256(b"a guess").digest()
+    request = struct.pack("<BI", 2, 15) + b"pyxccl/1/addr/0" + struct.pack("<Qd", 8, 5.0)
+    tried = {
+        "wrong secret": lambda s: wire.open_client(s, wrong, "test"),
+        "no secret": lambda s: wire.open_client(s, None, "test"),
+        "random bytes": lambda s: s.sendall(np.random.default_rng(0).bytes(4096)),
+        "truncated proof": lambda s: s.sendall(b"\x00" * 10),
+        "open hello, then a get": lambda s: s.sendall(b"PXS1open" + request * 8),
+        "1 TB request": lambda s: s.sendall(struct.pack("<BI", 1, 1) + b"k" + struct.pack("<Q", TB)),
+    }
+    for send in tried.values():
+        _knock(addr, send, got)
+    return list(tried)
 
 
 @pytest.mark.timeout(60)
 def test_strangers_are_refused_and_the_job_goes_on(caplog, monkeypatch):
-    """Two ranks (threads) start; strangers knock on rank 0's listener and on the store; the ranks
-    still connect and allreduce correctly, every stranger is logged, memory does not grow."""
+    """Two ranks (threads) of a job with a secret start; strangers knock on rank 0's listener and on the
+    store; the ranks still connect and allreduce correctly, every stranger is logged, memory does not grow,
+    and no stranger receives a byte of the secret or of the ranks' addresses: only greetings."""
     monkeypatch.setenv("PYXCCL_TRANSPORT", "tcp")
+    monkeypatch.setenv("PYXCCL_SECRET", "the job's secret")
     caplog.set_level(logging.WARNING, logger="pyxccl")
     store = TCPStore("127.0.0.1", 0, is_server=True, timeout=30)
     comms, errors = [None, None], []
@@ -71,9 +97,11 @@ def test_strangers_are_refused_and_the_job_goes_on(caplog, monkeypatch):
             errors.append(e)
     t0 = threading.Thread(target=rank, args=(0,), name="rank")     # ranks' calls come from threads of one name
     t0.start()
-    info = json.loads(store.get("pyxccl/1/addr/0", timeout=20))   # rank 0 listens now; rank 1 has not dialed
+    info_raw = store.get("pyxccl/1/addr/0", timeout=20)            # rank 0 listens now; rank 1 has not dialed
+    info = json.loads(info_raw)
     before = _rss_mb()
-    tried = _strangers(tuple(info["tcp"])) + _strangers(("127.0.0.1", store.port))
+    got: list[bytes] = []
+    tried = _rank_strangers(tuple(info["tcp"]), got) + _store_strangers(("127.0.0.1", store.port), got)
     t1 = threading.Thread(target=rank, args=(1,), name="rank")
     t1.start()
     for t in (t0, t1):
@@ -86,6 +114,7 @@ def test_strangers_are_refused_and_the_job_goes_on(caplog, monkeypatch):
             w.wait()
         for x in outs:
             np.testing.assert_array_equal(x, np.arange(5, dtype=np.float32) * 3)
+        held = dict(store._server.data)
     finally:
         for c in comms:
             c.close()
@@ -95,7 +124,15 @@ def test_strangers_are_refused_and_the_job_goes_on(caplog, monkeypatch):
     assert len(refusals) == len(tried), (tried, refusals)
     assert any("rank 0" in m and "job's secret" in m for m in refusals), refusals
     assert any("not a pyxccl handshake" in m for m in refusals), refusals
-    assert any("store" in m and "over the store's limit" in m for m in refusals), refusals
+    assert any("store's handshake sent to a rank" in m for m in refusals), refusals
+    assert sum("store" in m and "wrong secret" in m for m in refusals) == 3, refusals
+    assert sum("store" in m and "hung up before opening" in m for m in refusals) == 3, refusals
+    heard = b"".join(got)
+    key = auth.env_secret()
+    assert key is not None and key not in heard and b"the job's secret" not in heard
+    assert info_raw not in heard and b'"tcp"' not in heard, "a stranger read a rank's address"
+    assert not any(key in v for v in held.values()) and not any("job-key" in k for k in held), \
+        "the secret (or a job key) was put in the store"
 
 
 def test_handshake_with_a_wrong_secret_fails_on_both_sides():

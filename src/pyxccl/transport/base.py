@@ -148,6 +148,7 @@ class StreamPeer(Peer):
                     err = self._lost("its link stopped answering: host down or network cut")
                 else:
                     err = self._lost(f"connection error: {e}")
+                    err.__cause__ = e   # what broke, for whoever debugs it
                 self.on_lost(self.peer, err)
             return
         if not self._closing:
