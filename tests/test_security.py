@@ -8,11 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import resource
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -21,7 +26,7 @@ import pyxccl
 from pyxccl.transport import auth
 from pyxccl.launcher import free_port
 from pyxccl.transport.mailbox import Mailbox
-from pyxccl.rendezvous import wire
+from pyxccl.rendezvous import Limits, wire
 from pyxccl.rendezvous.tcp import TCPStore
 from pyxccl.transport.base import DATA, HEADER, MAGIC
 from pyxccl.transport.tcp import TcpPeer
@@ -198,3 +203,265 @@ def test_a_bad_frame_from_a_connected_peer_is_a_clear_error(frame, match):
     assert lost.err.peer == 3 and "rank 3" in str(lost.err), lost.err
     assert re.search(match, str(lost.err)), lost.err
     assert _rss_mb() - before < 64
+
+
+# --- the store's limits ----------------------------------------------------------------------------------
+
+def _server(monkeypatch, secret: str | None = None, **limits) -> TCPStore:
+    if secret is None:
+        monkeypatch.delenv("PYXCCL_SECRET", raising=False)
+    else:
+        monkeypatch.setenv("PYXCCL_SECRET", secret)
+    monkeypatch.setattr(auth, "_warned", True)          # the warning has a test of its own
+    return TCPStore("127.0.0.1", 0, is_server=True, timeout=5, limits=Limits(**limits))
+
+
+def _opened(port: int) -> socket.socket:
+    """A raw connection past the open store's opening (greeting read, hello sent)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    wire.open_client(s, None, "test")
+    return s
+
+
+def _dropped(s: socket.socket, within: float = 10.0) -> bool:
+    """Whether the server closes ``s`` within ``within`` s (what it sends before is read and ignored)."""
+    s.settimeout(within)
+    try:
+        while s.recv(1 << 16):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _eventually(check, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, caplog):
+    """Cap 4: the server's own client and 3 more fill it; the next is refused naming the limit; 200 silent
+    connections add no thread beyond the cap; a freed slot is usable again."""
+    caplog.set_level(logging.WARNING, logger="pyxccl")
+    server = _server(monkeypatch, max_connections=4, opening_timeout=30)
+    clients = [TCPStore("127.0.0.1", server.port, is_server=False, timeout=5) for _ in range(3)]
+    try:
+        with pytest.raises(pyxccl.RendezvousError, match="limit of 4 connections") as e:
+            TCPStore("127.0.0.1", server.port, is_server=False, timeout=5, rank=7)
+        assert "PYXCCL_STORE_MAX_CONNECTIONS" in str(e.value) and "rank 7" in str(e.value)
+        threads = threading.active_count()
+        silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(200)]
+        assert all(_dropped(s) for s in silent), "a connection over the cap was kept"
+        assert threading.active_count() <= threads, "connections over the cap got threads"
+        for s in silent:
+            s.close()
+        assert any("limit of 4 connections" in r.getMessage() for r in caplog.records)
+        clients.pop().close()
+        assert _eventually(lambda: len(server._server._clients) < 4)
+        with TCPStore("127.0.0.1", server.port, is_server=False, timeout=5) as again:
+            again.set("k", b"v")
+            assert server.get("k") == b"v"
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_keys_and_values_over_the_limits_are_refused(monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, logger="pyxccl")
+    server = _server(monkeypatch, max_value=1000)
+    try:
+        with pytest.raises(pyxccl.InvalidArgumentError, match="PYXCCL_STORE_MAX_VALUE"):
+            server.set("big", b"x" * 1001)
+        with pytest.raises(pyxccl.InvalidArgumentError, match="key of 5000 bytes"):
+            server.set("k" * 5000, b"")
+        server.set("fits", b"x" * 1000)
+        # A client that lies about sizes is dropped before a byte of the value is read.
+        for claim in (struct.pack("<BI", 1, 1) + b"k" + struct.pack("<Q", TB),        # 1 TB value
+                      struct.pack("<BI", 1, 1 << 31),                                 # 2 GiB key
+                      struct.pack("<BI", 2, 1) + b"k" + struct.pack("<Q", 9) + b"x" * 9):   # get: 9-byte timeout
+            with _opened(server.port) as raw:
+                raw.sendall(claim)
+                assert _dropped(raw)
+        assert server.get("fits") == b"x" * 1000 and server._server.used == len("fits") + 1000
+    finally:
+        server.close()
+    why = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert len(why) == 3 and "over the store's limit of 1000" in why[0] and "key length" in why[1], why
+
+
+@pytest.mark.timeout(60)
+def test_memory_cap_refuses_a_set_and_keeps_the_connection(monkeypatch):
+    """The store holds at most max_bytes of keys and values: a set that does not fit is refused (the
+    connection stays usable); replacing and deleting give the room back; counters count too."""
+    server = _server(monkeypatch, max_value=8000, max_bytes=10_000)
+    try:
+        for _ in range(10):
+            server.set("a", b"x" * 6000)                  # replaced, not accumulated
+        with pytest.raises(pyxccl.RendezvousError, match="PYXCCL_STORE_MAX_BYTES") as e:
+            server.set("b", b"y" * 6000)
+        assert "key 'b'" in str(e.value) and "delete keys" in str(e.value)
+        assert server.get("a") == b"x" * 6000 and not server.check("b")   # the same connection, still good
+        assert server._server.used == 6001
+        assert server.delete_key("a") and server._server.used == 0
+        server.set("b", b"y" * 6000)
+        assert server.add("n", 5) == 5 and server._server.used == 6001 + 2
+        server.set("c", b"z" * (10_000 - 6003 - 1))       # exactly full
+        with pytest.raises(pyxccl.RendezvousError, match="no room"):
+            server.add("n", 10)                          # one digit more
+        with pytest.raises(pyxccl.RendezvousError, match="no room"):
+            server.add("m", 1)
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_two_100_mib_sets_do_not_stay_in_memory(monkeypatch):
+    """The issue's case, with the default limits: a 100 MiB value is refused before it is sent."""
+    server = _server(monkeypatch)
+    try:
+        for key in ("one", "two"):
+            with pytest.raises(pyxccl.InvalidArgumentError, match="over the store's limit"):
+                server.set(key, bytes(100 << 20))
+        assert server._server.used == 0
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_silent_connections_are_dropped(monkeypatch, caplog):
+    """A connection that sends nothing, or stops mid-request, is dropped after its deadline and logged;
+    a client that opened and is idle between requests is kept."""
+    caplog.set_level(logging.WARNING, logger="pyxccl")
+    server = _server(monkeypatch, opening_timeout=0.5, request_timeout=0.5)
+    try:
+        mute = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        half_hello = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        half_hello.sendall(b"PXS1")
+        mid_request = _opened(server.port)
+        mid_request.sendall(struct.pack("<BI", 1, 3) + b"key" + struct.pack("<Q", 100) + b"only part")
+        for s in (mute, half_hello, mid_request):
+            assert _dropped(s), "a silent connection was kept"
+            s.close()
+        time.sleep(1.0)                                   # the server's own client idled past both deadlines
+        server.set("k", b"v")
+        assert server.get("k") == b"v" and server._server.used == 2
+    finally:
+        server.close()
+    why = [r.getMessage() for r in caplog.records if "refused a connection" in r.getMessage()]
+    assert sum("silent for 0.5 s during its opening" in m for m in why) == 2, why
+    assert sum("silent for 0.5 s during its request" in m for m in why) == 1, why
+
+
+# --- the secret ------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_store_with_a_secret_serves_only_proven_clients(monkeypatch):
+    server = _server(monkeypatch, secret="right")
+    try:
+        server.set("pyxccl/1/addr/0", b'{"tcp": ["10.0.0.1", 1234]}')
+        monkeypatch.setenv("PYXCCL_SECRET", "wrong")
+        with pytest.raises(pyxccl.RendezvousError, match="PYXCCL_SECRET") as e:
+            TCPStore("127.0.0.1", server.port, is_server=False, timeout=5, rank=1)
+        assert "rank 1" in str(e.value) and f"127.0.0.1:{server.port}" in str(e.value)
+        monkeypatch.delenv("PYXCCL_SECRET")
+        with pytest.raises(pyxccl.RendezvousError, match="requires the job's secret"):
+            TCPStore("127.0.0.1", server.port, is_server=False, timeout=5)
+        monkeypatch.setenv("PYXCCL_SECRET", "right")
+        with TCPStore("127.0.0.1", server.port, is_server=False, timeout=5) as ok:
+            assert ok.get("pyxccl/1/addr/0").startswith(b'{"tcp"')
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_client_with_a_secret_refuses_a_store_without_one(monkeypatch):
+    """Another program (or rank 0 started without the secret) on the port cannot pass for the job's store."""
+    server = _server(monkeypatch)
+    try:
+        monkeypatch.setenv("PYXCCL_SECRET", "s")
+        with pytest.raises(pyxccl.RendezvousError, match="serves without a secret"):
+            TCPStore("127.0.0.1", server.port, is_server=False, timeout=5)
+    finally:
+        server.close()
+
+
+def test_with_a_secret_no_key_goes_through_the_store(monkeypatch):
+    monkeypatch.setenv("PYXCCL_SECRET", "s")
+    store = FileStoreLike()
+    assert auth.job_secret(store, 0, 1.0) == auth.env_secret() and store.data == {}
+
+
+class FileStoreLike:
+    """A dict as a store, to see what goes in."""
+
+    def __init__(self):
+        self.data = {}
+
+    def set(self, key, value):
+        self.data[key] = value
+
+    def get(self, key, timeout=None):
+        return self.data[key]
+
+
+def test_without_a_secret_one_warning_says_what_is_trusted(monkeypatch):
+    monkeypatch.delenv("PYXCCL_SECRET", raising=False)
+    monkeypatch.setattr(auth, "_warned", False)
+    with pytest.warns(auth.NoSecretWarning) as record:
+        server = TCPStore("127.0.0.1", 0, is_server=True, timeout=5)
+        key = auth.job_secret(server, 0, 1.0)             # rank 0 of a job on it: no second warning
+    server.close()
+    assert len(record) == 1, [str(w.message) for w in record]
+    text = str(record[0].message)
+    assert f"the store at 127.0.0.1:{server.port}" in text and "any process that can reach" in text
+    assert "set and delete keys" in text and "Set PYXCCL_SECRET" in text
+    assert len(key) == 32
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TCPStore("127.0.0.1", 0, is_server=True, timeout=5).close()   # once per process
+        monkeypatch.setattr(auth, "_warned", False)
+        monkeypatch.setenv("PYXCCL_SECRET", "s")
+        TCPStore("127.0.0.1", 0, is_server=True, timeout=5).close()   # a secret: nothing to warn about
+
+
+_SHOW_SECRET = """
+import hashlib, os, warnings, numpy as np, pyxccl
+from pyxccl.transport.auth import NoSecretWarning
+warnings.simplefilter("error", NoSecretWarning)
+comm = pyxccl.init()
+x = np.ones(2, np.float32)
+comm.allreduce(x)
+secret = os.environ.get("PYXCCL_SECRET", "")
+print(len(secret), hashlib.sha256(secret.encode()).hexdigest()[:12], int(x[0]))
+comm.close()
+"""
+
+
+@pytest.mark.timeout(90)
+def test_pyxccl_run_gives_a_one_node_job_its_own_secret(tmp_path, monkeypatch):
+    """Every rank gets the same fresh secret, each job another; the job runs without NoSecretWarning
+    (an error in the script); a secret in the environment is kept."""
+    script = tmp_path / "job.py"
+    script.write_text(_SHOW_SECRET)
+    monkeypatch.delenv("PYXCCL_SECRET", raising=False)
+
+    def job(env=None):
+        p = subprocess.run([sys.executable, "-m", "pyxccl", "run", "-n", "2", str(script)], capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert p.returncode == 0, p.stderr
+        lines = {line.split(" ", 1)[1] for line in p.stdout.splitlines()}
+        assert len(lines) == 1, lines                    # the same on both ranks
+        return lines.pop()
+    first, second = job(), job()
+    assert first.startswith("64 ") and first.endswith(" 2") and first != second
+    given = job(dict(os.environ, PYXCCL_SECRET="mine"))
+    assert given == f"4 {hashlib.sha256(b'mine').hexdigest()[:12]} 2"

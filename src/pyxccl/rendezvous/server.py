@@ -151,15 +151,17 @@ class StoreServer:
             return OK, b"1" if old is not None else b"0"
 
     def _full(self, key: str, nbytes: int) -> tuple[int, bytes]:
-        return FULL, (f"{self.where} holds {self.used} bytes, its limit is {self.limits.max_bytes} "
+        return FULL, (f"it holds {self.used} bytes, its limit is {self.limits.max_bytes} "
                       f"(PYXCCL_STORE_MAX_BYTES on rank 0): no room for {nbytes} more bytes of key {key[:64]!r}; "
                       f"delete keys no longer needed, or raise the limit").encode()
 
     def _set(self, conn: socket.socket, key: str, klen: int, vlen: int) -> tuple[int, bytes]:
-        # Room is taken before the value is read: clients sending at once cannot overshoot the limit.
+        # Room is taken before the value is read (the value it replaces counted as freed), so clients
+        # sending at once cannot overshoot the limit.
         need = klen + vlen
         with self.cv:
-            fits = self.used + need <= self.limits.max_bytes
+            old = self.data.get(key)
+            fits = self.used + need - (klen + len(old) if old is not None else 0) <= self.limits.max_bytes
             if fits:
                 self.used += need
             else:
