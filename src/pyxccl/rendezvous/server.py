@@ -28,14 +28,20 @@ log = logging.getLogger("pyxccl")
 _TRANSIENT = {errno.ECONNABORTED, errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EPROTO}
 
 
-def _gone(conn: socket.socket) -> bool:
-    """Whether the client closed its end (readable with nothing to read), without blocking."""
+_GONE_CHECK = 1.0     # seconds between checks that a client waiting in a get is still there
+
+
+def _still_waiting(conn: socket.socket) -> None:
+    """Raise if a client waiting for its get's reply left (ConnectionResetError) or sent more (BadClient)."""
     try:
         if not select.select([conn], [], [], 0)[0]:
-            return False
-        return conn.recv(1, socket.MSG_PEEK) == b""
+            return
+        more = conn.recv(1, socket.MSG_PEEK)
     except OSError:
-        return True
+        more = b""
+    if not more:
+        raise ConnectionResetError("client left during get")
+    raise BadClient("sent more while its get waited")
 
 
 class StoreServer:
@@ -190,9 +196,9 @@ class StoreServer:
             if left <= 0:
                 return MISSING, b""
             # Wake now and then to notice a client that gave up, so its thread does not linger.
-            self.cv.wait(min(left, 1.0))
-            if key not in self.data and _gone(conn):
-                raise ConnectionResetError("client left during get")
+            self.cv.wait(min(left, _GONE_CHECK))
+            if key not in self.data:
+                _still_waiting(conn)
         return (OK, self.data[key]) if key in self.data else (MISSING, b"")
 
     def _add(self, key: str, klen: int, amount: bytes) -> tuple[int, bytes]:

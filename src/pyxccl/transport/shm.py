@@ -22,6 +22,7 @@ from collections import deque
 
 import numpy as np
 
+from .._errors import ProtocolError
 from .base import CREDIT, SHM_DATA, StreamPeer
 
 SLOT_BYTES = int(os.environ.get("PYXCCL_SHM_SLOT_BYTES", 1 << 20))
@@ -87,6 +88,11 @@ class ShmPeer(StreamPeer):
                     pass
         elif kind == CREDIT:
             with self._free_cv:
+                if aux >= SLOTS or aux in self._free:   # a slot given back that it does not hold
+                    raise ProtocolError(
+                        f"rank {self.rank}: rank {self.peer} gave back shared-memory slot {aux}, which it does "
+                        f"not hold (slots 0..{SLOTS - 1}); closing the connection: a bug or memory corruption "
+                        f"in that rank", rank=self.rank, peer=self.peer)
                 self._free.append(aux)
                 self._free_cv.notify()
         else:
