@@ -256,10 +256,20 @@ def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, ca
         with pytest.raises(pyxccl.RendezvousError, match="limit of 4 connections") as e:
             TCPStore("127.0.0.1", server.port, is_server=False, timeout=5, rank=7)
         assert "PYXCCL_STORE_MAX_CONNECTIONS" in str(e.value) and "rank 7" in str(e.value)
-        threads = threading.active_count()
+        most, flooding, name = [0], threading.Event(), f"pyxccl-store-{server.port}"
+
+        def count():                                      # the server's threads while the flood lasts
+            while flooding.is_set():
+                most[0] = max(most[0], sum(t.name == name for t in threading.enumerate()))
+                time.sleep(0.001)
+        flooding.set()
+        sampler = threading.Thread(target=count)
+        sampler.start()
         silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(200)]
         assert all(_dropped(s) for s in silent), "a connection over the cap was kept"
-        assert threading.active_count() <= threads, "connections over the cap got threads"
+        flooding.clear()
+        sampler.join(10)
+        assert most[0] == 4, f"{most[0]} threads serve the store; its cap is 4"
         for s in silent:
             s.close()
         assert any("limit of 4 connections" in r.getMessage() for r in caplog.records)
@@ -272,6 +282,15 @@ def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, ca
         for c in clients:
             c.close()
         server.close()
+
+
+def test_limits_from_the_environment(monkeypatch):
+    monkeypatch.setenv("PYXCCL_STORE_MAX_CONNECTIONS", "7")
+    monkeypatch.setenv("PYXCCL_STORE_MAX_BYTES", "1000")
+    assert Limits.from_env(max_value=10) == Limits(max_connections=7, max_value=10, max_bytes=1000)
+    monkeypatch.setenv("PYXCCL_STORE_MAX_VALUE", "16M")
+    with pytest.raises(pyxccl.InvalidArgumentError, match="PYXCCL_STORE_MAX_VALUE='16M'"):
+        Limits.from_env()
 
 
 @pytest.mark.timeout(60)

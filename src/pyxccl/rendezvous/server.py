@@ -89,7 +89,7 @@ class StoreServer:
             if full or self.closed:
                 self._refuse(conn, full)
                 continue
-            threading.Thread(target=self.serve, args=(conn,), daemon=True, name="pyxccl-store-client").start()
+            threading.Thread(target=self.serve, args=(conn,), daemon=True, name=f"pyxccl-store-{self.port}").start()
 
     def _refuse(self, conn: socket.socket, full: bool) -> None:
         why = (f"it serves its limit of {self.limits.max_connections} connections (PYXCCL_STORE_MAX_CONNECTIONS "
