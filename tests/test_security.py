@@ -207,13 +207,13 @@ def test_a_bad_frame_from_a_connected_peer_is_a_clear_error(frame, match):
 
 # --- the store's limits ----------------------------------------------------------------------------------
 
-def _server(monkeypatch, secret: str | None = None, **limits) -> TCPStore:
+def _server(monkeypatch, secret: str | None = None, rank: int | None = None, **limits) -> TCPStore:
     if secret is None:
         monkeypatch.delenv("PYXCCL_SECRET", raising=False)
     else:
         monkeypatch.setenv("PYXCCL_SECRET", secret)
     monkeypatch.setattr(auth, "_warned", True)          # the warning has a test of its own
-    return TCPStore("127.0.0.1", 0, is_server=True, timeout=5, limits=Limits(**limits))
+    return TCPStore("127.0.0.1", 0, is_server=True, timeout=5, rank=rank, limits=Limits(**limits))
 
 
 def _opened(port: int) -> socket.socket:
@@ -300,7 +300,7 @@ def test_keys_and_values_over_the_limits_are_refused(monkeypatch, caplog):
     try:
         with pytest.raises(pyxccl.InvalidArgumentError, match="PYXCCL_STORE_MAX_VALUE"):
             server.set("big", b"x" * 1001)
-        with pytest.raises(pyxccl.InvalidArgumentError, match="key of 5000 bytes"):
+        with pytest.raises(pyxccl.InvalidArgumentError, match="set of a key of 5000 bytes"):
             server.set("k" * 5000, b"")
         server.set("fits", b"x" * 1000)
         # A client that lies about sizes is dropped before a byte of the value is read.
@@ -321,13 +321,13 @@ def test_keys_and_values_over_the_limits_are_refused(monkeypatch, caplog):
 def test_memory_cap_refuses_a_set_and_keeps_the_connection(monkeypatch):
     """The store holds at most max_bytes of keys and values: a set that does not fit is refused (the
     connection stays usable); replacing and deleting give the room back; counters count too."""
-    server = _server(monkeypatch, max_value=8000, max_bytes=10_000)
+    server = _server(monkeypatch, max_value=8000, max_bytes=10_000, rank=0)
     try:
         for _ in range(10):
             server.set("a", b"x" * 6000)                  # replaced, not accumulated
         with pytest.raises(pyxccl.RendezvousError, match="PYXCCL_STORE_MAX_BYTES") as e:
             server.set("b", b"y" * 6000)
-        assert "key 'b'" in str(e.value) and "delete keys" in str(e.value)
+        assert all(w in str(e.value) for w in ("rank 0: the store at", "set of key 'b'", "delete keys")), e.value
         assert server.get("a") == b"x" * 6000 and not server.check("b")   # the same connection, still good
         assert server._server.used == 6001
         assert server.delete_key("a") and server._server.used == 0

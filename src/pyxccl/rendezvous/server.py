@@ -156,10 +156,10 @@ class StoreServer:
                 self.used -= klen + len(old)
             return OK, b"1" if old is not None else b"0"
 
-    def _full(self, key: str, nbytes: int) -> tuple[int, bytes]:
-        return FULL, (f"it holds {self.used} bytes, its limit is {self.limits.max_bytes} "
-                      f"(PYXCCL_STORE_MAX_BYTES on rank 0): no room for {nbytes} more bytes of key {key[:64]!r}; "
-                      f"delete keys no longer needed, or raise the limit").encode()
+    def _full(self, nbytes: int) -> tuple[int, bytes]:
+        return FULL, (f"it holds {self.used} bytes, its limit is {self.limits.max_bytes} (PYXCCL_STORE_MAX_BYTES "
+                      f"on rank 0): no room for {nbytes} more; delete keys no longer needed, or raise the "
+                      f"limit").encode()
 
     def _set(self, conn: socket.socket, key: str, klen: int, vlen: int) -> tuple[int, bytes]:
         # Room is taken before the value is read (the value it replaces counted as freed), so clients
@@ -171,7 +171,7 @@ class StoreServer:
             if fits:
                 self.used += need
             else:
-                refusal = self._full(key, need)
+                refusal = self._full(need)
         if not fits:
             wire.discard(conn, vlen)     # keep the connection usable: the client gets the refusal
             return refusal
@@ -209,7 +209,7 @@ class StoreServer:
             return ERR, f"key {key[:64]!r} holds {(old or b'')[:32]!r}, not a counter; add {amount[:32]!r}".encode()
         grow = len(new) - (len(old) if old is not None else -klen)
         if self.used + grow > self.limits.max_bytes:
-            return self._full(key, grow)
+            return self._full(grow)
         self.used += grow
         self.data[key] = new
         self.cv.notify_all()

@@ -21,6 +21,8 @@ from .base import Store
 from .server import StoreServer
 from .wire import ADD, CHECK, DELETE, ERR, FULL, GET, MISSING, SET
 
+_NAMES = {SET: "set", GET: "get", ADD: "add", CHECK: "check", DELETE: "delete_key"}
+
 
 class TCPStore(Store):
     """A store served over TCP.
@@ -91,21 +93,22 @@ class TCPStore(Store):
 
     def _call(self, op: int, key: str, value: bytes = b"", wait: float = 0.0) -> bytes:
         """One request/response on a connection of our own; raise on an error reply."""
+        what = f"{_NAMES[op]} of key {key[:64]!r}"
         if self._closed:
-            raise RendezvousError(f"{self._where}: this client was closed; operation on key {key!r} refused",
-                                  rank=self.rank, op="store")
+            raise RendezvousError(f"{self._where}: this client was closed; {what} refused", rank=self.rank,
+                                  op="store")
         k = key.encode()
         if len(k) > wire.MAX_KEY:
-            raise InvalidArgumentError(f"{self._where}: a key of {len(k)} bytes is over the store's limit of "
-                                       f"{wire.MAX_KEY}; use a shorter key", rank=self.rank, op="store")
+            raise InvalidArgumentError(f"{self._where}: {_NAMES[op]} of a key of {len(k)} bytes, over the store's "
+                                       f"limit of {wire.MAX_KEY}; use a shorter key", rank=self.rank, op="store")
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         try:
             sock = sock or self._connect()
             if len(value) > self._max_value:
                 raise InvalidArgumentError(
-                    f"{self._where}: a value of {len(value)} bytes for key {key[:64]!r} is over the store's limit "
-                    f"of {self._max_value} (PYXCCL_STORE_MAX_VALUE on rank 0); store less, or raise the limit",
+                    f"{self._where}: {what}: a value of {len(value)} bytes is over the store's limit of "
+                    f"{self._max_value} (PYXCCL_STORE_MAX_VALUE on rank 0); store less, or raise the limit",
                     rank=self.rank, op="store")
             sock.settimeout(self.timeout + wait + 5.0)   # a dead server host must not hang us forever
             sock.sendall(wire.REQ.pack(op, len(k)) + k + wire.LEN.pack(len(value)) + value)
@@ -117,14 +120,15 @@ class TCPStore(Store):
         except OSError as e:
             if sock is not None:
                 sock.close()
-            raise RendezvousError(f"{self._where} went away or stopped answering ({e!r}) during an operation on "
-                                  f"key {key!r}; is rank 0 still running?", rank=self.rank, op="store") from None
+            raise RendezvousError(f"{self._where} went away or stopped answering ({e!r}) during a {what}; is "
+                                  f"rank 0 still running?", rank=self.rank, op="store") from None
         self._keep(sock)
         if status == ERR:
-            raise InvalidArgumentError(f"{self._where}: {payload.decode(errors='replace')}", rank=self.rank,
-                                       op="store")
+            raise InvalidArgumentError(f"{self._where}: {what}: {payload.decode(errors='replace')}",
+                                       rank=self.rank, op="store")
         if status == FULL:
-            raise RendezvousError(f"{self._where}: {payload.decode(errors='replace')}", rank=self.rank, op="store")
+            raise RendezvousError(f"{self._where}: {what}: {payload.decode(errors='replace')}", rank=self.rank,
+                                  op="store")
         if status == MISSING:
             raise RendezvousError(f"{self._where}: key {key!r} did not appear within {wait:g} s; a rank did not "
                                   f"start, failed, or started with other settings", rank=self.rank, op="store")
@@ -144,14 +148,15 @@ class TCPStore(Store):
     def get(self, key: str, timeout: float | None = None) -> bytes:
         timeout = self.timeout if timeout is None else float(timeout)
         if math.isnan(timeout) or timeout < 0:
-            raise InvalidArgumentError(f"store get of {key!r}: timeout must be >= 0, not {timeout}", op="store")
+            raise InvalidArgumentError(f"{self._where}: get of key {key!r}: timeout must be >= 0, not {timeout}",
+                                       rank=self.rank, op="store")
         return self._call(GET, key, wire.TIMEOUT.pack(timeout), wait=timeout)
 
     def add(self, key: str, amount: int) -> int:
         value = str(int(amount)).encode()
         if len(value) > wire.MAX_ADD:
-            raise InvalidArgumentError(f"{self._where}: add of {amount} to {key!r}: over {wire.MAX_ADD} digits",
-                                       rank=self.rank, op="store")
+            raise InvalidArgumentError(f"{self._where}: add of {amount} to key {key[:64]!r}: over {wire.MAX_ADD} "
+                                       f"digits; add less at a time", rank=self.rank, op="store")
         return int(self._call(ADD, key, value))
 
     def check(self, key: str) -> bool:

@@ -95,7 +95,7 @@ def mac(secret: bytes, side: bytes, first: bytes, second: bytes, rank: int, chan
     return hmac.new(secret, side + first + second + struct.pack("<IB", rank, channel), hashlib.sha256).digest()
 
 
-def read(sock: socket.socket, n: int) -> bytes:
+def _read(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = sock.recv(n - len(buf))
@@ -109,7 +109,7 @@ def dial(sock: socket.socket, secret: bytes, rank: int, channel: int = 0) -> Non
     """Prove ``rank``'s membership to the acceptor at the other end of ``sock``, and check its proof."""
     nd = secrets.token_bytes(NONCE)
     sock.sendall(_HELLO.pack(_MAGIC, rank, channel, nd))
-    reply = read(sock, NONCE + MAC_BYTES)
+    reply = _read(sock, NONCE + MAC_BYTES)
     na, theirs = reply[:NONCE], reply[NONCE:]
     if not hmac.compare_digest(theirs, mac(secret, b"A", nd, na, rank, channel)):
         raise AuthError("the other end does not know this job's secret (another job on this port, "
@@ -119,7 +119,7 @@ def dial(sock: socket.socket, secret: bytes, rank: int, channel: int = 0) -> Non
 
 def accept(sock: socket.socket, secret: bytes) -> tuple[int, int]:
     """Check the dialer's proof; return the rank and channel it claims. AuthError if it is not one of ours."""
-    magic, rank, channel, nd = _HELLO.unpack(read(sock, _HELLO.size))
+    magic, rank, channel, nd = _HELLO.unpack(_read(sock, _HELLO.size))
     if magic != _MAGIC:
         raise AuthError(f"not a pyxccl handshake (first bytes {magic[:8]!r})")
     if channel == STORE_CHANNEL:
@@ -128,7 +128,7 @@ def accept(sock: socket.socket, secret: bytes) -> tuple[int, int]:
     sock.sendall(na + mac(secret, b"A", nd, na, rank, channel))
     why = f"claimed rank {rank} but {{}} (a different PYXCCL_SECRET, or not a rank of this job)"
     try:
-        theirs = read(sock, MAC_BYTES)
+        theirs = _read(sock, MAC_BYTES)
     except AuthError:
         raise AuthError(why.format("hung up instead of proving it knows the job's secret")) from None
     if not hmac.compare_digest(theirs, mac(secret, b"D", na, nd, rank, channel)):
