@@ -319,25 +319,29 @@ def test_keys_and_values_over_the_limits_are_refused(monkeypatch, caplog):
 
 @pytest.mark.timeout(60)
 def test_memory_cap_refuses_a_set_and_keeps_the_connection(monkeypatch):
-    """The store holds at most max_bytes of keys and values: a set that does not fit is refused (the
-    connection stays usable); replacing and deleting give the room back; counters count too."""
-    server = _server(monkeypatch, max_value=8000, max_bytes=10_000, rank=0)
+    """The store holds at most max_bytes of keys and values, values still arriving included (a value being
+    replaced counts until its successor is in): a set that does not fit is refused (the connection stays
+    usable); replacing and deleting give the room back; counters count too."""
+    server = _server(monkeypatch, max_value=8000, max_bytes=13_000, rank=0)
     try:
         for _ in range(10):
-            server.set("a", b"x" * 6000)                  # replaced, not accumulated
-        with pytest.raises(pyxccl.RendezvousError, match="PYXCCL_STORE_MAX_BYTES") as e:
-            server.set("b", b"y" * 6000)
-        assert all(w in str(e.value) for w in ("rank 0: the store at", "set of key 'b'", "delete keys")), e.value
-        assert server.get("a") == b"x" * 6000 and not server.check("b")   # the same connection, still good
+            server.set("a", b"x" * 6000)                  # replaced, not accumulated: 6001 held
         assert server._server.used == 6001
-        assert server.delete_key("a") and server._server.used == 0
-        server.set("b", b"y" * 6000)
+        server.set("b", b"y" * 6000)                      # 12002 held
+        with pytest.raises(pyxccl.RendezvousError, match="PYXCCL_STORE_MAX_BYTES") as e:
+            server.set("c", b"z" * 1000)
+        assert all(w in str(e.value) for w in ("rank 0: the store at", "set of key 'c'", "delete keys")), e.value
+        with pytest.raises(pyxccl.RendezvousError, match="no room"):
+            server.set("a", b"x" * 6000)                  # while it arrives, the old "a" is still held
+        assert server.get("a") == b"x" * 6000 and not server.check("c")   # the same connection, still good
+        assert server.delete_key("a") and server._server.used == 6001
         assert server.add("n", 5) == 5 and server._server.used == 6001 + 2
-        server.set("c", b"z" * (10_000 - 6003 - 1))       # exactly full
+        server.set("c", b"z" * (13_000 - 6003 - 1))       # exactly full
         with pytest.raises(pyxccl.RendezvousError, match="no room"):
             server.add("n", 10)                          # one digit more
         with pytest.raises(pyxccl.RendezvousError, match="no room"):
             server.add("m", 1)
+        assert server.delete_key("c") and server.add("n", 10) == 15
     finally:
         server.close()
 

@@ -47,13 +47,13 @@ def _still_waiting(conn: socket.socket) -> None:
 class StoreServer:
     """The store's data and its listening socket on ``host:port`` (``port=0``: a free one, see ``.port``).
 
-    ``secret``: the key clients must prove (default ``PYXCCL_SECRET``); without one
-    the store serves anyone who reaches the port, and says so once (NoSecretWarning).
+    ``secret``: the key every client must prove (``TCPStore`` passes ``PYXCCL_SECRET``'s);
+    None: the store serves anyone who reaches the port, and says so once (NoSecretWarning).
     """
 
     def __init__(self, host: str, port: int, limits: Limits | None = None, secret: bytes | None = None):
         self.limits = limits or Limits.from_env()
-        self.secret = auth.env_secret() if secret is None else secret
+        self.secret = secret
         self.data: dict[str, bytes] = {}
         self.used = 0                    # bytes of keys and values held, and of values being received
         self.cv = threading.Condition()
@@ -162,12 +162,11 @@ class StoreServer:
                       f"limit").encode()
 
     def _set(self, conn: socket.socket, key: str, klen: int, vlen: int) -> tuple[int, bytes]:
-        # Room is taken before the value is read (the value it replaces counted as freed), so clients
-        # sending at once cannot overshoot the limit.
+        # Room is taken before the value is read, so clients sending at once cannot overshoot the
+        # limit; a value it replaces stays until the new one has arrived, and counts until then.
         need = klen + vlen
         with self.cv:
-            old = self.data.get(key)
-            fits = self.used + need - (klen + len(old) if old is not None else 0) <= self.limits.max_bytes
+            fits = self.used + need <= self.limits.max_bytes
             if fits:
                 self.used += need
             else:
