@@ -72,6 +72,10 @@ def _pair(data: bytes) -> tuple[socket.socket, socket.socket]:
 
 # --- frames ------------------------------------------------------------------------------------------
 
+def _add(dst: np.ndarray, src: np.ndarray) -> None:
+    np.add(dst, src, out=dst)
+
+
 def _shm_peer(box: Mailbox, on_lost, ours: socket.socket, theirs: socket.socket) -> ShmPeer:
     """A shared-memory peer whose other end is this harness: its ring is handed over first."""
     fd = os.memfd_create("pyxccl-fuzz")
@@ -90,6 +94,7 @@ def frames(data: bytes) -> None:
     box = Mailbox(0)
     box.on_comm_error = lambda comm_id, err, remote: None
     box.post(RecvRequest(1, (0, 0, 0), np.zeros(16, np.float32)))           # a posted receive of 64 bytes
+    box.post(RecvRequest(1, (0, 0, 1), np.zeros(16, np.float32), _add))   # one that reduces
     lost = []
 
     def on_lost(p, err, graceful=False):
@@ -123,6 +128,8 @@ def _frame(kind, key=(0, 0, 0), dcode=0, total=0, off=0, n=0, aux=0, call=(0, 0)
 
 def _frame_seeds() -> list[bytes]:
     tcp = [_frame(DATA, total=64, n=64, payload=bytes(64)),
+           _frame(DATA, (0, 0, 1), total=64, n=32, payload=bytes(32)) + _frame(DATA, (0, 0, 1), total=64, off=32,
+                                                                          n=32, payload=bytes(32)),
            _frame(DATA, (0, 5, 1), total=8, n=4, payload=b"abcd") + _frame(DATA, (0, 5, 1), total=8, off=4, n=4,
                                                                           payload=b"efgh"),
            _frame(DATA, (3, COLL, 1), total=16, n=16, call=(7, 9), payload=bytes(16)),

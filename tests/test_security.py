@@ -417,23 +417,25 @@ def test_a_client_with_a_secret_refuses_a_store_without_one(monkeypatch):
         server.close()
 
 
-def test_with_a_secret_no_key_goes_through_the_store(monkeypatch):
-    monkeypatch.setenv("PYXCCL_SECRET", "s")
-    store = FileStoreLike()
-    assert auth.job_secret(store, 0, 1.0) == auth.env_secret() and store.data == {}
-
-
-class FileStoreLike:
+class _DictStore(dict):
     """A dict as a store, to see what goes in."""
 
-    def __init__(self):
-        self.data = {}
-
     def set(self, key, value):
-        self.data[key] = value
+        self[key] = value
 
     def get(self, key, timeout=None):
-        return self.data[key]
+        return self[key]
+
+
+def test_what_the_ranks_put_in_the_store_for_their_handshakes(monkeypatch):
+    """With a secret: nothing. Without: rank 0's random job key, which the other ranks read."""
+    monkeypatch.setattr(auth, "_warned", True)
+    monkeypatch.setenv("PYXCCL_SECRET", "s")
+    store = _DictStore()
+    assert auth.job_secret(store, 0, 1.0) == auth.env_secret() and store == {}
+    monkeypatch.delenv("PYXCCL_SECRET")
+    key = auth.job_secret(store, 0, 1.0)
+    assert store == {"pyxccl/job-key": key} and auth.job_secret(store, 1, 1.0) == key and len(key) == 32
 
 
 def test_without_a_secret_one_warning_says_what_is_trusted(monkeypatch):
