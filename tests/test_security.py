@@ -1,7 +1,11 @@
-"""Strangers at the door: wrong secrets, random bytes, truncated and lying headers.
+"""Strangers at the door: wrong secrets, random bytes, truncated and lying headers; the store's limits.
 
-Each is refused with a logged reason, the job's ranks still connect and compute
-correctly, and nothing is allocated at the size a header claims.
+Each stranger is refused with a logged reason, the job's ranks still connect and
+compute correctly, and nothing is allocated at the size a header claims. The
+store refuses connections beyond its cap, keys and values beyond their limits
+and sets beyond its memory, drops silent connections, serves nobody who has not
+proven the job's secret (when there is one), and warns once when there is none.
+(The same parsers under a fuzzer: test_fuzz.py.)
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from pyxccl.transport.tcp import TcpPeer
 
 import rankfns as rf
 
+pytestmark = pytest.mark.timeout(60)
 TB = 10 ** 12
 
 
@@ -83,7 +88,6 @@ def _store_strangers(addr, got: list[bytes]) -> list[str]:
     return list(tried)
 
 
-@pytest.mark.timeout(60)
 def test_strangers_are_refused_and_the_job_goes_on(caplog, monkeypatch):
     """Two ranks (threads) of a job with a secret start; strangers knock on rank 0's listener and on the
     store; the ranks still connect and allreduce correctly, every stranger is logged, memory does not grow,
@@ -245,7 +249,6 @@ def _eventually(check, seconds: float = 10.0) -> bool:
     return True
 
 
-@pytest.mark.timeout(60)
 def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, caplog):
     """Cap 4: the server's own client and 3 more fill it; the next is refused naming the limit; 200 silent
     connections add no thread beyond the cap; a freed slot is usable again."""
@@ -293,7 +296,6 @@ def test_limits_from_the_environment(monkeypatch):
         Limits.from_env()
 
 
-@pytest.mark.timeout(60)
 def test_keys_and_values_over_the_limits_are_refused(monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger="pyxccl")
     server = _server(monkeypatch, max_value=1000)
@@ -317,7 +319,6 @@ def test_keys_and_values_over_the_limits_are_refused(monkeypatch, caplog):
     assert len(why) == 3 and "over the store's limit of 1000" in why[0] and "key length" in why[1], why
 
 
-@pytest.mark.timeout(60)
 def test_memory_cap_refuses_a_set_and_keeps_the_connection(monkeypatch):
     """The store holds at most max_bytes of keys and values, values still arriving included (a value being
     replaced counts until its successor is in): a set that does not fit is refused (the connection stays
@@ -346,7 +347,6 @@ def test_memory_cap_refuses_a_set_and_keeps_the_connection(monkeypatch):
         server.close()
 
 
-@pytest.mark.timeout(60)
 def test_two_100_mib_sets_do_not_stay_in_memory(monkeypatch):
     """The issue's case, with the default limits: a 100 MiB value is refused before it is sent."""
     server = _server(monkeypatch)
@@ -359,7 +359,6 @@ def test_two_100_mib_sets_do_not_stay_in_memory(monkeypatch):
         server.close()
 
 
-@pytest.mark.timeout(60)
 def test_silent_connections_are_dropped(monkeypatch, caplog):
     """A connection that sends nothing, or stops mid-request, is dropped after its deadline and logged;
     a client that opened and is idle between requests is kept."""
@@ -386,7 +385,6 @@ def test_silent_connections_are_dropped(monkeypatch, caplog):
 
 # --- the secret ------------------------------------------------------------------------------------------
 
-@pytest.mark.timeout(60)
 def test_store_with_a_secret_serves_only_proven_clients(monkeypatch):
     server = _server(monkeypatch, secret="right")
     try:
@@ -405,7 +403,6 @@ def test_store_with_a_secret_serves_only_proven_clients(monkeypatch):
         server.close()
 
 
-@pytest.mark.timeout(60)
 def test_a_client_with_a_secret_refuses_a_store_without_one(monkeypatch):
     """Another program (or rank 0 started without the secret) on the port cannot pass for the job's store."""
     server = _server(monkeypatch)
