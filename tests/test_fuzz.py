@@ -109,14 +109,11 @@ def test_harness_reports_a_forged_handshake(monkeypatch):
         ft.tracemalloc.stop()
 
 
-# --- found, not fixed here ---------------------------------------------------------------------------------
+# --- what the fuzzer found ---------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="transport/mailbox.py (not this change's file): RecvRequest.put views a "
-                                       "chunk as the receive's dtype without checking that the chunk's offset and "
-                                       "size are multiples of its itemsize; a frame of 3 bytes for a reducing "
-                                       "float32 receive raises numpy's ValueError in the receiver thread, reported "
-                                       "as a PeerLostError 'connection error' instead of a ProtocolError")
 def test_a_misaligned_chunk_for_a_reducing_receive_is_a_protocol_error():
+    """A 3-byte chunk for a reducing float32 receive made numpy raise in the receiver thread (the mailbox
+    views each chunk as the receive's dtype), reported as a lost peer; frames now keep chunks aligned."""
     frames = (b"\0" + ft._frame(ft.DATA, (0, 0, 1), total=64, n=3, payload=b"abc")
               + ft._frame(ft.DATA, (0, 0, 1), total=64, off=3, n=61, payload=bytes(61)))
     ft.tracemalloc.start()

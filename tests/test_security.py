@@ -186,10 +186,11 @@ class _Lost:
     (HEADER.pack(MAGIC, 99, 0, 0, 0, 0, 8, 0, 8, 0, 0, 0), "malformed frame"),
     (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 8, 4, 8, 0, 0, 0), "malformed frame"),
     (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 1 << 41, 0, 1 << 41, 0, 0, 0), "malformed frame"),
-    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 64, 32, 32, 0, 0, 0), "out of order|were due"),
+    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 256, 64, 64, 0, 0, 0), "out of order|were due"),
+    (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 64, 0, 3, 0, 0, 0) + b"abc", "malformed frame"),
     (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0, 0, 0) + b"x" * 100, "middle of a frame"),
     (HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, 8, 0, 8, 0, 0, 0)[:20], "middle of a frame"),
-], ids=["bad magic", "unknown kind", "chunk past the end", "over 1 TiB", "chunk out of order",
+], ids=["bad magic", "unknown kind", "chunk past the end", "over 1 TiB", "chunk out of order", "chunk misaligned",
         "1 TB claimed, then closed", "truncated header"])
 def test_a_bad_frame_from_a_connected_peer_is_a_clear_error(frame, match):
     """On an established connection, a frame that does not fit the protocol ends it with an error

@@ -23,7 +23,7 @@ from collections import deque
 import numpy as np
 
 from .._errors import ProtocolError
-from .base import CREDIT, SHM_DATA, StreamPeer
+from .base import CHUNK_ALIGN, CREDIT, SHM_DATA, StreamPeer
 
 SLOT_BYTES = int(os.environ.get("PYXCCL_SHM_SLOT_BYTES", 1 << 20))
 SLOTS = int(os.environ.get("PYXCCL_SHM_SLOTS", 4))
@@ -32,7 +32,7 @@ SLOTS = int(os.environ.get("PYXCCL_SHM_SLOTS", 4))
 class ShmPeer(StreamPeer):
     def __init__(self, rank, peer, mailbox, on_lost, sock: socket.socket):
         super().__init__(rank, peer, mailbox, on_lost, sock)
-        self.slot_bytes = SLOT_BYTES - SLOT_BYTES % 64   # every chunk stays itemsize-aligned
+        self.slot_bytes = SLOT_BYTES - SLOT_BYTES % CHUNK_ALIGN   # every chunk stays itemsize-aligned
         size = self.slot_bytes * SLOTS
         fd = os.memfd_create(f"pyxccl-{rank}-to-{peer}", os.MFD_CLOEXEC)
         try:
