@@ -488,3 +488,43 @@ def test_pyxccl_run_gives_a_one_node_job_its_own_secret(tmp_path, monkeypatch):
     assert first.startswith("64 ") and first.endswith(" 2") and first != second
     given = job(dict(os.environ, PYXCCL_SECRET="mine"))
     assert given == f"4 {hashlib.sha256(b'mine').hexdigest()[:12]} 2"
+
+
+_NODE = """
+import numpy as np, pyxccl
+comm = pyxccl.init()
+x = np.ones(2, np.float32)
+comm.allreduce(x)
+print(comm.size, int(x[0]))
+comm.close()
+"""
+
+
+@pytest.mark.parametrize("secrets", [("shared", "shared"), ("one", "two"), (None, None)],
+                         ids=["same", "different", "none"])
+def test_nodes_of_a_multi_node_job_share_the_secret_they_are_given(tmp_path, secrets):
+    """Two `pyxccl run --nnodes 2` (emulated hosts): each keeps the PYXCCL_SECRET its environment gives;
+    the same on both makes one job, different ones fail set-up with an error that names the fix; none
+    makes a job that rank 0 warns about (nodes cannot agree on a fresh secret)."""
+    base = {k: v for k, v in os.environ.items() if k != "PYXCCL_SECRET"}
+    script = tmp_path / "node.py"
+    script.write_text(_NODE)
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "pyxccl", "run", "--nnodes", "2", "--node-rank", str(i), "-n",
+                               "1", "--master-port", str(port), str(script)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env=dict(base, PYXCCL_HOST_ID=f"node{i}", PYXCCL_TUNE="0", PYXCCL_TIMEOUT="10",
+                                       **({"PYXCCL_SECRET": secrets[i]} if secrets[i] else {})))
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=50) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    if secrets[0] == secrets[1]:
+        assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+        assert outs[0][0] + outs[1][0] == "[0] 2 2\n[1] 2 2\n"
+        assert ("NoSecretWarning" in outs[0][1]) == (secrets[0] is None), outs[0][1]
+    else:
+        assert procs[1].returncode != 0
+        assert "RendezvousError" in outs[1][1] and "PYXCCL_SECRET" in outs[1][1], outs[1][1]
