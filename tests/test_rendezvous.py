@@ -190,24 +190,34 @@ def test_tcp_64_concurrent_clients():
         server.close()
 
 
+def _opened(port: int) -> socket.socket:
+    """A raw connection to the store, past its opening (greeting read, hello sent): ready for requests."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=5)
+    status, n = struct.unpack("<BQ", raw.recv(9, socket.MSG_WAITALL))
+    assert status == 0 and len(raw.recv(n, socket.MSG_WAITALL)) == n
+    raw.sendall(b"PXS1open")
+    return raw
+
+
 def test_tcp_server_survives_garbage_and_abrupt_clients():
     server = TCPStore("127.0.0.1", 0, is_server=True, timeout=5)
     try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+        with _opened(server.port) as raw:
             raw.sendall(b"\xff" * 64)              # unknown op: the server drops this client
-            raw.settimeout(5)
             try:
                 assert raw.recv(1) == b""          # ... and closes the connection
             except ConnectionResetError:           # (a reset, since our unread bytes were left behind)
                 pass
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+            raw.sendall(b"\x01\x00\x00")           # no hello: junk, then gone
+        with _opened(server.port) as raw:
             raw.sendall(b"\x01\x00\x00")           # truncated request, then gone
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+        with _opened(server.port) as raw:
             # a SET announcing a 1 GiB value, then gone: must not make the server allocate it
             raw.sendall(struct.pack("<BI", 1, 1) + b"k" + struct.pack("<Q", (1 << 30) - 1) + b"abc")
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+        with _opened(server.port) as raw:
             raw.sendall(struct.pack("<BI", 2, 3) + b"key" + struct.pack("<Q", 3) + b"bad")   # GET, bad timeout
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+        with _opened(server.port) as raw:
             # a blocking GET whose client disappears while it waits
             raw.sendall(struct.pack("<BI", 2, 4) + b"nope" + struct.pack("<Q", 8) + struct.pack("<d", 30.0))
         server.set("still", b"ok")

@@ -14,7 +14,11 @@ Local rank ``l`` of node ``g`` gets RANK = g * nproc_per_node + l,
 WORLD_SIZE = nnodes * nproc_per_node, LOCAL_RANK = l, LOCAL_WORLD_SIZE =
 nproc_per_node, GROUP_RANK = g, GROUP_WORLD_SIZE = nnodes (and torchrun's
 ROLE_RANK / ROLE_WORLD_SIZE, equal to RANK / WORLD_SIZE), MASTER_ADDR,
-MASTER_PORT, PYXCCL_LAUNCHER=pyxccl and PYTHONUNBUFFERED=1. Rank 0 (on node 0)
+MASTER_PORT, PYXCCL_LAUNCHER=pyxccl and PYTHONUNBUFFERED=1; on one node also
+PYXCCL_SECRET, a fresh random one per job unless the environment has one
+(nodes cannot agree on a fresh one: with several, export the same
+PYXCCL_SECRET on every node, else the job runs unauthenticated and rank 0
+warns). Rank 0 (on node 0)
 serves the store at MASTER_ADDR:MASTER_PORT, so MASTER_ADDR must be node 0's
 address as the other nodes reach it; with more than one node the port must be
 given (each node would pick a different free one). Nodes with different
@@ -38,6 +42,7 @@ a signal death); the other nodes' ranks see the lost peer
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -203,12 +208,17 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
     code = 0
     cpus = os.sched_getaffinity(0)
     bound = shares(local_n) if bind else None
+    base_env = dict(os.environ if env is None else env)
+    if nnodes == 1 and not base_env.get("PYXCCL_SECRET"):
+        # The ranks and their store prove this to each other; it travels only in the children's
+        # environment (readable by this user and root, as the processes themselves are).
+        base_env["PYXCCL_SECRET"] = secrets.token_hex(32)
     try:
         for local in range(local_n):
             if signals_seen:
                 break
             r = first + local
-            child_env = dict(os.environ if env is None else env)
+            child_env = dict(base_env)
             child_env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(local),
                              LOCAL_WORLD_SIZE=str(local_n), GROUP_RANK=str(node_rank), GROUP_WORLD_SIZE=str(nnodes),
                              ROLE_RANK=str(r), ROLE_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,

@@ -2,20 +2,22 @@
 
 ``create_store(url, ...)`` understands ``env://`` (MASTER_ADDR, MASTER_PORT),
 ``tcp://host:port`` (rank 0 serves a :class:`TCPStore` there) and
-``file:///dir`` (a :class:`FileStore`).
+``file:///dir`` (a :class:`FileStore`). Who a store trusts: "Trust" in
+docs/design.md.
 """
 from __future__ import annotations
 
 import os
 from urllib.parse import urlparse
 
-from .._errors import InvalidArgumentError, RendezvousError
+from .._errors import InvalidArgumentError
 from .base import Store
 from .file import FileStore
 from .prefix import PrefixStore
 from .tcp import TCPStore
+from .wire import Limits
 
-__all__ = ["Store", "TCPStore", "FileStore", "PrefixStore", "create_store"]
+__all__ = ["Store", "TCPStore", "FileStore", "PrefixStore", "Limits", "create_store"]
 
 
 def _port(raw: str, what: str, rank: int) -> int:
@@ -72,7 +74,4 @@ def _tcp(host: str, port: int, rank: int, world_size: int, timeout: float) -> TC
     if port == 0 and world_size > 1:
         raise InvalidArgumentError(f"rank {rank}: store port 0 would be a random port the other ranks cannot "
                                    f"know; give a fixed free port", rank=rank, op="init")
-    try:
-        return TCPStore(host, port, is_server=rank == 0, timeout=timeout, world_size=world_size)
-    except RendezvousError as e:      # the store does not know the rank; say which one failed
-        raise RendezvousError(f"rank {rank}: {e}", rank=rank, op="init") from None
+    return TCPStore(host, port, is_server=rank == 0, timeout=timeout, world_size=world_size, rank=rank)

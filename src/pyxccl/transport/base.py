@@ -33,6 +33,10 @@ HEADER = struct.Struct("<HBBIiIQQQQQQ")
 DATA, SHM_DATA, CREDIT, GOODBYE, STRIPE = 1, 2, 3, 4, 5
 _KINDS = (DATA, SHM_DATA, CREDIT, GOODBYE, STRIPE)
 MAX_MESSAGE = 1 << 40
+# Every chunk but a message's last starts and ends on this (a multiple of every itemsize): the
+# transports cut messages there (stripes, slots), and a receive that reduces views each chunk as
+# its dtype.
+CHUNK_ALIGN = 64
 
 
 class Peer(ABC):
@@ -148,6 +152,7 @@ class StreamPeer(Peer):
                     err = self._lost("its link stopped answering: host down or network cut")
                 else:
                     err = self._lost(f"connection error: {e}")
+                    err.__cause__ = e   # what broke, for whoever debugs it
                 self.on_lost(self.peer, err)
             return
         if not self._closing:
@@ -157,7 +162,8 @@ class StreamPeer(Peer):
     def parse(self, hdr) -> tuple:
         """A frame header's fields, checked: ProtocolError naming the peer if they cannot be right."""
         magic, kind, dcode, comm, tag, seq, total, off, n, aux, _, _ = fields = HEADER.unpack(hdr)
-        if magic != MAGIC or kind not in _KINDS or total > MAX_MESSAGE or off + n > total:
+        if magic != MAGIC or kind not in _KINDS or total > MAX_MESSAGE or off + n > total \
+                or off % CHUNK_ALIGN or (n % CHUNK_ALIGN and off + n != total):
             raise ProtocolError(
                 f"rank {self.rank}: malformed frame from rank {self.peer} (magic {magic:#x}, kind {kind}, "
                 f"{n} bytes at {off} of a {total}-byte message); closing the connection: a bug or "

@@ -22,7 +22,8 @@ from collections import deque
 
 import numpy as np
 
-from .base import CREDIT, SHM_DATA, StreamPeer
+from .._errors import ProtocolError
+from .base import CHUNK_ALIGN, CREDIT, SHM_DATA, StreamPeer
 
 SLOT_BYTES = int(os.environ.get("PYXCCL_SHM_SLOT_BYTES", 1 << 20))
 SLOTS = int(os.environ.get("PYXCCL_SHM_SLOTS", 4))
@@ -31,7 +32,7 @@ SLOTS = int(os.environ.get("PYXCCL_SHM_SLOTS", 4))
 class ShmPeer(StreamPeer):
     def __init__(self, rank, peer, mailbox, on_lost, sock: socket.socket):
         super().__init__(rank, peer, mailbox, on_lost, sock)
-        self.slot_bytes = SLOT_BYTES - SLOT_BYTES % 64   # every chunk stays itemsize-aligned
+        self.slot_bytes = SLOT_BYTES - SLOT_BYTES % CHUNK_ALIGN   # every chunk stays itemsize-aligned
         size = self.slot_bytes * SLOTS
         fd = os.memfd_create(f"pyxccl-{rank}-to-{peer}", os.MFD_CLOEXEC)
         try:
@@ -87,6 +88,11 @@ class ShmPeer(StreamPeer):
                     pass
         elif kind == CREDIT:
             with self._free_cv:
+                if aux >= SLOTS or aux in self._free:   # a slot given back that it does not hold
+                    raise ProtocolError(
+                        f"rank {self.rank}: rank {self.peer} gave back shared-memory slot {aux}, which it does "
+                        f"not hold (slots 0..{SLOTS - 1}); closing the connection: a bug or memory corruption "
+                        f"in that rank", rank=self.rank, peer=self.peer)
                 self._free.append(aux)
                 self._free_cv.notify()
         else:

@@ -22,11 +22,10 @@ import threading
 import numpy as np
 
 from .._errors import ProtocolError
-from .base import DATA, HEADER, STRIPE, StreamPeer, recv_exact, recv_into_all
+from .base import CHUNK_ALIGN, DATA, HEADER, STRIPE, StreamPeer, recv_exact, recv_into_all
 
 _PIECE = 1 << 20     # reduce incoming data in pieces of this size (a multiple of every itemsize)
 STRIPE_BYTES = 1 << 20
-_ALIGN = 64          # stripe boundaries: a multiple of every itemsize
 
 
 class TcpPeer(StreamPeer):
@@ -58,7 +57,7 @@ class TcpPeer(StreamPeer):
             self._send_frames([self.header(DATA, key, dtype_code, n, 0, n, 0, call), payload], deadline)
             return
         k = len(self._lanes) + 1
-        cuts = [min(n, (n * i // k) // _ALIGN * _ALIGN) for i in range(k)] + [n]
+        cuts = [min(n, (n * i // k) // CHUNK_ALIGN * CHUNK_ALIGN) for i in range(k)] + [n]
         with self._order:
             self._sent += 1
             m = self._sent

@@ -1,0 +1,202 @@
+"""The TCP store's wire format and limits, and the opening of a connection on both sides.
+
+Little-endian, no pickle. The server speaks first::
+
+    server -> client   greeting = reply (below) with
+                         OK:      "PXS1" | mode (u8: 0 open, 1 proof) | max value (u64) | nonce_s (16 B)
+                         REFUSED: why, in UTF-8 (too many connections); then the server closes
+    open mode          client -> server   "PXS1open"
+    proof mode         client -> server   nonce_c (16 B) | HMAC(secret, "D" | nonce_s | nonce_c | 0 | 255)
+                       server -> client   OK with HMAC(secret, "A" | nonce_c | nonce_s | 0 | 255),
+                                          or ERR with why; then the server closes
+    then, one at a time:
+      request:  op (u8) | key length (u32) | key (UTF-8) | value length (u64) | value
+      reply:    status (u8) | length (u64) | payload
+
+The MACs are ``pyxccl.transport.auth``'s on channel ``STORE_CHANNEL``, which
+no connection between ranks uses, so neither kind of proof passes for the
+other. The server is in proof mode when it has a secret (``PYXCCL_SECRET``),
+and a client with a secret accepts only a server in proof mode that proves it
+too. Every length is checked against the limits before a byte of what it
+announces is read, and read in bounded pieces.
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+import socket
+import struct
+from dataclasses import dataclass
+
+from .._errors import InvalidArgumentError, RendezvousError
+from ..transport import auth
+
+SET, GET, ADD, CHECK, DELETE = range(1, 6)
+OK, MISSING, ERR, REFUSED, FULL = range(5)
+REQ = struct.Struct("<BI")
+LEN = struct.Struct("<Q")
+REP = struct.Struct("<BQ")
+TIMEOUT = struct.Struct("<d")
+_GREETING = struct.Struct("<4sBQ16s")
+_MAGIC, _OPEN_HELLO = b"PXS1", b"PXS1open"
+MAX_KEY = 4096                   # bytes of UTF-8; pyxccl's keys are tens of bytes
+MAX_MESSAGE = 4096               # a greeting's or an error's text
+MAX_ADD = 32                     # bytes of a counter increment, in decimal
+_CHUNK = 1 << 16
+
+
+class BadClient(ConnectionError):
+    """A client broke the protocol or failed its proof (internal: the server logs it and drops the client)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one store server accepts.
+
+    ``max_connections``: clients at once, a refusal beyond it
+    (``PYXCCL_STORE_MAX_CONNECTIONS``, 1024); ``max_value``: bytes of one
+    value (``PYXCCL_STORE_MAX_VALUE``, 16 MiB); ``max_bytes``: keys and values
+    held at once, counting values being received (``PYXCCL_STORE_MAX_BYTES``,
+    256 MiB); ``opening_timeout``: seconds a new connection has to open (say
+    hello, or prove the secret); ``request_timeout``: seconds a request may
+    stall between two bytes. A client may stay idle between requests as long
+    as it likes (each rank keeps one connection for the whole job).
+    """
+    max_connections: int = 1024
+    max_value: int = 16 << 20
+    max_bytes: int = 256 << 20
+    opening_timeout: float = 10.0
+    request_timeout: float = 30.0
+
+    @classmethod
+    def from_env(cls, **overrides) -> "Limits":
+        values = {}
+        for field, var in (("max_connections", "PYXCCL_STORE_MAX_CONNECTIONS"),
+                           ("max_value", "PYXCCL_STORE_MAX_VALUE"), ("max_bytes", "PYXCCL_STORE_MAX_BYTES")):
+            raw = os.environ.get(var)
+            if raw is not None:
+                if not raw.strip().isdecimal() or int(raw) < 1:
+                    raise InvalidArgumentError(f"{var}={raw!r} is not a positive integer; fix or unset it",
+                                               op="store")
+                values[field] = int(raw)
+        values.update(overrides)
+        return cls(**values)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes, read in pieces: memory grows with the bytes received, never with ``n``."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), _CHUNK))
+        if not chunk:
+            raise ConnectionResetError(f"connection closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+def discard(sock: socket.socket, n: int) -> None:
+    """Read and drop ``n`` bytes (a value the server has no room for) through a small buffer."""
+    scratch = bytearray(min(n, _CHUNK))
+    while n:
+        k = sock.recv_into(scratch, min(n, len(scratch)))
+        if not k:
+            raise ConnectionResetError("connection closed in the middle of a value")
+        n -= k
+
+
+def reply(status: int, payload: bytes = b"") -> bytes:
+    return REP.pack(status, len(payload)) + payload
+
+
+def check_key(op: int, klen: int) -> None:
+    """BadClient unless a request's op and key length fit the protocol."""
+    if op not in (SET, GET, ADD, CHECK, DELETE) or klen > MAX_KEY:
+        raise BadClient(f"not the store protocol (op {op}, key length {klen})")
+
+
+def check_value(op: int, vlen: int, max_value: int) -> None:
+    """BadClient unless a request's value length fits its op and the limits."""
+    want = {SET: max_value, GET: TIMEOUT.size, ADD: MAX_ADD}.get(op, 0)
+    if vlen > want or (op == GET and vlen != want):
+        raise BadClient(f"a {vlen}-byte value for op {op}, over the store's limit of {want} bytes")
+
+
+# --- opening: server side ----------------------------------------------------------------------------
+
+def refuse(conn: socket.socket, why: str) -> None:
+    """Tell a client why it is not served (it reads the greeting before sending anything)."""
+    conn.sendall(reply(REFUSED, why.encode()[:MAX_MESSAGE]))
+
+
+def open_server(conn: socket.socket, secret: bytes | None, limits: Limits) -> None:
+    """Greet a new client and take its hello (open) or its proof (with a secret); BadClient if it fails."""
+    ns = secrets.token_bytes(auth.NONCE)
+    conn.sendall(reply(OK, _GREETING.pack(_MAGIC, secret is not None, limits.max_value, ns)))
+    try:
+        if secret is None:
+            if recv_exactly(conn, len(_OPEN_HELLO)) != _OPEN_HELLO:
+                raise BadClient("not a store client's hello")
+            return
+        answer = recv_exactly(conn, auth.NONCE + auth.MAC_BYTES)
+    except ConnectionResetError:
+        raise BadClient("hung up before opening (saying hello, or proving the job's secret)") from None
+    nc, theirs = answer[:auth.NONCE], answer[auth.NONCE:]
+    if not hmac.compare_digest(theirs, auth.mac(secret, b"D", ns, nc, 0, auth.STORE_CHANNEL)):
+        conn.sendall(reply(ERR, b"wrong secret: this process's PYXCCL_SECRET is not the store's"))
+        raise BadClient("proved a wrong secret (a different PYXCCL_SECRET, or not a process of this job)")
+    conn.sendall(reply(OK, auth.mac(secret, b"A", nc, ns, 0, auth.STORE_CHANNEL)))
+
+
+# --- opening: client side ----------------------------------------------------------------------------
+
+def read_reply(sock: socket.socket, limit: int) -> tuple[int, bytes]:
+    """One reply; ConnectionError if it announces more than ``limit`` bytes (not a pyxccl store)."""
+    status, n = REP.unpack(recv_exactly(sock, REP.size))
+    if n > limit:
+        raise ConnectionResetError(f"a reply announcing {n} bytes (over {limit}): not a pyxccl store")
+    return status, recv_exactly(sock, n)
+
+
+def open_client(sock: socket.socket, secret: bytes | None, where: str) -> int:
+    """Open a connection to the store (``where`` names it in errors); return its max value size.
+
+    RendezvousError, saying what to do, when the store refuses this client or
+    cannot prove the job's secret, or when one side has a secret and the other not.
+    """
+    try:
+        status, greeting = read_reply(sock, MAX_MESSAGE)
+        if status == REFUSED:
+            raise RendezvousError(f"{where} refused this connection: {greeting.decode(errors='replace')}",
+                                  op="store")
+        if status != OK or len(greeting) != _GREETING.size or greeting[:4] != _MAGIC:
+            raise RendezvousError(f"{where} did not greet as a pyxccl store does (another program on that port?); "
+                                  f"check MASTER_ADDR/MASTER_PORT", op="store")
+        _, proof, max_value, ns = _GREETING.unpack(greeting)
+        if not proof:
+            if secret is not None:
+                raise RendezvousError(
+                    f"{where} serves without a secret but this process has PYXCCL_SECRET; rank 0 was started "
+                    f"without it: give every rank the same PYXCCL_SECRET", op="store")
+            sock.sendall(_OPEN_HELLO)
+            return max_value
+        if secret is None:
+            raise RendezvousError(f"{where} requires the job's secret and this process has no PYXCCL_SECRET; "
+                                  f"start it with the same PYXCCL_SECRET as rank 0 (pyxccl run passes it to "
+                                  f"its ranks)", op="store")
+        nc = secrets.token_bytes(auth.NONCE)
+        sock.sendall(nc + auth.mac(secret, b"D", ns, nc, 0, auth.STORE_CHANNEL))
+        status, theirs = read_reply(sock, MAX_MESSAGE)
+        if status != OK:
+            raise RendezvousError(f"{where} refused this process's proof: {theirs.decode(errors='replace')}; "
+                                  f"every rank needs the same PYXCCL_SECRET as rank 0", op="store")
+        if not hmac.compare_digest(theirs, auth.mac(secret, b"A", nc, ns, 0, auth.STORE_CHANNEL)):
+            raise RendezvousError(f"{where} does not know this job's secret (another job's store on that port, or "
+                                  f"PYXCCL_SECRET differs); check MASTER_ADDR/MASTER_PORT and PYXCCL_SECRET",
+                                  op="store")
+        return max_value
+    except (OSError, struct.error) as e:
+        if isinstance(e, RendezvousError):
+            raise
+        raise RendezvousError(f"{where} closed or stopped answering while this process connected ({e}); is rank "
+                              f"0 still running, and is that port its store?", op="store") from None
