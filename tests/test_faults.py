@@ -91,9 +91,13 @@ CYCLES = textwrap.dedent("""
         c = pyxccl.init()
         c.allreduce(x); c.broadcast(x, 0); c.allgather(x, np.empty(4096 * c.size, np.float32))
         c.close()
-        if i in (2, int(sys.argv[1]) - 1):
+        if i == 2:
             seen.append(state())
-    print("STATE", os.environ["RANK"], seen[0], seen[1], flush=True)
+    import time
+    end = time.monotonic() + 5      # a thread of the last set-up may still be finishing: a leak never does
+    while time.monotonic() < end and not all(a <= b for a, b in zip(state(), seen[0])):
+        time.sleep(0.05)
+    print("STATE", os.environ["RANK"], seen[0], state(), flush=True)
 """)
 
 
@@ -109,7 +113,8 @@ def test_close_then_init_many_times_leaks_nothing(tmp_path, transport_):
     states = re.findall(r"STATE \d+ (\(.*?\)) (\(.*?\))", p.stdout)
     assert len(states) == 2, p.stdout + p.stderr
     for first, last in states:
-        assert first == last, f"(fds, shared maps, threads) after 3 and 40 cycles: {first} {last}"
+        assert all(int(a) >= int(b) for a, b in zip(first[1:-1].split(","), last[1:-1].split(","))), \
+            f"(fds, shared maps, threads) after 3 and 40 cycles: {first} {last}"
 
 
 def test_doctor_on_hand_made_dumps(tmp_path):
