@@ -157,7 +157,7 @@ def _take(ctx) -> None:
     _lanes.append({"name": f"comm {ctx.id:08x} ({kind}{f' #{nth}' if nth > 1 else ''}, {ctx.size} ranks)",
                    "order": (nth, ctx.parent is not None, len(_lanes)),          # worlds before their children
                    "world_ranks": list(ctx.world_ranks), "rank": ctx.rank,
-                   "entries": [list(e) for e in ctx.recorder.trace]})
+                   "entries": [_rec.expand(e) for e in ctx.recorder.trace]})
 
 
 def _launcher_rank(default: int) -> int:

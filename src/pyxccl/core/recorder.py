@@ -23,11 +23,18 @@ import threading
 import time
 from collections import deque
 
-# Fields of an entry, in order (the dump writes them under these names).
+# Fields of an entry as dumps and ``expand`` give them (the indices below are into that form).
 FIELDS = ("seq", "coll_seq", "op", "dtype", "count", "bytes", "algorithm", "peer",
           "issued", "started", "ended", "state", "error")
 SEQ, CSEQ, OP, DTYPE, COUNT, BYTES, ALGO, PEER, ISSUED, STARTED, ENDED, STATE, ERROR = range(len(FIELDS))
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
+# An entry in memory is shorter (the call's description is one shared tuple): made on every call.
+_WHAT, _PEER, _ISSUED, _STARTED, _ENDED, _STATE, _ERROR = range(2, 9)
+
+
+def expand(e: list) -> list:
+    """An entry in the order of FIELDS."""
+    return [e[0], e[1], *e[_WHAT], *e[_PEER:]]
 
 
 def capacity() -> int:
@@ -47,8 +54,7 @@ class Recorder:
     def issue(self, seq: int, cseq: int, what: tuple, peer=None) -> list:
         """A new entry for call ``seq`` (collective number ``cseq``, 0 for point to point); ``what`` =
         (op, dtype name, count, bytes, algorithm)."""
-        now = time.time()
-        e = [seq, cseq, *what, peer, now, 0.0, 0.0, QUEUED, None]
+        e = [seq, cseq, what, peer, time.time(), 0.0, 0.0, QUEUED, None]
         self.ops.append(e)
         if self.trace is not None:
             self.trace.append(e)
@@ -57,7 +63,7 @@ class Recorder:
     def begin(self, seq: int, cseq: int, what: tuple) -> list:
         """A new entry for a call that starts running now (a prepared call)."""
         now = time.time()
-        e = [seq, cseq, *what, None, now, now, 0.0, RUNNING, None]
+        e = [seq, cseq, what, None, now, now, 0.0, RUNNING, None]
         self.ops.append(e)
         if self.trace is not None:
             self.trace.append(e)
@@ -66,24 +72,24 @@ class Recorder:
     def last_done(self) -> int:
         """The number of the last collective completed here (0: none kept)."""
         for e in reversed(self.ops):
-            if e[CSEQ] and e[STATE] == DONE:
-                return e[CSEQ]
+            if e[1] and e[_STATE] == DONE:
+                return e[1]
         return 0
 
     def entries(self) -> list[dict]:
-        return [dict(zip(FIELDS, e)) for e in list(self.ops)]
+        return [dict(zip(FIELDS, expand(e))) for e in list(self.ops)]
 
 
 def started(e: list) -> None:
-    e[STARTED], e[STATE] = time.time(), RUNNING
+    e[_STARTED], e[_STATE] = time.time(), RUNNING
 
 
 def ended(e: list, err: BaseException | None = None) -> None:
-    e[ENDED] = time.time()
+    e[_ENDED] = time.time()
     if err is None:
-        e[STATE] = DONE
+        e[_STATE] = DONE
     else:
-        e[STATE], e[ERROR] = FAILED, {"type": type(err).__name__, "peer": getattr(err, "peer", None),
+        e[_STATE], e[_ERROR] = FAILED, {"type": type(err).__name__, "peer": getattr(err, "peer", None),
                                       "message": str(err)}
 
 
@@ -133,7 +139,7 @@ def _describe(ctx) -> dict:
             "world": ctx.parent is None, "coll_seq": ctx.coll_seq, "closed": ctx.closed,
             "error": None if err is None else {"type": type(err).__name__, "peer": getattr(err, "peer", None),
                                                "message": str(err)},
-            "ops": [list(e) for e in list(ctx.recorder.ops)]}
+            "ops": [expand(e) for e in list(ctx.recorder.ops)]}
 
 
 _installed = False
