@@ -69,3 +69,18 @@ def test_errors_surface_from_wait_naming_the_peer():
         out = pool.run(tf.torch_timeout_names_peer, free_port(), transport="tcp", timeout=60)
     name, peer, msg = out[0]
     assert name == "CommTimeoutError" and peer == 1 and "rank 1" in msg, out[0]
+
+
+# --- issue 14: where the pyxccl backend and Gloo differed (each check runs both) --------------------
+
+def _no_fails(out):
+    fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:30])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", (1, 3))
+def test_group_is_its_own_cpu_backend_as_gloo_groups(torch_pools, n):
+    """_get_backend(cpu), what torch reads on a backend, sequence numbers, set_timeout and the
+    coalesced collectives, on the default group and on new groups (all ranks, ranks 1..)."""
+    _no_fails(torch_pools(n).run(tf.backend_lookup, timeout=100))

@@ -335,3 +335,148 @@ def torch_timeout_names_peer(comm, port: int):
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, None, str(e))
     return ("no error", None, "")
+
+
+# --- issue 14: torch.distributed calls where pyxccl and Gloo differed -----------------------------
+# Each check runs one function on a pyxccl group and on a Gloo group of the same ranks: the same
+# results, or on pyxccl an error of the class Gloo raises (or a subclass of it).
+
+def _outcome(fn, *args):
+    try:
+        return "ok", fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return "raised", e
+
+
+def _same(a, b) -> bool:
+    import torch
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.layout != b.layout or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.layout is torch.sparse_coo:
+            return (a.is_coalesced() == b.is_coalesced() and torch.equal(a._indices(), b._indices())
+                    and torch.equal(a._values(), b._values()))
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _compare(fails: list, name: str, mine, gloo) -> None:
+    (mk, mv), (gk, gv) = mine, gloo
+    if gk == "raised":
+        if mk != "raised" or not isinstance(mv, type(gv)):
+            fails.append(f"{name}: Gloo raised {type(gv).__name__}({str(gv)[:100]}), pyxccl "
+                         + (f"raised {type(mv).__name__}: {mv}" if mk == "raised" else f"returned {mv}"))
+    elif mk == "raised":
+        fails.append(f"{name}: Gloo returned {gv}, pyxccl raised {type(mv).__name__}: {mv}")
+    elif not _same(mv, gv):
+        fails.append(f"{name}: pyxccl {mv} != Gloo {gv}")
+
+
+def _both(fails: list, name: str, fn, mine, gloo) -> None:
+    """``fn(group)`` on the pyxccl group ``mine`` and the Gloo group ``gloo``, compared."""
+    _compare(fails, name, _outcome(fn, mine), _outcome(fn, gloo))
+
+
+def _pair(ranks=None, **kw):
+    """A new pyxccl group and a new Gloo group over ``ranks`` (None: all); NON_GROUP_MEMBER outside."""
+    import torch.distributed as dist
+    return dist.new_group(ranks, backend="pyxccl", **kw), dist.new_group(ranks, backend="gloo", **kw)
+
+
+def backend_lookup(comm):
+    """What torch code asks a group about its backend, on the default group and on new groups
+    (all ranks, and ranks 1.. when there are several): _get_backend(cpu) and what torch reads on
+    it, the device list, sequence numbers, set_timeout, and the coalesced collectives."""
+    import warnings
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    warnings.simplefilter("ignore", FutureWarning)     # all_*_coalesced are deprecated (still there)
+    n, r = dist.get_world_size(), dist.get_rank()
+    fails = []
+    pairs = [("default", dist.group.WORLD, _INIT["gloo"]), ("new_group", *_pair())]
+    sub = list(range(1, n)) if n > 1 else [0]
+    pairs.append(("new_group(ranks 1..)", *_pair(sub)))
+    for label, mine, gloo in pairs:
+        if r not in dist.get_process_group_ranks(gloo):
+            continue
+        gr, gn = dist.get_rank(gloo), dist.get_world_size(gloo)
+
+        def both(name, fn):
+            _both(fails, f"{label}: {name}", fn, mine, gloo)
+
+        def backend(g):
+            b = g._get_backend(torch.device("cpu"))
+            ranks = b.options.global_ranks_in_group or list(range(n))      # the default group's: []
+            return (b.rank(), b.size(), ranks == dist.get_process_group_ranks(g), b.options._timeout,
+                    b.supports_coalescing, b.supports_time_estimate, b.supports_shrinking,
+                    b.supports_tensor_alloc(torch.device("cpu")))
+        both("_get_backend(cpu)", backend)
+        both("its group_name", lambda g: g._get_backend(torch.device("cpu")).options.group_name == g.group_name)
+        both("default device", lambda g: (str(c10d._get_pg_default_device(g)), c10d._get_object_coll_device(g),
+                                           "cpu" in c10d._device_capability(g)))
+        if mine._get_backend(torch.device("cpu")).name() != dist.get_backend(mine) or dist.get_backend(mine) != "pyxccl":
+            fails.append(f"{label}: backend name {mine._get_backend(torch.device('cpu')).name()} / "
+                         f"{dist.get_backend(mine)}, want pyxccl")
+
+        def sequence(g):
+            """Gloo counts every operation issued on the group, point to point too."""
+            b = g._get_backend(torch.device("cpu"))
+            seen = [b._get_sequence_number_for_group()]
+            dist.all_reduce(torch.ones(3), group=g)
+            dist.barrier(group=g)
+            dist.broadcast(torch.ones(2), dist.get_global_rank(g, 0), group=g)
+            dist.all_gather_into_tensor(torch.empty(2 * gn), torch.ones(2), group=g)
+            seen.append(b._get_sequence_number_for_group() - seen[0])
+            if gn > 1 and gr < 2:
+                peer = dist.get_global_rank(g, 1 - gr)
+                (dist.send if gr == 0 else dist.recv)(torch.ones(2), peer, group=g)
+            seen.append(b._get_sequence_number_for_group() - seen[0])
+            return seen[1:]
+        both("sequence numbers", sequence)
+
+        def set_timeout(g):
+            before = g._get_backend(torch.device("cpu")).options._timeout
+            g.set_timeout(timedelta(seconds=77))
+            after = g._get_backend(torch.device("cpu")).options._timeout
+            g.set_timeout(before)
+            dist.all_reduce(torch.ones(1), group=g)
+            return after
+        both("set_timeout", set_timeout)
+
+        def all_gather_coalesced(g):
+            outs = [[torch.empty(2, 2), torch.empty(3)] for _ in range(gn)]
+            dist.all_gather_coalesced(outs, [torch.full((2, 2), float(gr)), torch.arange(3.0) + 10 * gr], group=g)
+            return outs
+        both("all_gather_coalesced", all_gather_coalesced)
+
+        def all_gather_coalesced_async(g):
+            outs = [[torch.empty(1, dtype=torch.int64), torch.empty(1, dtype=torch.int64)] for _ in range(gn)]
+            fut = dist.all_gather_coalesced(outs, [torch.tensor([gr + 1]), torch.tensor([-gr])], group=g,
+                                            async_op=True)
+            got = fut.wait()       # Gloo's future holds output_lists, flattened in a group of one
+            return [t for x in got for t in (x if isinstance(x, list) else [x])]
+        both("all_gather_coalesced async", all_gather_coalesced_async)
+        for name, outs in (("too few output lists", [[torch.empty(2)]] * (gn - 1)),
+                           ("output list of the wrong length", [[torch.empty(2), torch.empty(2)]] * gn),
+                           ("output of the wrong shape", [[torch.empty(3)]] * gn)):
+            both(f"all_gather_coalesced, {name}",
+                 lambda g, outs=outs: dist.all_gather_coalesced(outs, [torch.ones(2)], group=g))
+
+        def all_reduce_coalesced(g):
+            ts = [torch.arange(4.0) + gr, torch.full((2, 3), float(gr))]
+            dist.all_reduce_coalesced(ts, group=g)
+            return ts
+        both("all_reduce_coalesced", all_reduce_coalesced)
+        # after the refused calls the group still works, on both
+        both("all_reduce after", lambda g: [dist.all_reduce(t := torch.ones(2), group=g), t][1])
+    for _, mine, gloo in pairs[1:]:
+        dist.destroy_process_group(mine)
+        dist.destroy_process_group(gloo)
+    if not isinstance(_outcome(dist.group.WORLD._get_backend, torch.device("cuda"))[1], RuntimeError):
+        fails.append("_get_backend(cuda) on pyxccl: want the RuntimeError torch raises for a device without a backend")
+    return fails

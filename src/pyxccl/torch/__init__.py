@@ -300,8 +300,15 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         w.add_done_callback(unpack)
         return self._work([w], output_lists)
 
+    def _one_per_rank(self, op, big, small, what):
+        """Gloo's check of a tensor holding one ``small`` per rank."""
+        _check(big.numel() == small.numel() * self.size() and big.dtype == small.dtype, self.rank(), op,
+               f"{what} is {big.dtype} of {big.numel()} elements, expected {small.dtype} of {self.size()} x "
+               f"{small.numel()} (one part per rank of the group)")
+
     @_issued
     def _allgather_base(self, output, input, opts=None):
+        self._one_per_rank("allgather_into_tensor", output, input, "the output")
         secs = self._secs(opts)
         return self._call(lambda a: self.comm.allgather(input, output, async_op=a, timeout=secs), output.nbytes,
                           [output])
@@ -327,6 +334,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
 
     @_issued
     def _reduce_scatter_base(self, output, input, opts):
+        self._one_per_rank("reduce_scatter_tensor", input, output, "the input")
         (op, factor), secs = _op(opts.reduceOp), self._secs(opts)
         input = _scaled(input, factor)
         return self._call(lambda a: self.comm.reduce_scatter(input, output, op, async_op=a, timeout=secs),
@@ -346,6 +354,9 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         n, secs = self.size(), self._secs(opts)
         if not output_split_sizes and not input_split_sizes:
+            _check(input.numel() == output.numel() and input.numel() % n == 0 and input.dtype == output.dtype,
+                   self.rank(), "all_to_all_single", f"input {input.dtype} of {input.numel()} elements and output "
+                   f"{output.dtype} of {output.numel()}: expected one dtype and equal sizes, divisible by {n}")
             return self._call(lambda a: self.comm.alltoall(input, output, async_op=a, timeout=secs), input.nbytes,
                               [output])
         row_in = input[0].numel() if input.dim() and input.shape[0] else 0
