@@ -480,3 +480,98 @@ def backend_lookup(comm):
     if not isinstance(_outcome(dist.group.WORLD._get_backend, torch.device("cuda"))[1], RuntimeError):
         fails.append("_get_backend(cuda) on pyxccl: want the RuntimeError torch raises for a device without a backend")
     return fails
+
+
+def sparse_all_reduce(comm):
+    """Sparse COO tensors in all_reduce on the default group and on Gloo's: the same sums (Gloo
+    allgathers indices and values, adds in rank order and coalesces), the same refusals."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    warnings.simplefilter("ignore", UserWarning)     # torch's note on unchecked sparse invariants
+    warnings.simplefilter("ignore", FutureWarning)
+    n, r = dist.get_world_size(), dist.get_rank()
+    fails = []
+
+    def both(name, fn):
+        _both(fails, name, fn, None, _INIT["gloo"])
+
+    def coo(idx, vals, size, dtype=torch.float32):
+        return torch.sparse_coo_tensor(torch.tensor(idx, dtype=torch.int64).reshape(len(idx), -1),
+                                       torch.tensor(vals).to(dtype), size)
+
+    def reduced(make, op=dist.ReduceOp.SUM, async_op=False):
+        def fn(g):
+            t = make()
+            w = dist.all_reduce(t, op=op, group=g, async_op=async_op)
+            if async_op:
+                return [t, w.get_future().wait()[0] is not None]
+            return [t]
+        return fn
+
+    for dt in (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bfloat16,
+               torch.float16, torch.bool, torch.complex64):
+        # overlapping indices, a duplicate (uncoalesced) one, values that round differently per order
+        both(f"sum {dt}", reduced(lambda dt=dt: coo([[r % 5, 3, r % 5]], [0.1 * (r + 1), 1.7, 2.3 + r], (6,), dt)))
+    both("uncoalesced input", reduced(lambda: coo([[3, r, 3]], [1.0, 2.0, 5.0], (4,))))
+    both("hybrid (2 sparse, 1 dense dim)",
+         reduced(lambda: coo([[r % 3, 1], [0, 2]], [[1.0, 2.0 + r], [3.0, 4.0]], (3, 4, 2))))
+    both("no entries on some ranks",
+         reduced(lambda: coo([[1]], [1.5], (4,)) if r == 0 else coo([[]], [], (4,))))
+    both("no entries anywhere", reduced(lambda: coo([[]], [], (4,))))
+    both("async, future", reduced(lambda: coo([[r]], [1.0], (max(n, 2),)), async_op=True))
+    both("requires_grad leaf", reduced(lambda: coo([[r]], [1.0], (max(n, 2),)).requires_grad_()))
+    for op in ("MAX", "MIN", "PRODUCT", "AVG", "BAND"):
+        both(f"op {op}", reduced(lambda: coo([[0]], [1.0], (2,)), op=getattr(dist.ReduceOp, op)))
+    if n > 1:     # shapes that differ between ranks: every rank raises, the group stays usable
+        both("sizes differ between ranks", reduced(lambda: coo([[0]], [1.0], (4 + r,))))
+    both("CSR", reduced(lambda: torch.eye(3).to_sparse_csr()))
+    both("after the refusals", reduced(lambda: torch.ones(3)))
+
+    # every other collective refuses sparse tensors (torch raises NotImplementedError for Gloo)
+    def sp():
+        return coo([[r % 2]], [1.0], (2,))
+    refused = {
+        "broadcast": lambda g: dist.broadcast(sp(), 0, group=g),      # both groups hold every rank
+        "reduce": lambda g: dist.reduce(sp(), 0, group=g),
+        "all_gather": lambda g: dist.all_gather([torch.empty(2) for _ in range(n)], sp(), group=g),
+        "all_gather, sparse outputs": lambda g: dist.all_gather([sp() for _ in range(n)], sp(), group=g),
+        "all_reduce_coalesced": lambda g: dist.all_reduce_coalesced([sp()], group=g),
+    }
+    for name, fn in refused.items():
+        both(f"{name} of a sparse tensor", fn)
+    return fails
+
+
+def timeouts(comm, case: str, backend: str):
+    """Rank 0 makes a call the other ranks never make, on a new group of ``backend``: how long
+    until it raises, and what. The other ranks wait for rank 0 on the default group."""
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    big = torch.ones(1 << 18)       # 1 MiB: runs on the communicator's worker, not inline
+    group_secs, call = {
+        "dist.barrier(timeout=1s)": (60, lambda g: dist.barrier(group=g, timeout=timedelta(seconds=1))),
+        "barrier, group timeout 1s": (1, lambda g: dist.barrier(group=g)),
+        "all_reduce, group timeout 1s": (1, lambda g: dist.all_reduce(torch.ones(4), group=g)),
+        "all_reduce async, group timeout 1s": (1, lambda g: dist.all_reduce(torch.ones(4), group=g,
+                                                                            async_op=True).wait()),
+        "broadcast 1 MiB, group timeout 1s": (1, lambda g: dist.broadcast(big, 1, group=g)),
+        "all_gather, group timeout 1s": (1, lambda g: dist.all_gather([torch.empty(2)] * dist.get_world_size(),
+                                                                      torch.ones(2), group=g)),
+        "set_timeout(1s), then all_reduce": (60, lambda g: [g.set_timeout(timedelta(seconds=1)),
+                                                            dist.all_reduce(torch.ones(4), group=g)]),
+    }[case]
+    g = dist.new_group(backend=backend, timeout=timedelta(seconds=group_secs))
+    out = None
+    if dist.get_rank() == 0:
+        t0 = time.monotonic()
+        kind, val = _outcome(call, g)
+        out = (kind, type(val).__name__ if kind == "raised" else val, isinstance(val, RuntimeError),
+               time.monotonic() - t0, str(val))
+    dist.barrier()
+    dist.destroy_process_group(g)
+    return out
