@@ -107,3 +107,9 @@ def test_a_missing_rank_raises_within_the_timeout_as_gloo(torch_pools, case):
     assert mine[:3] == ("raised", "CommTimeoutError", True), mine
     assert "rank 1" in mine[4], mine
     assert mine[3] < 20 and gloo[3] < 20, (mine, gloo)       # the 1 s timeout, not the group's 60 s
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", (2, 3))
+def test_other_calls_and_refusals_match_gloo(torch_pools, n):
+    _no_fails(torch_pools(n).run(tf.siblings, timeout=100))

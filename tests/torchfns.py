@@ -575,3 +575,83 @@ def timeouts(comm, case: str, backend: str):
     dist.barrier()
     dist.destroy_process_group(g)
     return out
+
+
+def siblings(comm):
+    """Other calls torch code makes, on the default group and on Gloo's: point-to-point batches,
+    list all_to_all, object collectives; wrong list lengths and shapes refused before anything is
+    sent, as Gloo refuses them (they used to fail in a callback, on the communicator's worker)."""
+    import warnings
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    warnings.simplefilter("ignore", FutureWarning)
+    n, r = dist.get_world_size(), dist.get_rank()
+    fails = []
+
+    def both(name, fn):
+        _both(fails, name, fn, None, _INIT["gloo"])
+
+    def batch(g):
+        got = [torch.empty(3) for _ in range(n)]
+        ops = [dist.P2POp(dist.isend, torch.full((3,), 10.0 * r + p), p, group=g) for p in range(n) if p != r]
+        ops += [dist.P2POp(dist.irecv, got[p], p, group=g) for p in range(n) if p != r]
+        for w in dist.batch_isend_irecv(ops) if ops else []:
+            w.wait()
+        return [got[p] for p in range(n) if p != r]
+    both("batch_isend_irecv", batch)
+
+    def all_to_all(g):      # of one size: Gloo refuses lists of several sizes (pyxccl takes them)
+        outs = [torch.empty(2, dtype=torch.int64) for p in range(n)]
+        dist.all_to_all(outs, [torch.full((2,), 100 * r + p) for p in range(n)], group=g)
+        return outs
+    both("all_to_all of lists", all_to_all)
+
+    def objects(g):
+        got = [None] * n if r == 0 else None
+        dist.gather_object({"rank": r, "x": [r] * r}, got, dst=0, group=g)
+        mine = [None]
+        dist.scatter_object_list(mine, [("to", p) for p in range(n)] if r == n - 1 else None, src=n - 1, group=g)
+        every = [None] * n
+        dist.all_gather_object(every, r * 1.5, group=g)
+        objs = [r, "x"]
+        dist.broadcast_object_list(objs, src=n - 1, group=g)
+        return [got, mine, every, objs]
+    both("gather_object, scatter_object_list, all_gather_object, broadcast_object_list", objects)
+
+    bad = {
+        "all_gather, too few outputs": lambda g: dist.all_gather([torch.empty(2)] * (n - 1), torch.ones(2), group=g),
+        "all_gather, output of the wrong size": lambda g: dist.all_gather([torch.empty(3)] * n, torch.ones(2),
+                                                                          group=g),
+        "all_gather_into_tensor, output of the wrong size": lambda g: dist.all_gather_into_tensor(
+            torch.empty(2 * n + 1), torch.ones(2), group=g),
+        "all_to_all_single, sizes differ": lambda g: dist.all_to_all_single(torch.empty(2 * n), torch.ones(2 * n + 2),
+                                                                            group=g),
+    }
+    for name, fn in bad.items():
+        both(name, fn)
+        both(f"all_reduce after {name}", lambda g: [dist.all_reduce(t := torch.ones(2), group=g), t][1])
+    # refused on the root only: on groups of their own, left out of step afterwards. The others wait
+    # for the root until the group's timeout (a gather's senders on pyxccl need not: their sends
+    # complete without the root, as MPI's may; Gloo's wait)
+    root_only = {
+        "gather, too few outputs": lambda g: dist.gather(torch.ones(2), [torch.empty(2)] * (n - 1) if r == 0 else None,
+                                                         dst=0, group=g),
+        "scatter, inputs of the wrong size": lambda g: dist.scatter(
+            torch.empty(2), [torch.ones(3)] * n if r == 0 else None, src=0, group=g),
+    }
+    for name, fn in root_only.items():
+        mine, gloo = _pair(timeout=timedelta(seconds=2))
+        if r == 0 or name.startswith("scatter"):
+            _both(fails, name, fn, mine, gloo)
+        else:
+            _outcome(fn, mine), _outcome(fn, gloo)
+        dist.barrier()
+        dist.destroy_process_group(mine)
+        dist.destroy_process_group(gloo)
+    # Gloo aborts the process on this one (a failed CHECK): pyxccl refuses it, as the others
+    kind, e = _outcome(dist.reduce_scatter_tensor, torch.empty(2), torch.ones(2 * n + 1))
+    if not isinstance(e, RuntimeError) or "rank" not in str(e):
+        fails.append(f"reduce_scatter_tensor, input of the wrong size: {kind} {e!r}")
+    return fails
