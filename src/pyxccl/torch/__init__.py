@@ -176,7 +176,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         work = PyxcclWork(works, value, fut)
 
         def done(_w):
-            work._unpacked.set()
+            work.unpacked.set()
             self._completer.submit(work.settle)
         last.add_done_callback(done)
         return work

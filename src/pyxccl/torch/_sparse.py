@@ -29,7 +29,7 @@ def check_sparse_allreduce(rank: int, tensors, sum_op: bool) -> bool:
     if all(t.layout is torch.strided for t in tensors):
         return False
     if not all(t.layout is torch.sparse_coo for t in tensors):
-        bad = next(t.layout for t in tensors if t.layout not in (torch.strided, torch.sparse_coo))
+        bad = next((t.layout for t in tensors if t.layout not in (torch.strided, torch.sparse_coo)), None)
         what = f"a {bad} tensor" if bad is not None else "sparse and dense tensors together"
         raise NotSupportedError(f"rank {rank}: all_reduce of {what}: only sparse COO tensors (or only dense ones) "
                                 f"are supported, as with Gloo; convert with .to_sparse() or .to_dense()",
@@ -40,12 +40,12 @@ def check_sparse_allreduce(rank: int, tensors, sum_op: bool) -> bool:
     return True
 
 
-def _metadata(t: torch.Tensor) -> torch.Tensor:
+def _metadata(rank: int, t: torch.Tensor) -> torch.Tensor:
     row = torch.zeros(_META, dtype=torch.int64)
     sd, dd = t.sparse_dim(), t.dense_dim()
     if sd > 4 or dd > 4:
-        raise NotSupportedError(f"all_reduce of a sparse tensor with {sd} sparse and {dd} dense dimensions: at most "
-                                f"4 of each (as with Gloo)", op="allreduce")
+        raise NotSupportedError(f"rank {rank}: all_reduce of a sparse tensor with {sd} sparse and {dd} dense "
+                                f"dimensions: at most 4 of each (as with Gloo)", rank=rank, op="allreduce")
     row[:sd] = torch.tensor(t.shape[:sd])
     row[4:4 + dd] = torch.tensor(t.shape[sd:])
     row[8] = t._nnz()
@@ -60,7 +60,7 @@ def sparse_allreduce(comm, tensors, timeout) -> torch.Tensor:
         inp = inp + t
     inp = inp.coalesce()
     meta = torch.empty((n, _META), dtype=torch.int64)
-    comm.allgather(_metadata(inp), meta, timeout=timeout)
+    comm.allgather(_metadata(rank, inp), meta, timeout=timeout)
     for r in range(n):
         if not torch.equal(meta[r, :8], meta[rank, :8]):
             raise CollectiveMismatchError(

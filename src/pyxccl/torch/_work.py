@@ -15,7 +15,7 @@ class PyxcclWork(_TorchWork):
     def __init__(self, works, value, fut):
         super().__init__()
         self._works, self._value, self._fut = works, value, fut
-        self._unpacked = threading.Event()   # the pyxccl Works' own callbacks (unpacking outputs) ran
+        self.unpacked = threading.Event()    # set once the pyxccl Works' own callbacks (unpacking outputs) ran
         self._lock, self._settled = threading.Lock(), False
 
     def settle(self) -> None:
@@ -35,7 +35,7 @@ class PyxcclWork(_TorchWork):
         secs = timeout.total_seconds() if timeout else None
         for w in self._works:
             w.wait(secs)          # raises pyxccl's error, naming the peer
-        self._unpacked.wait()
+        self.unpacked.wait()
         self.settle()
         self._fut.wait()          # then() callbacks of another thread that settled it first are done
         return True
