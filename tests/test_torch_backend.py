@@ -92,7 +92,7 @@ def test_sparse_all_reduce_sums_as_gloo(torch_pools, n):
     _no_fails(torch_pools(n).run(tf.sparse_all_reduce, timeout=100))
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)        # the pools' set-up (about 30 s) counts when this test runs first
 @pytest.mark.parametrize("case", ("dist.barrier(timeout=1s)", "barrier, group timeout 1s",
                                   "all_reduce, group timeout 1s", "all_reduce async, group timeout 1s",
                                   "broadcast 1 MiB, group timeout 1s", "all_gather, group timeout 1s",
