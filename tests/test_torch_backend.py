@@ -69,3 +69,47 @@ def test_errors_surface_from_wait_naming_the_peer():
         out = pool.run(tf.torch_timeout_names_peer, free_port(), transport="tcp", timeout=60)
     name, peer, msg = out[0]
     assert name == "CommTimeoutError" and peer == 1 and "rank 1" in msg, out[0]
+
+
+# --- issue 14: where the pyxccl backend and Gloo differed (each check runs both) --------------------
+
+def _no_fails(out):
+    fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:30])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", (1, 3))
+def test_group_is_its_own_cpu_backend_as_gloo_groups(torch_pools, n):
+    """_get_backend(cpu), what torch reads on a backend, sequence numbers, set_timeout and the
+    coalesced collectives, on the default group and on new groups (all ranks, ranks 1..)."""
+    _no_fails(torch_pools(n).run(tf.backend_lookup, timeout=100))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", (1, 2, 3))
+def test_sparse_all_reduce_sums_as_gloo(torch_pools, n):
+    _no_fails(torch_pools(n).run(tf.sparse_all_reduce, timeout=100))
+
+
+@pytest.mark.timeout(90)        # the pools' set-up (about 30 s) counts when this test runs first
+@pytest.mark.parametrize("case", ("dist.barrier(timeout=1s)", "barrier, group timeout 1s",
+                                  "all_reduce, group timeout 1s", "all_reduce async, group timeout 1s",
+                                  "broadcast 1 MiB, group timeout 1s", "all_gather, group timeout 1s",
+                                  "set_timeout(1s), then all_reduce"))
+def test_a_missing_rank_raises_within_the_timeout_as_gloo(torch_pools, case):
+    """Gloo raises a RuntimeError once the call's timeout (dist.barrier's, else the group's) has
+    passed; pyxccl raises CommTimeoutError (a RuntimeError too) naming the missing rank. Without
+    it the call would wait for the 60 s group timeout or forever: past this test's deadline."""
+    gloo = torch_pools(2).run(tf.timeouts, case, "gloo", timeout=50)[0]
+    mine = torch_pools(2).run(tf.timeouts, case, "pyxccl", timeout=50)[0]
+    assert gloo[:3] == ("raised", "RuntimeError", True), gloo
+    assert mine[:3] == ("raised", "CommTimeoutError", True), mine
+    assert "rank 1" in mine[4], mine
+    assert mine[3] < 20 and gloo[3] < 20, (mine, gloo)       # the 1 s timeout, not the group's 60 s
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", (2, 3))
+def test_other_calls_and_refusals_match_gloo(torch_pools, n):
+    _no_fails(torch_pools(n).run(tf.siblings, timeout=100))

@@ -335,3 +335,323 @@ def torch_timeout_names_peer(comm, port: int):
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, None, str(e))
     return ("no error", None, "")
+
+
+# --- issue 14: torch.distributed calls where pyxccl and Gloo differed -----------------------------
+# Each check runs one function on a pyxccl group and on a Gloo group of the same ranks: the same
+# results, or on pyxccl an error of the class Gloo raises (or a subclass of it).
+
+def _outcome(fn, *args):
+    try:
+        return "ok", fn(*args)
+    except Exception as e:  # noqa: BLE001
+        return "raised", e
+
+
+def _same(a, b) -> bool:
+    import torch
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.layout != b.layout or a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        if a.layout is torch.sparse_coo:
+            return (a.is_coalesced() == b.is_coalesced() and torch.equal(a._indices(), b._indices())
+                    and torch.equal(a._values(), b._values()))
+        return torch.equal(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _compare(fails: list, name: str, mine, gloo) -> None:
+    (mk, mv), (gk, gv) = mine, gloo
+    if gk == "raised":
+        if mk != "raised" or not isinstance(mv, type(gv)):
+            fails.append(f"{name}: Gloo raised {type(gv).__name__}({str(gv)[:100]}), pyxccl "
+                         + (f"raised {type(mv).__name__}: {mv}" if mk == "raised" else f"returned {mv}"))
+    elif mk == "raised":
+        fails.append(f"{name}: Gloo returned {gv}, pyxccl raised {type(mv).__name__}: {mv}")
+    elif not _same(mv, gv):
+        fails.append(f"{name}: pyxccl {mv} != Gloo {gv}")
+
+
+def _both(fails: list, name: str, fn, mine, gloo) -> None:
+    """``fn(group)`` on the pyxccl group ``mine`` and the Gloo group ``gloo``, compared."""
+    _compare(fails, name, _outcome(fn, mine), _outcome(fn, gloo))
+
+
+def _pair(ranks=None, **kw):
+    """A new pyxccl group and a new Gloo group over ``ranks`` (None: all); NON_GROUP_MEMBER outside."""
+    import torch.distributed as dist
+    return dist.new_group(ranks, backend="pyxccl", **kw), dist.new_group(ranks, backend="gloo", **kw)
+
+
+def backend_lookup(comm):
+    """What torch code asks a group about its backend, on the default group and on new groups
+    (all ranks, and ranks 1.. when there are several): _get_backend(cpu) and what torch reads on
+    it, the device list, sequence numbers, set_timeout, and the coalesced collectives."""
+    import warnings
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    warnings.simplefilter("ignore", FutureWarning)     # all_*_coalesced are deprecated (still there)
+    n, r = dist.get_world_size(), dist.get_rank()
+    fails = []
+    pairs = [("default", dist.group.WORLD, _INIT["gloo"]), ("new_group", *_pair())]
+    sub = list(range(1, n)) if n > 1 else [0]
+    pairs.append(("new_group(ranks 1..)", *_pair(sub)))
+    for label, mine, gloo in pairs:
+        if r not in dist.get_process_group_ranks(gloo):
+            continue
+        gr, gn = dist.get_rank(gloo), dist.get_world_size(gloo)
+
+        def both(name, fn):
+            _both(fails, f"{label}: {name}", fn, mine, gloo)
+
+        def backend(g):
+            b = g._get_backend(torch.device("cpu"))
+            ranks = b.options.global_ranks_in_group or list(range(n))      # the default group's: []
+            return (b.rank(), b.size(), ranks == dist.get_process_group_ranks(g), b.options._timeout,
+                    b.supports_coalescing, b.supports_time_estimate, b.supports_shrinking,
+                    b.supports_tensor_alloc(torch.device("cpu")))
+        both("_get_backend(cpu)", backend)
+        both("its group_name", lambda g: g._get_backend(torch.device("cpu")).options.group_name == g.group_name)
+        both("default device", lambda g: (str(c10d._get_pg_default_device(g)), c10d._get_object_coll_device(g),
+                                           "cpu" in c10d._device_capability(g)))
+        if mine._get_backend(torch.device("cpu")).name() != dist.get_backend(mine) or dist.get_backend(mine) != "pyxccl":
+            fails.append(f"{label}: backend name {mine._get_backend(torch.device('cpu')).name()} / "
+                         f"{dist.get_backend(mine)}, want pyxccl")
+
+        def sequence(g):
+            """Gloo counts every operation issued on the group, point to point too."""
+            b = g._get_backend(torch.device("cpu"))
+            seen = [b._get_sequence_number_for_group()]
+            dist.all_reduce(torch.ones(3), group=g)
+            dist.barrier(group=g)
+            dist.broadcast(torch.ones(2), dist.get_global_rank(g, 0), group=g)
+            dist.all_gather_into_tensor(torch.empty(2 * gn), torch.ones(2), group=g)
+            seen.append(b._get_sequence_number_for_group() - seen[0])
+            if gn > 1 and gr < 2:
+                peer = dist.get_global_rank(g, 1 - gr)
+                (dist.send if gr == 0 else dist.recv)(torch.ones(2), peer, group=g)
+            seen.append(b._get_sequence_number_for_group() - seen[0])
+            return seen[1:]
+        both("sequence numbers", sequence)
+
+        def set_timeout(g):
+            before = g._get_backend(torch.device("cpu")).options._timeout
+            g.set_timeout(timedelta(seconds=77))
+            after = g._get_backend(torch.device("cpu")).options._timeout
+            g.set_timeout(before)
+            dist.all_reduce(torch.ones(1), group=g)
+            return after
+        both("set_timeout", set_timeout)
+
+        def all_gather_coalesced(g):
+            outs = [[torch.empty(2, 2), torch.empty(3)] for _ in range(gn)]
+            dist.all_gather_coalesced(outs, [torch.full((2, 2), float(gr)), torch.arange(3.0) + 10 * gr], group=g)
+            return outs
+        both("all_gather_coalesced", all_gather_coalesced)
+
+        def all_gather_coalesced_async(g):
+            outs = [[torch.empty(1, dtype=torch.int64), torch.empty(1, dtype=torch.int64)] for _ in range(gn)]
+            fut = dist.all_gather_coalesced(outs, [torch.tensor([gr + 1]), torch.tensor([-gr])], group=g,
+                                            async_op=True)
+            got = fut.wait()       # Gloo's future holds output_lists, flattened in a group of one
+            return [t for x in got for t in (x if isinstance(x, list) else [x])]
+        both("all_gather_coalesced async", all_gather_coalesced_async)
+        for name, outs in (("too few output lists", [[torch.empty(2)]] * (gn - 1)),
+                           ("output list of the wrong length", [[torch.empty(2), torch.empty(2)]] * gn),
+                           ("output of the wrong shape", [[torch.empty(3)]] * gn)):
+            both(f"all_gather_coalesced, {name}",
+                 lambda g, outs=outs: dist.all_gather_coalesced(outs, [torch.ones(2)], group=g))
+
+        def all_reduce_coalesced(g):
+            ts = [torch.arange(4.0) + gr, torch.full((2, 3), float(gr))]
+            dist.all_reduce_coalesced(ts, group=g)
+            return ts
+        both("all_reduce_coalesced", all_reduce_coalesced)
+        # after the refused calls the group still works, on both
+        both("all_reduce after", lambda g: [dist.all_reduce(t := torch.ones(2), group=g), t][1])
+    for _, mine, gloo in pairs[1:]:
+        dist.destroy_process_group(mine)
+        dist.destroy_process_group(gloo)
+    if not isinstance(_outcome(dist.group.WORLD._get_backend, torch.device("cuda"))[1], RuntimeError):
+        fails.append("_get_backend(cuda) on pyxccl: want the RuntimeError torch raises for a device without a backend")
+    return fails
+
+
+def sparse_all_reduce(comm):
+    """Sparse COO tensors in all_reduce on the default group and on Gloo's: the same sums (Gloo
+    allgathers indices and values, adds in rank order and coalesces), the same refusals."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    warnings.simplefilter("ignore", UserWarning)     # torch's note on unchecked sparse invariants
+    warnings.simplefilter("ignore", FutureWarning)
+    n, r = dist.get_world_size(), dist.get_rank()
+    fails = []
+
+    def both(name, fn):
+        _both(fails, name, fn, None, _INIT["gloo"])
+
+    def coo(idx, vals, size, dtype=torch.float32):
+        return torch.sparse_coo_tensor(torch.tensor(idx, dtype=torch.int64).reshape(len(idx), -1),
+                                       torch.tensor(vals).to(dtype), size)
+
+    def reduced(make, op=dist.ReduceOp.SUM, async_op=False):
+        def fn(g):
+            t = make()
+            w = dist.all_reduce(t, op=op, group=g, async_op=async_op)
+            if async_op:
+                return [t, w.get_future().wait()[0] is not None]
+            return [t]
+        return fn
+
+    for dt in (torch.float32, torch.float64, torch.int64, torch.int32, torch.uint8, torch.bfloat16,
+               torch.float16, torch.bool, torch.complex64):
+        # overlapping indices, a duplicate (uncoalesced) one, values that round differently per order
+        both(f"sum {dt}", reduced(lambda dt=dt: coo([[r % 5, 3, r % 5]], [0.1 * (r + 1), 1.7, 2.3 + r], (6,), dt)))
+    both("uncoalesced input", reduced(lambda: coo([[3, r, 3]], [1.0, 2.0, 5.0], (4,))))
+    both("hybrid (2 sparse, 1 dense dim)",
+         reduced(lambda: coo([[r % 3, 1], [0, 2]], [[1.0, 2.0 + r], [3.0, 4.0]], (3, 4, 2))))
+    both("no entries on some ranks",
+         reduced(lambda: coo([[1]], [1.5], (4,)) if r == 0 else coo([[]], [], (4,))))
+    both("no entries anywhere", reduced(lambda: coo([[]], [], (4,))))
+    both("async, future", reduced(lambda: coo([[r]], [1.0], (max(n, 2),)), async_op=True))
+    both("requires_grad leaf", reduced(lambda: coo([[r]], [1.0], (max(n, 2),)).requires_grad_()))
+    for op in ("MAX", "MIN", "PRODUCT", "AVG", "BAND"):
+        both(f"op {op}", reduced(lambda: coo([[0]], [1.0], (2,)), op=getattr(dist.ReduceOp, op)))
+    if n > 1:     # shapes that differ between ranks: every rank raises, the group stays usable
+        both("sizes differ between ranks", reduced(lambda: coo([[0]], [1.0], (4 + r,))))
+    both("CSR", reduced(lambda: torch.eye(3).to_sparse_csr()))
+    both("after the refusals", reduced(lambda: torch.ones(3)))
+
+    # every other collective refuses sparse tensors (torch raises NotImplementedError for Gloo)
+    def sp():
+        return coo([[r % 2]], [1.0], (2,))
+    refused = {
+        "broadcast": lambda g: dist.broadcast(sp(), 0, group=g),      # both groups hold every rank
+        "reduce": lambda g: dist.reduce(sp(), 0, group=g),
+        "all_gather": lambda g: dist.all_gather([torch.empty(2) for _ in range(n)], sp(), group=g),
+        "all_gather, sparse outputs": lambda g: dist.all_gather([sp() for _ in range(n)], sp(), group=g),
+        "all_reduce_coalesced": lambda g: dist.all_reduce_coalesced([sp()], group=g),
+    }
+    for name, fn in refused.items():
+        both(f"{name} of a sparse tensor", fn)
+    return fails
+
+
+def timeouts(comm, case: str, backend: str):
+    """Rank 0 makes a call the other ranks never make, on a new group of ``backend``: how long
+    until it raises, and what. The other ranks wait for rank 0 on the default group."""
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    big = torch.ones(1 << 18)       # 1 MiB: runs on the communicator's worker, not inline
+    group_secs, call = {
+        "dist.barrier(timeout=1s)": (60, lambda g: dist.barrier(group=g, timeout=timedelta(seconds=1))),
+        "barrier, group timeout 1s": (1, lambda g: dist.barrier(group=g)),
+        "all_reduce, group timeout 1s": (1, lambda g: dist.all_reduce(torch.ones(4), group=g)),
+        "all_reduce async, group timeout 1s": (1, lambda g: dist.all_reduce(torch.ones(4), group=g,
+                                                                            async_op=True).wait()),
+        "broadcast 1 MiB, group timeout 1s": (1, lambda g: dist.broadcast(big, 1, group=g)),
+        "all_gather, group timeout 1s": (1, lambda g: dist.all_gather([torch.empty(2)] * dist.get_world_size(),
+                                                                      torch.ones(2), group=g)),
+        "set_timeout(1s), then all_reduce": (60, lambda g: [g.set_timeout(timedelta(seconds=1)),
+                                                            dist.all_reduce(torch.ones(4), group=g)]),
+    }[case]
+    g = dist.new_group(backend=backend, timeout=timedelta(seconds=group_secs))
+    out = None
+    if dist.get_rank() == 0:
+        t0 = time.monotonic()
+        kind, val = _outcome(call, g)
+        out = (kind, type(val).__name__ if kind == "raised" else val, isinstance(val, RuntimeError),
+               time.monotonic() - t0, str(val))
+    dist.barrier()
+    dist.destroy_process_group(g)
+    return out
+
+
+def siblings(comm):
+    """Other calls torch code makes, on the default group and on Gloo's: point-to-point batches,
+    list all_to_all, object collectives; wrong list lengths and shapes refused before anything is
+    sent, as Gloo refuses them (they used to fail in a callback, on the communicator's worker)."""
+    import warnings
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    warnings.simplefilter("ignore", FutureWarning)
+    n, r = dist.get_world_size(), dist.get_rank()
+    fails = []
+
+    def both(name, fn):
+        _both(fails, name, fn, None, _INIT["gloo"])
+
+    def batch(g):
+        got = [torch.empty(3) for _ in range(n)]
+        ops = [dist.P2POp(dist.isend, torch.full((3,), 10.0 * r + p), p, group=g) for p in range(n) if p != r]
+        ops += [dist.P2POp(dist.irecv, got[p], p, group=g) for p in range(n) if p != r]
+        for w in dist.batch_isend_irecv(ops) if ops else []:
+            w.wait()
+        return [got[p] for p in range(n) if p != r]
+    both("batch_isend_irecv", batch)
+
+    def all_to_all(g):      # of one size: Gloo refuses lists of several sizes (pyxccl takes them)
+        outs = [torch.empty(2, dtype=torch.int64) for p in range(n)]
+        dist.all_to_all(outs, [torch.full((2,), 100 * r + p) for p in range(n)], group=g)
+        return outs
+    both("all_to_all of lists", all_to_all)
+
+    def objects(g):
+        got = [None] * n if r == 0 else None
+        dist.gather_object({"rank": r, "x": [r] * r}, got, dst=0, group=g)
+        mine = [None]
+        dist.scatter_object_list(mine, [("to", p) for p in range(n)] if r == n - 1 else None, src=n - 1, group=g)
+        every = [None] * n
+        dist.all_gather_object(every, r * 1.5, group=g)
+        objs = [r, "x"]
+        dist.broadcast_object_list(objs, src=n - 1, group=g)
+        return [got, mine, every, objs]
+    both("gather_object, scatter_object_list, all_gather_object, broadcast_object_list", objects)
+
+    bad = {
+        "all_gather, too few outputs": lambda g: dist.all_gather([torch.empty(2)] * (n - 1), torch.ones(2), group=g),
+        "all_gather, output of the wrong size": lambda g: dist.all_gather([torch.empty(3)] * n, torch.ones(2),
+                                                                          group=g),
+        "all_gather_into_tensor, output of the wrong size": lambda g: dist.all_gather_into_tensor(
+            torch.empty(2 * n + 1), torch.ones(2), group=g),
+        "all_to_all_single, sizes differ": lambda g: dist.all_to_all_single(torch.empty(2 * n), torch.ones(2 * n + 2),
+                                                                            group=g),
+    }
+    for name, fn in bad.items():
+        both(name, fn)
+        both(f"all_reduce after {name}", lambda g: [dist.all_reduce(t := torch.ones(2), group=g), t][1])
+    # refused on the root only: on groups of their own, left out of step afterwards. The others wait
+    # for the root until the group's timeout (a gather's senders on pyxccl need not: their sends
+    # complete without the root, as MPI's may; Gloo's wait)
+    root_only = {
+        "gather, too few outputs": lambda g: dist.gather(torch.ones(2), [torch.empty(2)] * (n - 1) if r == 0 else None,
+                                                         dst=0, group=g),
+        "scatter, inputs of the wrong size": lambda g: dist.scatter(
+            torch.empty(2), [torch.ones(3)] * n if r == 0 else None, src=0, group=g),
+    }
+    for name, fn in root_only.items():
+        mine, gloo = _pair(timeout=timedelta(seconds=2))
+        if r == 0 or name.startswith("scatter"):
+            _both(fails, name, fn, mine, gloo)
+        else:
+            _outcome(fn, mine), _outcome(fn, gloo)
+        dist.barrier()
+        dist.destroy_process_group(mine)
+        dist.destroy_process_group(gloo)
+    # Gloo aborts the process on this one (a failed CHECK): pyxccl refuses it, as the others
+    kind, e = _outcome(dist.reduce_scatter_tensor, torch.empty(2), torch.ones(2 * n + 1))
+    if not isinstance(e, RuntimeError) or "rank" not in str(e):
+        fails.append(f"reduce_scatter_tensor, input of the wrong size: {kind} {e!r}")
+    return fails

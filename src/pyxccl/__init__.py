@@ -13,8 +13,8 @@ import os
 import weakref
 
 from ._errors import (CollectiveMismatchError, CommAbortedError, CommClosedError, CommError, CommTimeoutError,
-                      InvalidArgumentError, PeerLostError, ProtocolError, PyxcclError, RendezvousError,
-                      UnsupportedOpError)
+                      InvalidArgumentError, NotSupportedError, PeerLostError, ProtocolError, PyxcclError,
+                      RendezvousError, TensorArgumentError, UnsupportedOpError)
 from .comm import Communicator, default_timeout
 from .comm import world as _world
 from .core.engine import Work
@@ -23,7 +23,8 @@ from .trace import compute
 
 __all__ = [
     "init", "Communicator", "Work", "ReduceOp", "compute",
-    "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "CommClosedError", "RendezvousError",
+    "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "TensorArgumentError", "NotSupportedError",
+    "CommClosedError", "RendezvousError",
     "CommError", "CommTimeoutError", "PeerLostError", "ProtocolError", "CollectiveMismatchError",
     "CommAbortedError",
 ]

@@ -6,7 +6,9 @@ catches ``ValueError`` or ``TimeoutError`` keeps working::
 
     PyxcclError
     ├── InvalidArgumentError (ValueError)    bad input, refused before any byte moves;
-    │   └── UnsupportedOpError (TypeError)   a reduce op that makes no sense for the dtype
+    │   ├── UnsupportedOpError (TypeError)   a reduce op that makes no sense for the dtype
+    │   └── TensorArgumentError (RuntimeError)  tensors that don't fit a torch.distributed call
+    │       └── NotSupportedError (NotImplementedError)  a layout, device or op the torch backend lacks
     ├── CommClosedError                      the communicator was closed
     ├── RendezvousError (ConnectionError)    the store or the connection set-up failed
     └── CommError (RuntimeError)             a collective or point-to-point call failed
@@ -23,7 +25,8 @@ what to do. The structured fields are attributes too (``err.rank``,
 from __future__ import annotations
 
 __all__ = [
-    "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "CommClosedError",
+    "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "TensorArgumentError", "NotSupportedError",
+    "CommClosedError",
     "RendezvousError", "CommError", "CommTimeoutError", "PeerLostError",
     "ProtocolError", "CollectiveMismatchError", "CommAbortedError",
 ]
@@ -48,6 +51,16 @@ class InvalidArgumentError(PyxcclError, ValueError):
 
 class UnsupportedOpError(InvalidArgumentError, TypeError):
     """The reduce op makes no sense for the buffer's dtype (BXOR on float, ...)."""
+
+
+class TensorArgumentError(InvalidArgumentError, RuntimeError):
+    """The tensors don't fit a torch.distributed call (list lengths, shapes); raised by the torch
+    backend before anything is sent. A RuntimeError too, as torch's own checks (and Gloo's) are."""
+
+
+class NotSupportedError(TensorArgumentError, NotImplementedError):
+    """The torch backend does not do this: a sparse tensor outside allreduce with SUM, a device
+    other than the CPU. A NotImplementedError, as torch raises for an operator a layout lacks."""
 
 
 class CommClosedError(PyxcclError):
