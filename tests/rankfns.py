@@ -1002,3 +1002,13 @@ def signal_self(comm):
     if comm.rank == 1:
         os.kill(os.getpid(), signal.SIGUSR1)
     return None
+
+
+def callback_raises(comm):
+    """A done-callback that raises is logged; the communicator's worker goes on running later calls."""
+    x = np.ones(8, np.float32)
+    w = comm.allreduce(x, async_op=True)
+    w.add_done_callback(lambda w: 1 / 0)
+    w.wait()
+    ok = [comm.allreduce(np.ones(8, np.float32), async_op=True).wait(timeout=10) for _ in range(3)]
+    return ok

@@ -162,3 +162,7 @@ def test_sigusr1_dumps_the_flight_recorder(tmp_path):
     assert said["reason"] == "SIGUSR1", said["reason"]
     world = said["communicators"][0]
     assert any(op[2] == "allgather" and op[11] == "done" for op in world["ops"]), world["ops"][-3:]
+
+
+def test_a_raising_done_callback_does_not_stop_the_worker(pools, transport):
+    assert pools(2).run(rf.callback_raises, transport=transport) == [[True] * 3] * 2

@@ -313,7 +313,7 @@ class Context:
                 return out
             inline = not async_op and eng.claim()
             if not inline:
-                work = Work(op, seq, self.rank, deadline, algorithm)
+                work = Work(op, cseq or seq, self.rank, deadline, algorithm)
                 work._from_world, work._entry = self.to_comm, entry
                 eng.enqueue(guarded, work)
         if inline:
@@ -323,7 +323,7 @@ class Context:
             finally:
                 eng.release()
             if call._recvs:             # a recv posted its request: wait for it as a Work would
-                work = Work(op, seq, self.rank, deadline)
+                work = Work(op, cseq or seq, self.rank, deadline)
                 work._recvs, work._cancel, work._from_world = call._recvs, call._cancel, self.to_comm
                 work._ran.set()
                 try:

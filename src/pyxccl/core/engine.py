@@ -11,6 +11,7 @@ from overlapping.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -65,7 +66,11 @@ class Work:
         if self._recvs and self._entry is not None:     # a receive ends when its message has landed
             ended(self._entry, self.exception())
         for cb in self._callbacks:
-            cb(self)
+            try:
+                cb(self)
+            except Exception:  # noqa: BLE001  (as concurrent.futures: a callback's error must not stop the worker)
+                logging.getLogger("pyxccl").exception("rank %s: a done-callback of %s #%s raised", self._rank,
+                                                      self.op, self.seq)
 
     def add_done_callback(self, cb) -> None:
         """Call ``cb(work)`` from the completing thread once the operation is done."""
