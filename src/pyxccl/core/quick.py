@@ -4,9 +4,10 @@ The first call of a shape (primitive, dtypes, sizes, root, op, algorithm,
 timeout, from one thread) takes the full path: argument checks, plan,
 schedule, fingerprint. The call is then kept as a ``Prepared`` under its key;
 the next call with the same key only checks what the key cannot say (the
-arrays are contiguous, the output writable, the communicator usable and
-idle), takes its numbers and runs the schedule: the compiled program, when
-it runs natively on the one-host segment, else through its plan. Anything
+arrays are contiguous, the output writable, input and output apart, the
+timeout's type, the communicator usable and idle), takes its numbers and
+runs the schedule: the compiled program, when it runs natively on the
+one-host segment, else through its plan. Anything
 else (a torch tensor, async_op, an engine with work queued, a failed
 communicator) takes the full path, which gives the same result or raises
 the proper error. (A thread is known by its identity here: one renamed after
@@ -30,8 +31,7 @@ _KEPT = 256              # prepared call shapes per communicator
 
 
 class Prepared:
-    __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg",
-                 "disjoint", "what")
+    __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg", "what")
 
     def __init__(self, plan, name, s, size, thread, words, timeout, writes, what):
         seg = plan.ctx.segment
@@ -40,7 +40,7 @@ class Prepared:
         self.settings = plan.codes and (*seg.waits, *plan.codes)
         self.record = (plan, name, size, thread, words)
         self.what = what            # for the flight recorder
-        self.avg, self.disjoint = plan.avg, name == "alltoall"      # alltoall refuses overlapping buffers
+        self.avg = plan.avg
 
 
 class Quick:
@@ -72,7 +72,7 @@ class Quick:
             p = self._prepared.get((key, get_ident()))
         except TypeError:
             return False
-        if p is None:
+        if p is None or type(key[-1]) is not type(p.timeout):    # a key ends with the timeout: True == 1
             return False
         if out is not None:
             f = out.flags
@@ -80,8 +80,8 @@ class Quick:
                 return False
         if inp is not None and inp is not out and not inp.flags.c_contiguous:
             return False
-        if p.disjoint and onehost.overlaps(inp, out):
-            return False
+        if inp is not None and out is not None and inp is not out and onehost.overlaps(inp, out):
+            return False        # in place through views, or overlapping: the full path checks which
         ctx = self.ctx
         eng = ctx.engine
         lock = eng.lock         # as Context.submit: numbers and place in line under one lock
