@@ -173,17 +173,18 @@ class Check:
     def op_for(self, op, dt: np.dtype) -> ReduceOp:
         try:
             op = as_op(op)
-        except ValueError as e:
-            raise self.error(str(e)) from None
+        except ValueError:
+            raise self.error(f"op={op!r} is not a reduce op; use a pyxccl.ReduceOp or its name: "
+                             + ", ".join(o.name for o in ReduceOp)) from None
         why = op_error(op, dt)
         if why:
-            raise self.error(why, UnsupportedOpError)
+            raise self.error(f"op={op.name}: {why}", UnsupportedOpError)
         return op
 
-    def counts(self, counts, what: str, total: int | None = None,
+    def counts(self, counts, what: str, total: tuple[int, str] | None = None,
                own: tuple[int, str] | None = None) -> list[int]:
-        """Checked per-rank counts; ``total``: what they must add up to; ``own``: (elements, buffer name)
-        that this rank's count must match."""
+        """Checked per-rank counts; ``total``: (elements, buffer name) they must add up to; ``own``: the same
+        for this rank's count."""
         try:    # a mapping or a set iterates, but in no rank order
             given = None if isinstance(counts, (str, bytes, Mapping, Set)) else list(counts)
         except TypeError:
@@ -202,8 +203,8 @@ class Check:
         if max(counts) > _MAX_COUNT or sum(counts) > _MAX_COUNT:
             raise self.error(f"{what} adds up to {sum(counts)} elements: more than any buffer ({_MAX_COUNT}); "
                              f"{what}={_show(counts)}")
-        if total is not None and sum(counts) != total:
-            raise self.error(f"{what} adds up to {sum(counts)} elements but the buffer has {total}")
+        if total is not None and sum(counts) != total[0]:
+            raise self.error(f"{what} adds up to {sum(counts)} elements but {total[1]} has {total[0]}")
         me = self.me
         if own is not None and counts[me] != own[0]:
             raise self.error(f"{what}[{me}]={counts[me]} but {own[1]} has {own[0]} elements")

@@ -219,7 +219,7 @@ class Communicator(Description):
 
     def _reduce_scatterv(self, c, sendbuf, recv, recvbuf, counts, op, quick=None):
         send = c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf")
-        counts = c.counts(counts, "counts", total=send.size, own=(recv.size, "recvbuf"))
+        counts = c.counts(counts, "counts", total=(send.size, "sendbuf"), own=(recv.size, "recvbuf"))
         return self._run(c, "reduce_scatter", {"in": send, "out": recv}, dict(counts=counts), counts, send.nbytes,
                          op=c.op_for(op, send.dtype), result=recvbuf, quick=quick)
 
@@ -243,8 +243,8 @@ class Communicator(Description):
 
     def _alltoallv(self, c, send, recvbuf, send_counts, recv_counts, quick=None):
         recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
-        sc = c.counts(send_counts, "send_counts", total=send.size)
-        rc = c.counts(recv_counts, "recv_counts", total=recv.size)
+        sc = c.counts(send_counts, "send_counts", total=(send.size, "sendbuf"))
+        rc = c.counts(recv_counts, "recv_counts", total=(recv.size, "recvbuf"))
         if sc[self.rank] != rc[self.rank]:
             raise c.error(f"this rank sends itself {sc[self.rank]} elements but expects {rc[self.rank]}")
         return self._run(c, "alltoall", {"in": send, "out": recv}, dict(send_counts=sc, recv_counts=rc),
