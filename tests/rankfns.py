@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 
-from pyxccl.dtypes import DTYPES, bfloat16  # noqa: F401  (bfloat16: used by the tests through rankfns)
+from pyxccl.dtypes import DTYPES, bfloat16, dtype_name  # noqa: F401  (bfloat16: used by the tests through rankfns)
 from pyxccl.ops import ReduceOp, op_error
 
 UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
@@ -1136,3 +1136,112 @@ def prepared_still_refuse(comm):
         comm.allreduce(y)
         _cmp(fails, f"allreduce after {name}'s refusals", y, np.full(3, n * (n + 1) // 2, np.int32))
     return fails
+
+
+# --- random sequences of collectives (tests/test_property.py) ----------------------------------------------
+_BY_NAME = {dtype_name(d): d for d in DTYPES}
+
+
+def seq_input(seed: int, rank: int, count: int, dtype: str, op=None) -> np.ndarray:
+    """Rank ``rank``'s input of ``count`` elements for a step of a random sequence: drawn from ``seed``
+    and the rank only, so the test process draws every rank's input too. Values keep every reduction
+    exact in every dtype (4 ranks): small integers, 1..2 for products; any bits for bitwise ops."""
+    dt = _BY_NAME[dtype]
+    rng = np.random.default_rng([seed, rank])
+    if dt == np.bool_:
+        return rng.integers(0, 2, count).astype(np.bool_)
+    if op in ("BAND", "BOR", "BXOR"):
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, count, dtype=dt, endpoint=True)
+    signed = dt.kind in "if" or dt == bfloat16
+    lo, hi = (1, 3) if op == "PROD" else ((-3, 4) if signed else (0, 7))
+    return rng.integers(lo, hi, count).astype(dt)
+
+
+def _pick(comm, kind: str, index):
+    """Algorithm number ``index`` of those usable here for call ``kind`` (None: the tuner's choice); the
+    same on every rank. gatherv and scatterv run "direct" only; alltoallv no equal-block algorithm."""
+    if index is None or kind in ("gatherv", "scatterv"):
+        return None
+    names = comm.algorithms(kind[:-1] if kind.endswith("v") else kind)
+    if kind == "alltoallv":
+        names = [a for a in names if a not in ("bruck", "hierarchical", "shm")]
+    return names[index % len(names)]
+
+
+def run_sequence(comm, steps):
+    """Run the steps of a random sequence (tests/test_property.py draws them; every rank gets the same
+    list) and return, per step and repeat, this rank's result: the array the call wrote (None where it
+    writes nothing here). A step repeated runs prepared the second time (core/quick.py), with new data."""
+    n, r = comm.size, comm.rank
+    results = []
+    for st in steps:
+        kind, dt, op, root, count, counts = (st[k] for k in ("kind", "dtype", "op", "root", "count", "counts"))
+        algo, place, got = _pick(comm, kind, st["algorithm"]), st["in_place"], []
+        for k in range(st["repeat"]):
+            seed = st["seed"] + k
+
+            def inp(c):
+                return seq_input(seed, r, c, dt, op)
+
+            def zeros(c):
+                return np.zeros(c, _BY_NAME[dt])
+            if kind == "allreduce":
+                x = inp(count)
+                out = x if place else zeros(count)
+                comm.allreduce(x, op, out=None if place else out, algorithm=algo)
+            elif kind == "reduce":
+                x = inp(count)
+                out = x if place or r != root else zeros(count)
+                comm.reduce(x, root, op, out=None if out is x else out, algorithm=algo)
+            elif kind == "broadcast":
+                out = inp(count)
+                comm.broadcast(out, root, algorithm=algo)
+            elif kind in ("allgather", "allgatherv", "gather", "gatherv"):
+                cs = counts if kind.endswith("v") else [count] * n
+                at = sum(cs[:r])
+                gets = kind.startswith("all") or r == root
+                out = zeros(sum(cs)) if gets else None
+                send = inp(cs[r])
+                if place and gets:
+                    out[at:at + cs[r]] = send
+                    send = out[at:at + cs[r]]
+                if kind == "allgather":
+                    comm.allgather(send, out, algorithm=algo)
+                elif kind == "allgatherv":
+                    comm.allgatherv(send, out, cs, algorithm=algo)
+                elif kind == "gather":
+                    comm.gather(send, out, root, algorithm=algo)
+                else:
+                    comm.gatherv(send, out, cs if gets or st["all_counts"] else None, root)
+            elif kind in ("scatter", "scatterv"):
+                cs = counts if kind == "scatterv" else [count] * n
+                send = inp(sum(cs)) if r == root else None
+                at = sum(cs[:r])
+                out = send[at:at + cs[r]] if place and r == root else zeros(cs[r])
+                if kind == "scatter":
+                    comm.scatter(send, out, root, algorithm=algo)
+                else:
+                    comm.scatterv(send, out, cs if r == root or st["all_counts"] else None, root)
+            elif kind in ("reduce_scatter", "reduce_scatterv"):
+                cs = counts if kind.endswith("v") else [count] * n
+                send, at = inp(sum(cs)), sum(cs[:r])
+                out = send[at:at + cs[r]] if place else zeros(cs[r])
+                if kind == "reduce_scatter":
+                    comm.reduce_scatter(send, out, op, algorithm=algo)
+                else:
+                    comm.reduce_scatterv(send, out, cs, op, algorithm=algo)
+            elif kind in ("alltoall", "alltoallv"):
+                sc = counts[r] if kind == "alltoallv" else [count] * n
+                rc = [counts[p][r] for p in range(n)] if kind == "alltoallv" else sc
+                send, out = inp(sum(sc)), zeros(sum(rc))
+                if kind == "alltoall":
+                    comm.alltoall(send, out, algorithm=algo)
+                else:
+                    comm.alltoallv(send, out, sc, rc, algorithm=algo)
+            else:
+                comm.barrier(algorithm=algo)
+                out = None
+            got.append(None if out is None else out.copy())
+        results.append(got)
+    return results
