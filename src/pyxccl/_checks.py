@@ -159,7 +159,7 @@ class Check:
         "direct" only, alltoallv anything but the equal-block algorithms."""
         prim = self.op[:-1] if self.op.endswith("v") else self.op
         if name is not None and (not isinstance(name, str) or name not in registry.algorithms(prim)):
-            raise self.error(f"algorithm={name!r} is not an algorithm of {prim}; known: "
+            raise self.error(f"algorithm={name!r}: no algorithm of that name for {prim}; known: "
                              + ", ".join(registry.algorithms(prim)))
         if self.op in ("gatherv", "scatterv"):
             return self.only_direct(name)
@@ -174,7 +174,7 @@ class Check:
         try:
             op = as_op(op)
         except ValueError:
-            raise self.error(f"op={op!r} is not a reduce op; use a pyxccl.ReduceOp or its name: "
+            raise self.error(f"op={op!r} is an unknown reduce op; use a pyxccl.ReduceOp or its name: "
                              + ", ".join(o.name for o in ReduceOp)) from None
         why = op_error(op, dt)
         if why:
