@@ -260,3 +260,9 @@ def test_in_place_forms_give_right_results(pools, transport):
 def test_with_peers_the_prepared_path_refuses_too(pools, transport):
     fails = pools(2).run(rf.prepared_still_refuse, transport=transport)
     assert fails == [[], []], fails
+
+
+@pytest.mark.timeout(90)
+def test_in_place_forms_run_prepared(pools, transport):
+    """The overlap rule costs the in-place forms nothing: repeated, they run prepared (core/quick.py)."""
+    assert pools(2).run(rf.in_place_full_path_calls, transport=transport) == [0, 0]

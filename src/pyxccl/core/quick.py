@@ -21,6 +21,7 @@ from threading import get_ident
 import numpy as np
 
 from .._errors import CommError, CommTimeoutError
+from ..primitives import PRIMITIVES
 from . import onehost
 from .engine import annotate
 from .onehost import _native
@@ -31,7 +32,8 @@ _KEPT = 256              # prepared call shapes per communicator
 
 
 class Prepared:
-    __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg", "what")
+    __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg", "what",
+                 "inner", "block")
 
     def __init__(self, plan, name, s, size, thread, words, timeout, writes, what):
         seg = plan.ctx.segment
@@ -41,6 +43,19 @@ class Prepared:
         self.record = (plan, name, size, thread, words)
         self.what = what            # for the flight recorder
         self.avg = plan.avg
+        # The in-place form the full path lets input and output overlap in (_checks.Check.apart); prepared
+        # calls have equal blocks: the smaller buffer ("inner") is block number ``block`` of the larger.
+        prim = PRIMITIVES[plan.primitive]
+        self.inner = {"count": "out", "blocks": "in" if prim.gathers else "out"}.get(prim.shape)
+        self.block = plan.ctx.rank if prim.shape == "blocks" else 0
+
+    def in_place(self, inp: np.ndarray, out: np.ndarray) -> bool:
+        """Are overlapping ``inp`` and ``out`` the call's in-place form?"""
+        if self.inner is None:
+            return False
+        inner, outer = (inp, out) if self.inner == "in" else (out, inp)
+        return (inner.__array_interface__["data"][0]
+                == outer.__array_interface__["data"][0] + self.block * inner.nbytes)
 
 
 class Quick:
@@ -80,8 +95,9 @@ class Quick:
                 return False
         if inp is not None and inp is not out and not inp.flags.c_contiguous:
             return False
-        if inp is not None and out is not None and inp is not out and onehost.overlaps(inp, out):
-            return False        # in place through views, or overlapping: the full path checks which
+        if inp is not None and out is not None and inp is not out and onehost.overlaps(inp, out) \
+                and not p.in_place(inp, out):
+            return False        # overlapping, not in place: the full path refuses it
         ctx = self.ctx
         eng = ctx.engine
         lock = eng.lock         # as Context.submit: numbers and place in line under one lock
