@@ -1139,14 +1139,14 @@ def prepared_still_refuse(comm):
 
 
 # --- random sequences of collectives (tests/test_property.py) ----------------------------------------------
-_BY_NAME = {dtype_name(d): d for d in DTYPES}
+DTYPE_BY_NAME = {dtype_name(d): d for d in DTYPES}
 
 
 def seq_input(seed: int, rank: int, count: int, dtype: str, op=None) -> np.ndarray:
     """Rank ``rank``'s input of ``count`` elements for a step of a random sequence: drawn from ``seed``
     and the rank only, so the test process draws every rank's input too. Values keep every reduction
     exact in every dtype (4 ranks): small integers, 1..2 for products; any bits for bitwise ops."""
-    dt = _BY_NAME[dtype]
+    dt = DTYPE_BY_NAME[dtype]
     rng = np.random.default_rng([seed, rank])
     if dt == np.bool_:
         return rng.integers(0, 2, count).astype(np.bool_)
@@ -1185,7 +1185,7 @@ def run_sequence(comm, steps):
                 return seq_input(seed, r, c, dt, op)
 
             def zeros(c):
-                return np.zeros(c, _BY_NAME[dt])
+                return np.zeros(c, DTYPE_BY_NAME[dt])
             if kind == "allreduce":
                 x = inp(count)
                 out = x if place else zeros(count)

@@ -87,7 +87,7 @@ def _cases():
             yield name, "root", root, dict(root=root)
     for name in REDUCING:
         for op in ("foo", None, 3, "sum "):
-            yield name, "op", None, dict(op=op)
+            yield name, "op", op, dict(op=op)
     for name, args in VCOUNTS.items():
         for arg in args:
             for counts in ([4.0], [np.float64(4)], [True], [-4], [1 << 60], [(1 << 64) + 4], [4, 4], [], "4", 4,

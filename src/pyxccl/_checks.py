@@ -19,7 +19,7 @@ _MAX_TAG = (1 << 31) - 1            # the wire's tag field is a signed 32-bit in
 _INT32 = (-(1 << 31), (1 << 31) - 1)  # split's color and key, as MPI_Comm_split's ints
 _MAX_COUNT = (1 << 47) - 1          # a fingerprint carries 47 bits of a count (primitives.size_word)
 _EQUAL_BLOCKS = ("bruck", "hierarchical", "shm")    # alltoall algorithms that need equal blocks
-TRANSPORTS = ("auto", "tcp", "shm")
+_TRANSPORTS = ("auto", "tcp", "shm")   # as transport/mesh.py
 
 
 def timeout_error(t) -> str | None:
@@ -78,8 +78,8 @@ def init_arguments(rank, size, store, init_method, timeout, transport) -> None:
     why = timeout_error(timeout)
     if why:
         raise refuse(why)
-    if transport is not None and transport not in TRANSPORTS:
-        raise refuse(f"transport={transport!r} must be one of {', '.join(TRANSPORTS)} (or None)")
+    if transport is not None and transport not in _TRANSPORTS:
+        raise refuse(f"transport={transport!r} must be one of {', '.join(_TRANSPORTS)} (or None)")
     if init_method is not None and not isinstance(init_method, str):
         raise refuse(f"init_method={init_method!r} must be a URL string (env://, tcp://host:port, file:///dir)")
     if store is not None and init_method is not None:
@@ -98,7 +98,7 @@ def world_rank(rank, size) -> tuple[int, int]:
 
 class Check:
     """The checks of one call (``op``: its name) on ``comm``; ``how``: the call's (algorithm, async_op,
-    timeout), checked at once and kept, checked, as ``self.how``."""
+    timeout), checked at once, before any buffer: ``self.how`` holds what the call runs with."""
 
     def __init__(self, comm, op: str, how=None):
         self.me, self.n, self.op = comm.rank, comm.size, op
