@@ -15,7 +15,7 @@ import rankfns as rf
 from pyxccl.ops import ReduceOp, op_error
 
 N = 4
-EXAMPLES = 400              # per transport: 800 sequences in all
+EXAMPLES = 500              # sequences, each run over both transports
 DTYPES = tuple(rf.DTYPE_BY_NAME)
 KINDS = ("allreduce", "reduce", "broadcast", "allgather", "allgatherv", "gather", "gatherv", "scatter",
          "scatterv", "reduce_scatter", "reduce_scatterv", "alltoall", "alltoallv", "barrier")
