@@ -1270,3 +1270,16 @@ def in_place_full_path_calls(comm, reps: int = 5) -> int:
     finally:
         api.Check = real
     return len(made)
+
+
+def longest_timeout(comm):
+    """Calls with the longest timeout accepted (1e9 s) run: no wait or socket timeout overflows."""
+    n, r, t = comm.size, comm.rank, 1e9
+    x = np.ones(1 << 16, np.float32)
+    comm.allreduce(x, timeout=t)
+    comm.allreduce(x[:4], timeout=t)
+    comm.barrier(timeout=t)
+    w = comm.irecv(np.empty(4), (r - 1) % n, timeout=t)
+    comm.send(np.full(4, r, np.float64), (r + 1) % n, timeout=t)
+    w.wait()
+    return [] if (x[:4] == n * n).all() else [f"allreduce gave {x[:4]}"]

@@ -69,7 +69,7 @@ ROOTED = ("broadcast", "reduce", "gather", "gatherv", "scatter", "scatterv", "br
 REDUCING = ("allreduce", "reduce", "reduce_scatter", "reduce_scatterv")
 VCOUNTS = {"allgatherv": ("counts",), "gatherv": ("counts",), "scatterv": ("counts",), "reduce_scatterv": ("counts",),
            "alltoallv": ("send_counts", "recv_counts")}
-BAD_TIMEOUTS = (-1, 0, 0.0, float("nan"), float("inf"), -float("inf"), "1", True, np.True_, [1])
+BAD_TIMEOUTS = (-1, 0, 0.0, float("nan"), float("inf"), -float("inf"), 1e12, "1", True, np.True_, [1])
 
 
 def _cases():
@@ -209,6 +209,7 @@ def test_timeout_zero_is_not_no_timeout(comm):
         comm.allreduce(_x(), timeout=0)
     comm.allreduce(_x(), timeout=None)
     comm.allreduce(_x(), timeout=np.float32(5))
+    comm.allreduce(_x(), timeout=1e9)      # the longest: 31 years
 
 
 def test_the_prepared_path_refuses_what_the_full_path_refuses(comm):
@@ -219,6 +220,7 @@ def test_the_prepared_path_refuses_what_the_full_path_refuses(comm):
 @pytest.mark.parametrize("kw,arg", [
     (dict(timeout=-1), "timeout"), (dict(timeout=float("nan")), "timeout"), (dict(timeout=float("inf")), "timeout"),
     (dict(timeout=0), "timeout"), (dict(timeout="5"), "timeout"), (dict(timeout=True), "timeout"),
+    (dict(timeout=1e10), "timeout"),
     (dict(rank=True, size=2), "rank"), (dict(rank=0, size=2.0), "size"), (dict(rank=2, size=2), "rank"),
     (dict(rank=0, size=0), "size"), (dict(rank=-1, size=1), "rank"), (dict(transport="udp"), "transport"),
     (dict(transport=1), "transport"), (dict(init_method=5), "init_method"),
@@ -232,7 +234,7 @@ def test_init_refuses_bad_arguments_before_anything_is_made(kw, arg):
 
 
 def test_init_refuses_a_bad_timeout_from_the_environment(monkeypatch):
-    for bad in ("-1", "nan", "inf", "0", "soon"):
+    for bad in ("-1", "nan", "inf", "0", "1e12", "soon"):
         monkeypatch.setenv("PYXCCL_TIMEOUT", bad)
         with pytest.raises(InvalidArgumentError, match="PYXCCL_TIMEOUT"):
             pyxccl.init()
@@ -266,3 +268,8 @@ def test_with_peers_the_prepared_path_refuses_too(pools, transport):
 def test_in_place_forms_run_prepared(pools, transport):
     """The overlap rule costs the in-place forms nothing: repeated, they run prepared (core/quick.py)."""
     assert pools(2).run(rf.in_place_full_path_calls, transport=transport) == [0, 0]
+
+
+@pytest.mark.timeout(90)
+def test_the_longest_timeout_runs(pools, transport):
+    assert pools(2).run(rf.longest_timeout, transport=transport) == [[], []]

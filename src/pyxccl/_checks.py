@@ -3,7 +3,6 @@ InvalidArgumentError (or UnsupportedOpError) naming the rank, the operation, the
 and what is expected, before anything is allocated and before any byte moves."""
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from collections.abc import Mapping, Set
@@ -20,17 +19,18 @@ _INT32 = (-(1 << 31), (1 << 31) - 1)  # split's color and key, as MPI_Comm_split
 _MAX_COUNT = (1 << 47) - 1          # a fingerprint carries 47 bits of a count (primitives.size_word)
 _EQUAL_BLOCKS = ("bruck", "hierarchical", "shm")    # alltoall algorithms that need equal blocks
 _TRANSPORTS = ("auto", "tcp", "shm")   # as transport/mesh.py
+_MAX_TIMEOUT = 1e9                  # s (31 years): waits and socket timeouts overflow past threading.TIMEOUT_MAX
 
 
 def timeout_error(t) -> str | None:
-    """Why ``t`` is no timeout (None, or a finite positive number of seconds), or None if it is one.
-    0 is refused: torch's kNoTimeout (0 ms) means "the default", which here is None; a deadline
-    of 0 s would fail every call at once."""
+    """Why ``t`` is no timeout (None, or a positive number of seconds up to ``_MAX_TIMEOUT``), or None if
+    it is one. 0 is refused: torch's kNoTimeout (0 ms) means "the default", which here is None; a
+    deadline of 0 s would fail every call at once."""
     if t is None or (not isinstance(t, (bool, np.bool_)) and isinstance(t, (int, float, np.integer, np.floating))
-                     and math.isfinite(t) and t > 0):
+                     and 0 < t <= _MAX_TIMEOUT):
         return None
-    return (f"timeout={t!r} must be a finite positive number of seconds, or None for the default"
-            + (" (0 does not mean 'no timeout')" if type(t) in (int, float) and t == 0 else ""))
+    return (f"timeout={t!r} must be a positive number of seconds up to {_MAX_TIMEOUT:.0e}, or None for the "
+            f"default" + (" (0 does not mean 'no timeout')" if type(t) in (int, float) and t == 0 else ""))
 
 
 def env_timeout(name: str, default: float) -> float:
@@ -41,7 +41,7 @@ def env_timeout(name: str, default: float) -> float:
     except ValueError:
         t = None
     if t is None or timeout_error(t):
-        raise InvalidArgumentError(f"{name}={text!r} must be a finite positive number of seconds")
+        raise InvalidArgumentError(f"{name}={text!r} must be a positive number of seconds up to {_MAX_TIMEOUT:.0e}")
     return t
 
 
