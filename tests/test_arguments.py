@@ -3,7 +3,6 @@ makes no sense for the dtype) naming the rank, the operation, the argument and i
 anything is allocated or sent, leaving the communicator usable; repeated calls that run prepared
 (core/quick.py) refuse the same. Most cases run in a world of one rank in this process; those that
 need peers (counts of other ranks, in-place forms) on 2 ranks of the shared pool."""
-import math
 import tracemalloc
 
 import numpy as np
@@ -172,11 +171,9 @@ def _refused(comm, name, overrides):
                          ids=lambda v: v if isinstance(v, str) else repr(v)[:20])
 def test_a_bad_argument_is_refused_naming_it(comm, name, arg, value, overrides):
     msg = str(_refused(comm, name, overrides))
-    assert f"{arg}" in msg, msg
-    if value is not None and not (isinstance(value, float) and math.isnan(value)):
+    assert arg in msg, msg
+    if value is not None:
         assert repr(value) in msg, msg
-    if isinstance(value, float) and math.isnan(value):
-        assert "nan" in msg, msg
 
 
 @pytest.mark.parametrize("name,arg,what,overrides", list(_buffer_cases()),
