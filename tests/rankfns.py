@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 
-from pyxccl.dtypes import DTYPES, bfloat16  # noqa: F401  (bfloat16: used by the tests through rankfns)
+from pyxccl.dtypes import DTYPES, bfloat16, dtype_name  # noqa: F401  (bfloat16: used by the tests through rankfns)
 from pyxccl.ops import ReduceOp, op_error
 
 UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
@@ -1012,3 +1012,285 @@ def callback_raises(comm):
     w.wait()
     ok = [comm.allreduce(np.ones(8, np.float32), async_op=True).wait(timeout=10) for _ in range(3)]
     return ok
+
+
+# --- argument checks with peers (tests/test_arguments.py) -------------------------------------------------
+def _bad_with_peers(comm, x):
+    """Calls that every rank of a 2-rank world refuses by itself: name -> (what the message names, call)."""
+    r, f32 = comm.rank, np.float32
+    both = np.zeros(16, f32)
+
+    def mine_and(other):        # counts: this rank's 4 elements, the peer's ``other``
+        return [4 if p == r else other for p in range(comm.size)]
+    return {
+        "allgatherv counts beyond memory": ("counts", lambda: comm.allgatherv(x, None, mine_and(1 << 42))),
+        "allgatherv counts beyond any buffer": ("counts", lambda: comm.allgatherv(x, None, mine_and(1 << 60))),
+        "allgatherv counts beyond 2**64": ("counts", lambda: comm.allgatherv(x, None, mine_and((1 << 64) + 4))),
+        "allgatherv numpy uint64 counts": ("counts", lambda: comm.allgatherv(
+            x, None, np.array(mine_and((1 << 64) - 1), np.uint64))),
+        "gatherv counts beyond any buffer": ("counts", lambda: comm.gatherv(x, None, mine_and(1 << 60), root=0)),
+        "allgatherv bad algorithm, large counts": ("algorithm", lambda: comm.allgatherv(
+            x, None, mine_and(1 << 26), algorithm="nope")),
+        "allgatherv bad timeout, large counts": ("timeout", lambda: comm.allgatherv(
+            x, None, mine_and(1 << 26), timeout=float("nan"))),
+        "allgatherv async_op not a bool, large counts": ("async_op", lambda: comm.allgatherv(
+            x, None, mine_and(1 << 26), async_op="yes")),
+        "scatterv float count": ("counts", lambda: comm.scatterv(
+            np.zeros(8, f32) if r == 0 else None, x, [4.0, 4] if r == 0 else [4, 4.0], root=0)),
+        "alltoallv counts not adding up": ("recv_counts", lambda: comm.alltoallv(
+            np.zeros(8, f32), np.zeros(8, f32), [4, 4], [4, 5])),
+        "allgather input off its block of the output": ("overlap", lambda: comm.allgather(
+            both[4 * r + 1:4 * r + 5], both[:8])),
+        "reduce_scatter output off its block of the input": ("overlap", lambda: comm.reduce_scatter(
+            both[:8], both[4 * r + 1:4 * r + 5])),
+        "alltoall in place": ("overlap", lambda: comm.alltoall(both[:8], both[:8])),
+    }
+
+
+def bad_with_peers_names() -> tuple[str, ...]:
+    from types import SimpleNamespace
+    return tuple(_bad_with_peers(SimpleNamespace(rank=0, size=2), None))
+
+
+def refuse_with_peers(comm, name):
+    """Call bad-argument case ``name`` on every rank: (error type, message, what it must name, bytes
+    traced at the peak of the call, whether a collective right after it still gives the right result)."""
+    import tracemalloc
+    what, call = _bad_with_peers(comm, np.ones(4, np.float32))[name]
+    tracemalloc.start()
+    try:
+        call()
+        err = None
+    except Exception as e:  # noqa: BLE001  (the test reports the type)
+        err = e
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    y = np.full(5, comm.rank + 1, np.int64)
+    comm.allreduce(y)
+    return type(err).__name__, str(err), what, peak, bool((y == comm.size * (comm.size + 1) // 2).all())
+
+
+def in_place_forms(comm):
+    """The in-place forms the overlap rule keeps (NCCL's): allgather and gather with the input at this
+    rank's block of the output, reduce_scatter and scatter with the output at this rank's block of the
+    input, allreduce into a view of its input; each twice (the second runs prepared). The failures."""
+    fails, n, r = [], comm.size, comm.rank
+    ranks = np.repeat(np.arange(1, n + 1, dtype=np.float32), 3)
+    for _ in range(2):
+        out = np.zeros(3 * n, np.float32)
+        out[3 * r:3 * r + 3] = r + 1
+        comm.allgather(out[3 * r:3 * r + 3], out)
+        _cmp(fails, "allgather in place", out, ranks)
+        out = np.zeros(3 * n, np.float32)
+        out[3 * r:3 * r + 3] = r + 1
+        comm.gather(out[3 * r:3 * r + 3], out if r == 0 else None, 0)
+        if r == 0:
+            _cmp(fails, "gather in place", out, ranks)
+        send = np.arange(3 * n, dtype=np.float32) + r
+        comm.reduce_scatter(send, send[3 * r:3 * r + 3])
+        _cmp(fails, "reduce_scatter in place", send[3 * r:3 * r + 3],
+             np.arange(3 * r, 3 * r + 3, dtype=np.float32) * n + n * (n - 1) / 2)
+        send = np.arange(3 * n, dtype=np.float32)
+        mine = send[3 * r:3 * r + 3] if r == 0 else np.zeros(3, np.float32)
+        comm.scatter(send if r == 0 else None, mine, 0)
+        _cmp(fails, "scatter in place", mine, np.arange(3 * r, 3 * r + 3, dtype=np.float32))
+        x = np.full(4, r + 1.0, np.float32)
+        comm.allreduce(x, out=x[:])
+        _cmp(fails, "allreduce out=a view of the input", x, np.full(4, n * (n + 1) / 2, np.float32))
+    return fails
+
+
+def prepared_still_refuse(comm):
+    """Every call shape made prepared by two good calls, then called with one bad argument the prepared
+    key cannot tell from the good one (timeout True after 1 s, async_op 0 or None, buffers of the same
+    sizes that overlap off the in-place form): each refused with InvalidArgumentError on every rank,
+    and a collective right after is right. The failures."""
+    import pyxccl
+    fails, n, r = [], comm.size, comm.rank
+    x, out, other = np.ones(4, np.float32), np.zeros(4 * n, np.float32), np.zeros(4 * n, np.float32)
+    wide = np.zeros(8 * n, np.float32)
+    good = {
+        "allreduce": lambda **k: comm.allreduce(x, **k),
+        "allreduce out": lambda **k: comm.allreduce(x, out=other[:4], **k),
+        "broadcast": lambda **k: comm.broadcast(x, 0, **k),
+        "reduce": lambda **k: comm.reduce(x, 0, **k),
+        "allgather": lambda **k: comm.allgather(x, out, **k),
+        "gather": lambda **k: comm.gather(x, out if r == 0 else None, 0, **k),
+        "scatter": lambda **k: comm.scatter(out if r == 0 else None, x, 0, **k),
+        "reduce_scatter": lambda **k: comm.reduce_scatter(out, x, **k),
+        "alltoall": lambda **k: comm.alltoall(out, other, **k),
+        "barrier": lambda **k: comm.barrier(**k),
+    }
+    overlapping = {     # the good call's dtypes and sizes, buffers sharing memory off the in-place form
+        "allreduce out": lambda **k: comm.allreduce(wide[:4], out=wide[2:6], **k),
+        "allgather": lambda **k: comm.allgather(wide[1:5], wide[:4 * n], **k),
+        "reduce_scatter": lambda **k: comm.reduce_scatter(wide[:4 * n], wide[4 * r + 1:4 * r + 5], **k),
+        "alltoall": lambda **k: comm.alltoall(wide[:4 * n], wide[2:4 * n + 2], **k),
+    }
+    for name, call in good.items():
+        bad = [(1, "timeout=True", lambda: call(timeout=True)),
+               (1, "timeout=np.True_", lambda: call(timeout=np.True_)),
+               (60, "async_op=0", lambda: call(timeout=60, async_op=0)),
+               (60, "async_op=None", lambda: call(timeout=60, async_op=None))]
+        if name in overlapping:
+            bad.append((60, "overlapping buffers", lambda: overlapping[name](timeout=60)))
+        for t, what, b in bad:
+            call(timeout=t)
+            call(timeout=t)     # prepared from here on
+            try:
+                b()
+                fails.append(f"{name} {what}: accepted after prepared calls")
+            except pyxccl.InvalidArgumentError:
+                pass
+        y = np.full(3, r + 1, np.int32)
+        comm.allreduce(y)
+        _cmp(fails, f"allreduce after {name}'s refusals", y, np.full(3, n * (n + 1) // 2, np.int32))
+    return fails
+
+
+# --- random sequences of collectives (tests/test_property.py) ----------------------------------------------
+DTYPE_BY_NAME = {dtype_name(d): d for d in DTYPES}
+
+
+def seq_input(seed: int, rank: int, count: int, dtype: str, op=None) -> np.ndarray:
+    """Rank ``rank``'s input of ``count`` elements for a step of a random sequence: drawn from ``seed``
+    and the rank only, so the test process draws every rank's input too. Values keep every reduction
+    exact in every dtype (4 ranks): small integers, 1..2 for products; any bits for bitwise ops."""
+    dt = DTYPE_BY_NAME[dtype]
+    rng = np.random.default_rng([seed, rank])
+    if dt == np.bool_:
+        return rng.integers(0, 2, count).astype(np.bool_)
+    if op in ("BAND", "BOR", "BXOR"):
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, count, dtype=dt, endpoint=True)
+    signed = dt.kind in "if" or dt == bfloat16
+    lo, hi = (1, 3) if op == "PROD" else ((-3, 4) if signed else (0, 7))
+    return rng.integers(lo, hi, count).astype(dt)
+
+
+def _pick(comm, kind: str, index):
+    """Algorithm number ``index`` of those usable here for call ``kind`` (None: the tuner's choice); the
+    same on every rank. gatherv and scatterv run "direct" only; alltoallv no equal-block algorithm."""
+    if index is None or kind in ("gatherv", "scatterv"):
+        return None
+    names = comm.algorithms(kind[:-1] if kind.endswith("v") else kind)
+    if kind == "alltoallv":
+        names = [a for a in names if a not in ("bruck", "hierarchical", "shm")]
+    return names[index % len(names)]
+
+
+def run_sequence(comm, steps):
+    """Run the steps of a random sequence (tests/test_property.py draws them; every rank gets the same
+    list) and return, per step and repeat, this rank's result: the array the call wrote (None where it
+    writes nothing here). A step repeated runs prepared the second time (core/quick.py), with new data."""
+    n, r = comm.size, comm.rank
+    results = []
+    for st in steps:
+        kind, dt, op, root, count, counts = (st[k] for k in ("kind", "dtype", "op", "root", "count", "counts"))
+        algo, place, got = _pick(comm, kind, st["algorithm"]), st["in_place"], []
+        for k in range(st["repeat"]):
+            seed = st["seed"] + k
+
+            def inp(c):
+                return seq_input(seed, r, c, dt, op)
+
+            def zeros(c):
+                return np.zeros(c, DTYPE_BY_NAME[dt])
+            if kind == "allreduce":
+                x = inp(count)
+                out = x if place else zeros(count)
+                comm.allreduce(x, op, out=None if place else out, algorithm=algo)
+            elif kind == "reduce":
+                x = inp(count)
+                out = x if place or r != root else zeros(count)
+                comm.reduce(x, root, op, out=None if out is x else out, algorithm=algo)
+            elif kind == "broadcast":
+                out = inp(count)
+                comm.broadcast(out, root, algorithm=algo)
+            elif kind in ("allgather", "allgatherv", "gather", "gatherv"):
+                cs = counts if kind.endswith("v") else [count] * n
+                at = sum(cs[:r])
+                gets = kind.startswith("all") or r == root
+                out = zeros(sum(cs)) if gets else None
+                send = inp(cs[r])
+                if place and gets:
+                    out[at:at + cs[r]] = send
+                    send = out[at:at + cs[r]]
+                if kind == "allgather":
+                    comm.allgather(send, out, algorithm=algo)
+                elif kind == "allgatherv":
+                    comm.allgatherv(send, out, cs, algorithm=algo)
+                elif kind == "gather":
+                    comm.gather(send, out, root, algorithm=algo)
+                else:
+                    comm.gatherv(send, out, cs if gets or st["all_counts"] else None, root)
+            elif kind in ("scatter", "scatterv"):
+                cs = counts if kind == "scatterv" else [count] * n
+                send = inp(sum(cs)) if r == root else None
+                at = sum(cs[:r])
+                out = send[at:at + cs[r]] if place and r == root else zeros(cs[r])
+                if kind == "scatter":
+                    comm.scatter(send, out, root, algorithm=algo)
+                else:
+                    comm.scatterv(send, out, cs if r == root or st["all_counts"] else None, root)
+            elif kind in ("reduce_scatter", "reduce_scatterv"):
+                cs = counts if kind.endswith("v") else [count] * n
+                send, at = inp(sum(cs)), sum(cs[:r])
+                out = send[at:at + cs[r]] if place else zeros(cs[r])
+                if kind == "reduce_scatter":
+                    comm.reduce_scatter(send, out, op, algorithm=algo)
+                else:
+                    comm.reduce_scatterv(send, out, cs, op, algorithm=algo)
+            elif kind in ("alltoall", "alltoallv"):
+                sc = counts[r] if kind == "alltoallv" else [count] * n
+                rc = [counts[p][r] for p in range(n)] if kind == "alltoallv" else sc
+                send, out = inp(sum(sc)), zeros(sum(rc))
+                if kind == "alltoall":
+                    comm.alltoall(send, out, algorithm=algo)
+                else:
+                    comm.alltoallv(send, out, sc, rc, algorithm=algo)
+            else:
+                comm.barrier(algorithm=algo)
+                out = None
+            got.append(None if out is None else out.copy())
+        results.append(got)
+    return results
+
+
+def in_place_full_path_calls(comm, reps: int = 5) -> int:
+    """Argument checks run by ``reps`` repeats of each in-place form after a warm-up (0: all prepared)."""
+    import pyxccl.comm as api
+    n, r = comm.size, comm.rank
+    whole, x = np.zeros(4 * n, np.float32), np.ones(4, np.float32)
+    mine = whole[4 * r:4 * r + 4]
+
+    def calls():
+        comm.allreduce(x, out=x[:])
+        comm.reduce(x, 0, out=x[:] if r == 0 else None)
+        comm.allgather(mine, whole)
+        comm.gather(mine, whole if r == 0 else None, 0)
+        comm.reduce_scatter(whole, mine)
+        comm.scatter(whole if r == 0 else None, mine if r == 0 else x, 0)
+    calls()
+    made, real = [], api.Check
+    api.Check = lambda *a: made.append(a) or real(*a)
+    try:
+        for _ in range(reps):
+            calls()
+    finally:
+        api.Check = real
+    return len(made)
+
+
+def longest_timeout(comm):
+    """Calls with the longest timeout accepted (1e9 s) run: no wait or socket timeout overflows."""
+    n, r, t = comm.size, comm.rank, 1e9
+    x = np.ones(1 << 16, np.float32)
+    comm.allreduce(x, timeout=t)
+    comm.allreduce(x[:4], timeout=t)
+    comm.barrier(timeout=t)
+    w = comm.irecv(np.empty(4), (r - 1) % n, timeout=t)
+    comm.send(np.full(4, r, np.float64), (r + 1) % n, timeout=t)
+    w.wait()
+    return [] if (x[:4] == n * n).all() else [f"allreduce gave {x[:4]}"]

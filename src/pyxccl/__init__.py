@@ -61,10 +61,12 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
 
     >>> comm = pyxccl.init(rank=0, size=2, init_method="tcp://127.0.0.1:29500")   # doctest: +SKIP
     """
+    from ._checks import init_arguments, world_rank
     from .launch_env import read_launch_env
     from .rendezvous import PrefixStore, create_store
     from .transport.mesh import Mesh, build_mesh
 
+    init_arguments(rank, size, store, init_method, timeout, transport)     # before anything is made
     _setup_logging()
     timeout = default_timeout() if timeout is None else float(timeout)
     transport = transport or os.environ.get("PYXCCL_TRANSPORT", "auto")
@@ -80,9 +82,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
             rank = info.rank if rank is None else rank
             size = info.world_size if size is None else size
             master = info.master_addr or master
-    if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size):
-        raise InvalidArgumentError(f"pyxccl.init: rank={rank!r} and size={size!r} must be integers with "
-                                   f"0 <= rank < size", rank=rank, op="init")
+    rank, size = world_rank(rank, size)
     if size == 1 and store is None and init_method is None:
         mesh = Mesh(0, 1)
         from .transport.topology import host_id

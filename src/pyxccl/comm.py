@@ -8,12 +8,11 @@ itself (primitive, buffers, counts, root, op; the rules are those of
 """
 from __future__ import annotations
 
-import os
 import pickle
 
 import numpy as np
 
-from ._checks import Check
+from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
 from .core.context import Context
@@ -23,7 +22,7 @@ from .primitives import PRIMITIVES
 
 
 def default_timeout() -> float:
-    return float(os.environ.get("PYXCCL_TIMEOUT", 300))
+    return env_timeout("PYXCCL_TIMEOUT", 300.0)
 
 
 class Communicator(Description):
@@ -45,22 +44,23 @@ class Communicator(Description):
 
 
     # --- collectives --------------------------------------------------------------
-    def _run(self, c: Check, prim: str, bufs: dict, args: dict, size, nbytes: int, how: tuple, *, op=None,
+    def _run(self, c: Check, prim: str, bufs: dict, args: dict, size, nbytes: int, *, op=None,
              root=None, result=None, quick=None, writes=True):
         """Run a checked call: ``args`` for the builders, ``size`` for its fingerprint, ``nbytes`` for the
-        choice of algorithm, ``how`` = (algorithm, async_op, timeout) as the caller passed them; ``quick``:
-        the key its next calls run prepared under (core/quick.py), ``writes``: it writes its output."""
-        algorithm, async_op, timeout = how
+        choice of algorithm; ``c.how``: its (algorithm, async_op, timeout); ``quick``: the key its next
+        calls run prepared under (core/quick.py), ``writes``: it writes its output."""
+        algorithm, async_op, timeout = c.how
         n_in, n_out = PRIMITIVES[prim].buffers(self.rank, args)
         for b, want in (("in", n_in), ("out", n_out)):
             if b in bufs and bufs[b].size != want:
                 c.size(bufs[b], want, "the output" if b == "out" else "the input")
+        c.apart(bufs, PRIMITIVES[prim], args)
         plan = self._ctx.plans.plan(prim, next(iter(bufs.values())).dtype, nbytes, op, root, algorithm, c.error)
         key = tuple(args.values())          # hashable: counts lists become tuples
         if "count" not in args:
             key = tuple(v if type(v) is int else tuple(v) for v in key)
         return self._ctx.collective(c.op, plan, key, args, size, bufs, result=result, async_op=async_op,
-                                    timeout=c.timeout(timeout), quick=quick, writes=writes)
+                                    timeout=timeout, quick=quick, writes=writes)
 
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None):
         """Reduce ``tensor`` over all ranks; every rank gets the result (in place, or in ``out``).
@@ -71,26 +71,26 @@ class Communicator(Description):
         sh = _shape(tensor)
         q = sh and (out is None or _shape(out)) and ("allreduce", sh, out is None or _shape(out), op, algorithm,
                                                      timeout)
-        if q and not async_op and self._ctx.quick(q, tensor, dst):
+        if q and async_op is False and self._ctx.quick(q, tensor, dst):
             return dst
-        c = Check(self, "allreduce")
+        c = Check(self, "allreduce", (algorithm, async_op, timeout))
         buf = c.array(tensor, "tensor", writable=out is None)
         dst = buf if out is None else c.same_dtype(buf, c.array(out, "out", writable=True), "out")
         return self._run(c, "allreduce", {"in": buf, "out": dst}, dict(count=buf.size), buf.size, buf.nbytes,
-                         (algorithm, async_op, timeout), op=c.op_for(op, buf.dtype),
+                         op=c.op_for(op, buf.dtype),
                          result=tensor if out is None else out, quick=q)
 
     def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Copy ``tensor`` of rank ``root`` into ``tensor`` of every rank."""
         sh = _shape(tensor)
         q = sh and type(root) is int and ("broadcast", sh, root, algorithm, timeout)
-        if q and not async_op and self._ctx.quick(q, None, tensor):
+        if q and async_op is False and self._ctx.quick(q, None, tensor):
             return tensor
-        c = Check(self, "broadcast")
+        c = Check(self, "broadcast", (algorithm, async_op, timeout))
         root = c.rank(root, "root")
         buf = c.array(tensor, "tensor", writable=self.rank != root)
         return self._run(c, "broadcast", {"out": buf}, dict(count=buf.size, root=root), buf.size, buf.nbytes,
-                         (algorithm, async_op, timeout), root=root, result=tensor, quick=q, writes=self.rank != root)
+                         root=root, result=tensor, quick=q, writes=self.rank != root)
 
     def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
                timeout=None):
@@ -102,15 +102,15 @@ class Communicator(Description):
         sh = _shape(tensor)
         q = sh and type(root) is int and (dst is tensor or _shape(dst)) and (
             "reduce", sh, dst is tensor or _shape(dst), root, op, algorithm, timeout)
-        if q and not async_op and self._ctx.quick(q, tensor, dst):
+        if q and async_op is False and self._ctx.quick(q, tensor, dst):
             return dst
-        c = Check(self, "reduce")
+        c = Check(self, "reduce", (algorithm, async_op, timeout))
         root = c.rank(root, "root")
         is_root = self.rank == root
         buf = c.array(tensor, "tensor", writable=is_root and out is None)
         dst = c.same_dtype(buf, c.array(out, "out", writable=True), "out") if is_root and out is not None else buf
         return self._run(c, "reduce", {"in": buf, "out": dst}, dict(count=buf.size, root=root), buf.size,
-                         buf.nbytes, (algorithm, async_op, timeout), op=c.op_for(op, buf.dtype), root=root,
+                         buf.nbytes, op=c.op_for(op, buf.dtype), root=root,
                          result=out if out is not None and is_root else tensor, quick=q, writes=is_root)
 
     def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None):
@@ -119,23 +119,22 @@ class Communicator(Description):
         ``recvbuf`` needs ``size * len(sendbuf)`` elements; None allocates and returns a numpy array.
         """
         q = _shape(sendbuf) and _shape(recvbuf) and ("allgather", _shape(sendbuf), _shape(recvbuf), algorithm, timeout)
-        if q and not async_op and self._ctx.quick(q, sendbuf, recvbuf):
+        if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
             return recvbuf
-        c = Check(self, "allgather")
+        c = Check(self, "allgather", (algorithm, async_op, timeout))
         send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._allgatherv(c, send, recvbuf, [send.size] * self.size, (algorithm, async_op, timeout), q)
+        return self._allgatherv(c, send, recvbuf, [send.size] * self.size, q)
 
     def allgatherv(self, sendbuf, recvbuf, counts, *, async_op=False, algorithm=None, timeout=None):
         """Like allgather, rank i contributing ``counts[i]`` elements."""
-        c = Check(self, "allgatherv")
-        return self._allgatherv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, counts,
-                                (algorithm, async_op, timeout))
+        c = Check(self, "allgatherv", (algorithm, async_op, timeout))
+        return self._allgatherv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, counts)
 
-    def _allgatherv(self, c, send, recvbuf, counts, how, quick=None):
+    def _allgatherv(self, c, send, recvbuf, counts, quick=None):
         counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
         recvbuf = c.allocate(recvbuf, sum(counts), send.dtype)
         recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
-        return self._run(c, "allgather", {"in": send, "out": recv}, dict(counts=counts), counts, recv.nbytes, how,
+        return self._run(c, "allgather", {"in": send, "out": recv}, dict(counts=counts), counts, recv.nbytes,
                          result=recvbuf, quick=quick)
 
     def gather(self, sendbuf, recvbuf=None, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
@@ -146,28 +145,27 @@ class Communicator(Description):
         out = recvbuf if self.rank == root else None
         q = type(root) is int and _shape(sendbuf) and (out is None or _shape(out)) and (
             "gather", _shape(sendbuf), out is not None and _shape(out), root, algorithm, timeout)
-        if q and not async_op and self._ctx.quick(q, sendbuf, out):
+        if q and async_op is False and self._ctx.quick(q, sendbuf, out):
             return out
-        c = Check(self, "gather")
+        c = Check(self, "gather", (algorithm, async_op, timeout))
         send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._gatherv(c, send, recvbuf, root, [send.size] * self.size, (algorithm, async_op, timeout), q)
+        return self._gatherv(c, send, recvbuf, root, [send.size] * self.size, q)
 
     def gatherv(self, sendbuf, recvbuf=None, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                 timeout=None):
         """Like gather, rank i contributing ``counts[i]`` elements (``counts`` needed at the root)."""
-        c = Check(self, "gatherv")
+        c = Check(self, "gatherv", (algorithm, async_op, timeout))
         send = c.array(sendbuf, "sendbuf", writable=False)
-        counts = c.root_counts(counts, c.rank(root, "root"), send.size)
-        return self._gatherv(c, send, recvbuf, root, counts, (c.only_direct(algorithm), async_op, timeout))
+        return self._gatherv(c, send, recvbuf, root, c.root_counts(counts, c.rank(root, "root"), send.size))
 
-    def _gatherv(self, c, send, recvbuf, root, counts, how, quick=None):
+    def _gatherv(self, c, send, recvbuf, root, counts, quick=None):
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
         bufs, recvbuf = {"in": send}, None if self.rank != root else c.allocate(recvbuf, sum(counts), send.dtype)
         if self.rank == root:
             bufs["out"] = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
         return self._run(c, "gather", bufs, dict(counts=counts, root=root), c.agreed(counts),
-                         send.nbytes * self.size, how, root=root, result=recvbuf, quick=quick)
+                         send.nbytes * self.size, root=root, result=recvbuf, quick=quick)
 
     def scatter(self, sendbuf, recvbuf, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Rank ``root`` cuts ``sendbuf`` into ``size`` equal parts; rank i receives part i in ``recvbuf``.
@@ -177,22 +175,20 @@ class Communicator(Description):
         inp = sendbuf if self.rank == root else None
         q = type(root) is int and _shape(recvbuf) and (inp is None or _shape(inp)) and (
             "scatter", inp is not None and _shape(inp), _shape(recvbuf), root, algorithm, timeout)
-        if q and not async_op and self._ctx.quick(q, inp, recvbuf):
+        if q and async_op is False and self._ctx.quick(q, inp, recvbuf):
             return recvbuf
-        c = Check(self, "scatter")
+        c = Check(self, "scatter", (algorithm, async_op, timeout))
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._scatterv(c, sendbuf, recv, recvbuf, root, [recv.size] * self.size,
-                              (algorithm, async_op, timeout), q)
+        return self._scatterv(c, sendbuf, recv, recvbuf, root, [recv.size] * self.size, q)
 
     def scatterv(self, sendbuf, recvbuf, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                  timeout=None):
         """Like scatter, rank i receiving ``counts[i]`` elements (``counts`` needed at the root)."""
-        c = Check(self, "scatterv")
+        c = Check(self, "scatterv", (algorithm, async_op, timeout))
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        counts = c.root_counts(counts, c.rank(root, "root"), recv.size)
-        return self._scatterv(c, sendbuf, recv, recvbuf, root, counts, (c.only_direct(algorithm), async_op, timeout))
+        return self._scatterv(c, sendbuf, recv, recvbuf, root, c.root_counts(counts, c.rank(root, "root"), recv.size))
 
-    def _scatterv(self, c, sendbuf, recv, recvbuf, root, counts, how, quick=None):
+    def _scatterv(self, c, sendbuf, recv, recvbuf, root, counts, quick=None):
         root = c.rank(root, "root")
         counts = c.counts(counts, "counts", own=(recv.size, "recvbuf"))
         bufs = {"out": recv}
@@ -201,73 +197,66 @@ class Communicator(Description):
                 raise c.error("the root must pass sendbuf")
             bufs = {"in": c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf"), "out": recv}
         return self._run(c, "scatter", bufs, dict(counts=counts, root=root), c.agreed(counts),
-                         recv.nbytes * self.size, how, root=root, result=recvbuf, quick=quick)
+                         recv.nbytes * self.size, root=root, result=recvbuf, quick=quick)
 
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                        timeout=None):
         """Reduce ``sendbuf`` (``size`` equal parts) over all ranks; rank i gets part i in ``recvbuf``."""
         q = _shape(sendbuf) and _shape(recvbuf) and ("reduce_scatter", _shape(sendbuf), _shape(recvbuf), op,
                                                      algorithm, timeout)
-        if q and not async_op and self._ctx.quick(q, sendbuf, recvbuf):
+        if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
             return recvbuf
-        c = Check(self, "reduce_scatter")
+        c = Check(self, "reduce_scatter", (algorithm, async_op, timeout))
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, [recv.size] * self.size, op,
-                                     (algorithm, async_op, timeout), q)
+        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, [recv.size] * self.size, op, q)
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                         timeout=None):
         """Like reduce_scatter, rank i getting ``counts[i]`` elements."""
-        c = Check(self, "reduce_scatterv")
+        c = Check(self, "reduce_scatterv", (algorithm, async_op, timeout))
         recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, counts, op, (algorithm, async_op, timeout))
+        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, counts, op)
 
-    def _reduce_scatterv(self, c, sendbuf, recv, recvbuf, counts, op, how, quick=None):
+    def _reduce_scatterv(self, c, sendbuf, recv, recvbuf, counts, op, quick=None):
         send = c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf")
-        counts = c.counts(counts, "counts", total=send.size, own=(recv.size, "recvbuf"))
+        counts = c.counts(counts, "counts", total=(send.size, "sendbuf"), own=(recv.size, "recvbuf"))
         return self._run(c, "reduce_scatter", {"in": send, "out": recv}, dict(counts=counts), counts, send.nbytes,
-                         how, op=c.op_for(op, send.dtype), result=recvbuf, quick=quick)
+                         op=c.op_for(op, send.dtype), result=recvbuf, quick=quick)
 
     def alltoall(self, sendbuf, recvbuf, *, async_op=False, algorithm=None, timeout=None):
         """Rank i sends part j of ``sendbuf`` (``size`` equal parts) to rank j, which stores it as part i."""
         q = _shape(sendbuf) and _shape(recvbuf) and ("alltoall", _shape(sendbuf), _shape(recvbuf), algorithm, timeout)
-        if q and not async_op and self._ctx.quick(q, sendbuf, recvbuf):
+        if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
             return recvbuf
-        c = Check(self, "alltoall")
+        c = Check(self, "alltoall", (algorithm, async_op, timeout))
         send = c.array(sendbuf, "sendbuf", writable=False)
         if send.size % self.size:
             raise c.error(f"sendbuf has {send.size} elements, not a multiple of the {self.size} ranks")
         counts = [send.size // self.size] * self.size
-        return self._alltoallv(c, send, recvbuf, counts, counts, (algorithm, async_op, timeout), q)
+        return self._alltoallv(c, send, recvbuf, counts, counts, q)
 
     def alltoallv(self, sendbuf, recvbuf, send_counts, recv_counts, *, async_op=False, algorithm=None,
                   timeout=None):
         """Rank i sends ``send_counts[j]`` elements to rank j and receives ``recv_counts[j]`` from it."""
-        c = Check(self, "alltoallv")
-        if algorithm in ("bruck", "hierarchical", "shm"):   # ranks with equal blocks would go ahead and hang
-            raise c.error(f"algorithm={algorithm!r} needs equal blocks on every rank; use alltoall, or "
-                          f"'pairwise' or 'direct' for alltoallv")
-        return self._alltoallv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, send_counts, recv_counts,
-                               (algorithm or "pairwise", async_op, timeout))
+        c = Check(self, "alltoallv", (algorithm, async_op, timeout))
+        return self._alltoallv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, send_counts, recv_counts)
 
-    def _alltoallv(self, c, send, recvbuf, send_counts, recv_counts, how, quick=None):
+    def _alltoallv(self, c, send, recvbuf, send_counts, recv_counts, quick=None):
         recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
-        sc = c.counts(send_counts, "send_counts", total=send.size)
-        rc = c.counts(recv_counts, "recv_counts", total=recv.size)
+        sc = c.counts(send_counts, "send_counts", total=(send.size, "sendbuf"))
+        rc = c.counts(recv_counts, "recv_counts", total=(recv.size, "recvbuf"))
         if sc[self.rank] != rc[self.rank]:
             raise c.error(f"this rank sends itself {sc[self.rank]} elements but expects {rc[self.rank]}")
-        if np.shares_memory(send, recv):
-            raise c.error("sendbuf and recvbuf overlap; alltoall needs separate buffers")
         return self._run(c, "alltoall", {"in": send, "out": recv}, dict(send_counts=sc, recv_counts=rc),
-                         sc if c.op == "alltoall" else None, send.nbytes, how, result=recvbuf, quick=quick)
+                         sc if c.op == "alltoall" else None, send.nbytes, result=recvbuf, quick=quick)
 
     def barrier(self, *, async_op=False, algorithm=None, timeout=None):
         """Return once every rank has entered the barrier."""
         q = ("barrier", algorithm, timeout)
-        if not async_op and self._ctx.quick(q, None, None):
+        if async_op is False and self._ctx.quick(q, None, None):
             return None
-        return self._run(Check(self, "barrier"), "barrier", {"in": np.empty(0, np.uint8)}, {}, 0, 0,
-                         (algorithm, async_op, timeout), quick=q)
+        return self._run(Check(self, "barrier", (algorithm, async_op, timeout)), "barrier",
+                         {"in": np.empty(0, np.uint8)}, {}, 0, 0, quick=q)
 
     # --- point to point -----------------------------------------------------------
     def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None):
@@ -307,7 +296,9 @@ class Communicator(Description):
 
         Unpickling runs code chosen by the sender: use it within one trusted job only.
         """
-        data = pickle.dumps(obj) if self.rank == root else b""
+        c = Check(self, "broadcast_object")
+        root, _ = c.rank(root, "root"), c.timeout(timeout)
+        data = c.pickled(obj) if self.rank == root else b""
         n = np.array([len(data)], np.int64)
         self.broadcast(n, root, timeout=timeout)
         buf = np.frombuffer(bytearray(data), np.uint8) if self.rank == root else np.empty(int(n[0]), np.uint8)
@@ -316,7 +307,9 @@ class Communicator(Description):
 
     def allgather_object(self, obj, *, timeout=None) -> list:
         """Return the list of every rank's ``obj`` (pickled), in rank order."""
-        data = np.frombuffer(pickle.dumps(obj), np.uint8)
+        c = Check(self, "allgather_object")
+        c.timeout(timeout)
+        data = np.frombuffer(c.pickled(obj), np.uint8)
         sizes = self.allgather(np.array([data.size], np.int64), timeout=timeout)
         out = self.allgatherv(data, None, [int(s) for s in sizes], timeout=timeout)
         off = np.concatenate([[0], np.cumsum(sizes)])
@@ -331,7 +324,7 @@ class Communicator(Description):
         >>> tp = comm.split(color=comm.rank // 2)        # doctest: +SKIP
         """
         c = Check(self, "split")
-        color, key = c.color(color), c.integer(key, "key")
+        color, key, _ = c.color(color), c.integer(key, "key"), c.timeout(timeout)
         infos = self.allgather_object((color, key), timeout=timeout)
         child = self._ctx.split(color, sorted((k, r) for r, (col, k) in enumerate(infos) if col == color))
         return None if child is None else _ready(Communicator(child))

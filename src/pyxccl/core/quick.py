@@ -4,9 +4,10 @@ The first call of a shape (primitive, dtypes, sizes, root, op, algorithm,
 timeout, from one thread) takes the full path: argument checks, plan,
 schedule, fingerprint. The call is then kept as a ``Prepared`` under its key;
 the next call with the same key only checks what the key cannot say (the
-arrays are contiguous, the output writable, the communicator usable and
-idle), takes its numbers and runs the schedule: the compiled program, when
-it runs natively on the one-host segment, else through its plan. Anything
+arrays are contiguous, the output writable, input and output apart, the
+timeout's type, the communicator usable and idle), takes its numbers and
+runs the schedule: the compiled program, when it runs natively on the
+one-host segment, else through its plan. Anything
 else (a torch tensor, async_op, an engine with work queued, a failed
 communicator) takes the full path, which gives the same result or raises
 the proper error. (A thread is known by its identity here: one renamed after
@@ -20,6 +21,7 @@ from threading import get_ident
 import numpy as np
 
 from .._errors import CommError, CommTimeoutError
+from ..primitives import PRIMITIVES
 from . import onehost
 from .engine import annotate
 from .onehost import _native
@@ -30,8 +32,8 @@ _KEPT = 256              # prepared call shapes per communicator
 
 
 class Prepared:
-    __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg",
-                 "disjoint", "what")
+    __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg", "what",
+                 "inner", "block")
 
     def __init__(self, plan, name, s, size, thread, words, timeout, writes, what):
         seg = plan.ctx.segment
@@ -40,7 +42,20 @@ class Prepared:
         self.settings = plan.codes and (*seg.waits, *plan.codes)
         self.record = (plan, name, size, thread, words)
         self.what = what            # for the flight recorder
-        self.avg, self.disjoint = plan.avg, name == "alltoall"      # alltoall refuses overlapping buffers
+        self.avg = plan.avg
+        # The in-place form the full path lets input and output overlap in (_checks.Check.apart); prepared
+        # calls have equal blocks: the smaller buffer ("inner") is block number ``block`` of the larger.
+        prim = PRIMITIVES[plan.primitive]
+        self.inner = {"count": "out", "blocks": "in" if prim.gathers else "out"}.get(prim.shape)
+        self.block = plan.ctx.rank if prim.shape == "blocks" else 0
+
+    def in_place(self, inp: np.ndarray, out: np.ndarray) -> bool:
+        """Are overlapping ``inp`` and ``out`` the call's in-place form?"""
+        if self.inner is None:
+            return False
+        inner, outer = (inp, out) if self.inner == "in" else (out, inp)
+        return (inner.__array_interface__["data"][0]
+                == outer.__array_interface__["data"][0] + self.block * inner.nbytes)
 
 
 class Quick:
@@ -72,7 +87,7 @@ class Quick:
             p = self._prepared.get((key, get_ident()))
         except TypeError:
             return False
-        if p is None:
+        if p is None or type(key[-1]) is not type(p.timeout):    # a key ends with the timeout: True == 1
             return False
         if out is not None:
             f = out.flags
@@ -80,8 +95,9 @@ class Quick:
                 return False
         if inp is not None and inp is not out and not inp.flags.c_contiguous:
             return False
-        if p.disjoint and onehost.overlaps(inp, out):
-            return False
+        if inp is not None and out is not None and inp is not out and onehost.overlaps(inp, out) \
+                and not p.in_place(inp, out):
+            return False        # overlapping, not in place: the full path refuses it
         ctx = self.ctx
         eng = ctx.engine
         lock = eng.lock         # as Context.submit: numbers and place in line under one lock
