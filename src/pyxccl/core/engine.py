@@ -12,11 +12,12 @@ from overlapping.
 from __future__ import annotations
 
 import logging
+import numbers
 import queue
 import threading
 import time
 
-from .._errors import CommAbortedError, CommTimeoutError, PyxcclError
+from .._errors import CommAbortedError, CommTimeoutError, InvalidArgumentError, PyxcclError
 from ..transport.mailbox import RecvRequest
 from .recorder import ended
 
@@ -94,6 +95,10 @@ class Work:
         """Block until done; raise its error. ``timeout`` (s) caps this wait only."""
         # With no timeout of its own, give the operation a moment past its deadline to report its
         # own, more precise error (which peer it waited for).
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+                                    or not 0 <= timeout <= 1e9):      # nan fails the comparison too
+            raise InvalidArgumentError(f"rank {self._rank}: {self.op} #{self.seq}: Work.wait(timeout={timeout!r}): "
+                                       f"give seconds from 0 to 1e9, or None", rank=self._rank, op=self.op)
         end = self._deadline + 1.0 if timeout is None else min(self._deadline, time.monotonic() + timeout)
         if not self._ran.wait(max(0.0, end - time.monotonic())):
             raise self._timeout(None)

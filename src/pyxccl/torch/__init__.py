@@ -93,6 +93,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout, *, group_name: str = "", global_ranks=()):
         super().__init__(rank, size)
         secs = timeout.total_seconds() if timeout is not None else None
+        secs = secs if secs and secs > 0 else None      # torch's timedelta(0) (kNoTimeout): the default
         self.comm = pyxccl.init(rank, size, store=TorchStore(store, secs or 300.0), timeout=secs)
         self.comm.thread_check = False   # torch orders a group's calls itself, across hooks and callbacks
         # what torch keeps on a C++ backend: the group's timeout, name and global ranks
@@ -144,7 +145,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
 
     def set_timeout(self, timeout) -> None:
         """The deadline of every later call of this group (Gloo's ``ProcessGroup.set_timeout``)."""
-        self._timeout = timeout.total_seconds()
+        self._timeout = timeout.total_seconds() or None      # timedelta(0): the default, as torch's
         self.options._timeout = timeout
 
     def _set_sequence_number_for_group(self) -> None:
