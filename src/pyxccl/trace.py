@@ -193,11 +193,7 @@ def write(where: str | None = None) -> str | None:
         doc = _document(_rank, time.time())
         path = os.path.join(where, _FILE.format(_rank))
         try:
-            os.makedirs(where, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(doc, f, default=str)
-            os.replace(tmp, path)
+            _rec.write_json(path, doc)
         except OSError as e:
             _log.warning("PYXCCL_TRACE: cannot write %s: %s", path, e)
             return None

@@ -123,14 +123,19 @@ def dump(reason: str) -> str | None:
     path = os.path.join(where, f"pyxccl-rank{world_rank}.json")
     with _dump_lock:
         try:
-            os.makedirs(where, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(doc, f, default=str)
-            os.replace(tmp, path)
+            write_json(path, doc)
         except OSError:
             return None
     return path
+
+
+def write_json(path: str, doc) -> None:
+    """Write ``doc`` to ``path`` whole or not at all (a reader never sees half a file); OSError if not."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, default=str)
+    os.replace(tmp, path)
 
 
 def _describe(ctx) -> dict:
