@@ -191,11 +191,13 @@ class Mailbox:
         that carries another, already here or still to come, is a disagreement (raised through
         ``on_comm_error``) even before a receive is posted for it (a rank waiting for another peer in
         a call whose root differs hears of it at once, not at its deadline)."""
+        self._running[comm_id] = (seq, call)    # one store (target() reads it under the lock), then:
+        if not self._early.get(comm_id):         # a message that came before: checked here
+            return
         with self._lock:
-            self._running[comm_id] = (seq, call)
-            early = self._early.get(comm_id)
+            early = self._early.get(comm_id, ())
             bad = [(pk, self._unexpected[pk][0].call) for pk in early if pk[1][2] == seq and pk in self._unexpected
-                   and self._unexpected[pk][0].call != call] if early else ()
+                   and self._unexpected[pk][0].call != call]
         for (peer, key), theirs in bad[:1]:
             self.on_comm_error(comm_id, self._stray(peer, key, theirs), False)
 
