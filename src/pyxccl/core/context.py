@@ -27,7 +27,7 @@ from .._errors import (CollectiveMismatchError, CommAbortedError, CommClosedErro
 from ..algorithms import registry
 from ..dtypes import DTYPE_CODE
 from ..primitives import describe_words, differences
-from ..transport.mailbox import ABORT, ABORT_CALLED, ABORT_MISMATCH, PROGRESS, PROGRESS_REPLY, RecvRequest, _newer
+from ..transport.mailbox import ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIMEOUT, PROGRESS, PROGRESS_REPLY, RecvRequest, _newer
 from .engine import Engine, Work, _Call, annotate
 from .plan import Planner
 from . import recorder
@@ -35,7 +35,7 @@ from .quick import Quick
 from .recorder import Recorder, ended, started
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
-_BLAME_SECONDS = 0.5     # how long a rank whose collective timed out waits for the others' progress
+_BLAME_SECONDS = 2.0     # how long a rank whose collective timed out waits for the others' progress (oversubscribed ranks answer late)
 
 
 class Context:
@@ -160,11 +160,14 @@ class Context:
     def _tell(self, err: BaseException) -> None:
         payload = np.frombuffer(str(err).encode()[:60000], np.uint8)
         code = ABORT_MISMATCH if isinstance(err, CollectiveMismatchError) else \
-            ABORT_CALLED if isinstance(err, CommAbortedError) and err.cause is None else 0
+            ABORT_CALLED if isinstance(err, CommAbortedError) and err.cause is None else \
+            ABORT_TIMEOUT if isinstance(err, CommTimeoutError) else 0
+        # a timeout's blamed rank (a world rank, plus one) rides in the key: the others blame it too
+        blamed = self.world_ranks[err.peer] + 1 if code == ABORT_TIMEOUT and err.peer is not None else 0
         for p in range(self.size):
             if p != self.rank:
                 try:
-                    self.peer(p).send((self.id, ABORT, 0), code, payload, time.monotonic() + 2.0)
+                    self.peer(p).send((self.id, ABORT, blamed), code, payload, time.monotonic() + 2.0)
                 except (CommError, OSError):
                     pass          # that peer is gone or stuck: it learns otherwise
 
@@ -222,7 +225,15 @@ class Context:
     def failed(self, err: BaseException, remote: bool) -> None:
         """The mesh's news: an error in one of this communicator's calls, found by this rank's
         receiver threads (then the others are told) or by another rank (``remote``)."""
+        if remote and isinstance(err, CommTimeoutError) and err.peer is not None:
+            err.peer = self.to_comm(err.peer)       # the mailbox names world ranks
         self.abort(err, tell=not remote)
+
+    def timed_out(self, err: CommTimeoutError, cseq: int, op: str) -> CommTimeoutError:
+        """The error of collective ``cseq`` that timed out here: another rank's, if it blamed a rank
+        first (its ABORT came), else this rank's own blame (``blame``)."""
+        first = self.error
+        return first if isinstance(first, CommTimeoutError) else self.blame(err, cseq, op)
 
     def check_alive(self, p: int, seq: int) -> None:
         """Raise if this communicator failed or rank ``p`` is lost, or if a peer sent a message for
@@ -298,8 +309,8 @@ class Context:
                     if isinstance(e, (PeerLostError, CommAbortedError)) and isinstance(self.error, PeerLostError):
                         e = self.error      # blame the first rank lost, not one that left after it
                     e = annotate(e, op, cseq or seq, self.rank)
-                    if collective and isinstance(e, CommTimeoutError) and self.error is None:
-                        e = self.blame(e, cseq, op)
+                    if collective and isinstance(e, CommTimeoutError):
+                        e = self.timed_out(e, cseq, op)
                     ended(entry, e)
                     if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
                             or (isinstance(e, PeerLostError) and not self.mesh.graceful(e.peer)):

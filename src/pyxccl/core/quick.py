@@ -129,8 +129,8 @@ class Quick:
             return True
         except CommError as e:
             e = annotate(e, p.name, cseq, ctx.rank)
-            if isinstance(e, CommTimeoutError) and ctx.error is None:
-                e = ctx.blame(e, cseq, p.name)
+            if isinstance(e, CommTimeoutError):
+                e = ctx.timed_out(e, cseq, p.name)
             ended(entry, e)
             ctx.abort(e)        # a half-done collective leaves the ranks out of step
             raise e from None

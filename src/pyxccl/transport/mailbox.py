@@ -28,13 +28,14 @@ from collections import deque
 
 import numpy as np
 
-from .._errors import CollectiveMismatchError, CommAbortedError, PeerLostError, ProtocolError
+from .._errors import CollectiveMismatchError, CommAbortedError, CommTimeoutError, PeerLostError, ProtocolError
 from ..dtypes import CODE_DTYPE, DTYPE_CODE, dtype_name
 
 COLL = -1               # the tag of collective messages
 ABORT = -2              # the tag of a rank's "I gave up on this communicator" message (seq 0)
 ABORT_MISMATCH = 1      # its dtype field: why (a mismatch, the sender's comm.abort(), or anything else)
 ABORT_CALLED = 2
+ABORT_TIMEOUT = 3       # its seq field: the world rank it blames, plus one (0: none)
 PROGRESS = -3           # "how far are you?" of a rank whose collective #seq timed out (no payload)
 PROGRESS_REPLY = -4     # the answer: int64 (last collective issued, last completed); dropped if nobody waits
 _MAX_ABORT = 64 << 10
@@ -332,6 +333,9 @@ class Mailbox:
         text = msg.text()
         if msg.dtype_code == ABORT_CALLED:     # to its peers, an aborted rank is a lost one
             err = lost_error(self.rank, peer, f"it aborted the communicator: {text}")
+        elif msg.dtype_code == ABORT_TIMEOUT:  # a timeout: blame whom its sender blamed
+            err = CommTimeoutError(f"rank {self.rank}: rank {peer} gave up on this communicator: {text}",
+                                   rank=self.rank, peer=key[2] - 1 if key[2] else peer)
         else:
             cls = CollectiveMismatchError if msg.dtype_code == ABORT_MISMATCH else CommAbortedError
             err = cls(f"rank {self.rank}: rank {peer} gave up on this communicator: {text}", rank=self.rank, peer=peer)
@@ -410,11 +414,13 @@ class Mailbox:
         return None
 
     def fail_posted(self, comm_id: int, exc: BaseException) -> None:
-        """Fail every receive posted for a communicator (it was aborted)."""
+        """Fail every receive posted for a communicator (it was aborted), but the answers to a timed-out
+        rank's progress queries (it asks precisely when the others give up)."""
         with self._lock:
             reqs = []
             for d in (self._posted, self._any):
-                for k in [k for k in d if (k[1] if d is self._posted else k)[0] == comm_id]:
+                for k in [k for k in d if (key := k[1] if d is self._posted else k)[0] == comm_id
+                          and key[1] != PROGRESS_REPLY]:
                     reqs.extend(d.pop(k))
         for r in reqs:
             r.fail(exc)
