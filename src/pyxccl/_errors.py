@@ -12,11 +12,11 @@ catches ``ValueError`` or ``TimeoutError`` keeps working::
     ├── CommClosedError                      the communicator was closed
     ├── RendezvousError (ConnectionError)    the store or the connection set-up failed
     └── CommError (RuntimeError)             a collective or point-to-point call failed
-        ├── CommTimeoutError (TimeoutError)  a deadline expired waiting for a peer
+        ├── CommTimeoutError (TimeoutError)  a deadline expired: names the rank that never entered the call
         ├── PeerLostError (ConnectionError)  a peer process exited, died or dropped its link
         ├── ProtocolError                    a peer sent a frame that does not fit the protocol
         │   └── CollectiveMismatchError      the ranks made different calls (primitive, dtype, count, ...)
-        └── CommAbortedError                 an earlier failure left the communicator unusable
+        └── CommAbortedError                 comm.abort(), or an earlier failure left the communicator unusable
 
 Messages name the rank, the peer (where there is one), the operation and
 what to do. The structured fields are attributes too (``err.rank``,
@@ -76,7 +76,8 @@ class CommError(PyxcclError, RuntimeError):
 
 
 class CommTimeoutError(CommError, TimeoutError):
-    """A deadline expired; ``peer`` is the rank that did not answer."""
+    """A deadline expired; ``peer`` is the rank that never entered the call (a collective asks every
+    peer how far it got), else the rank that did not answer."""
 
 
 class PeerLostError(CommError, ConnectionError):
@@ -94,7 +95,8 @@ class CollectiveMismatchError(ProtocolError):
 
 
 class CommAbortedError(CommError):
-    """The communicator failed earlier (``cause`` holds that error) and cannot be used; make a new one."""
+    """The communicator was aborted: by ``comm.abort()`` (``cause`` is None), or by an earlier failure
+    (``cause`` holds that error); it cannot be used: make a new one (``comm.shrink()`` after a lost rank)."""
 
     def __init__(self, msg: str, *, cause: BaseException | None = None, **kw):
         super().__init__(msg, **kw)
