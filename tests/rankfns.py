@@ -831,10 +831,23 @@ def _readonly(count: int) -> np.ndarray:
     return a
 
 
+def _checks_made(calls, reps: int) -> int:
+    """Argument checks (pyxccl.comm.Check objects) made by ``reps`` runs of ``calls()`` after one."""
+    import pyxccl.comm as api
+    calls()
+    made, real = [], api.Check
+    api.Check = lambda *a: made.append(a) or real(*a)
+    try:
+        for _ in range(reps):
+            calls()
+    finally:
+        api.Check = real
+    return len(made)
+
+
 def full_path_calls(comm, reps: int = 5) -> int:
     """Argument checks run by ``reps`` repeated blocking calls of each primitive after a warm-up:
     0 when every repeat ran prepared (core/quick.py)."""
-    import pyxccl.comm as api
     n, r = comm.size, comm.rank
     x, out, other = np.ones(4, np.float32), np.empty(4 * n, np.float32), np.empty(4 * n, np.float32)
 
@@ -849,15 +862,7 @@ def full_path_calls(comm, reps: int = 5) -> int:
         comm.gather(x, out if r == 0 else None, 0)
         comm.scatter(out if r == 0 else None, x, 0)
         comm.barrier()
-    calls()
-    made, real = [], api.Check
-    api.Check = lambda *a: made.append(a) or real(*a)
-    try:
-        for _ in range(reps):
-            calls()
-    finally:
-        api.Check = real
-    return len(made)
+    return _checks_made(calls, reps)
 
 
 def check_nan_and_overflow(comm, algorithm=None):
@@ -1260,7 +1265,6 @@ def run_sequence(comm, steps):
 
 def in_place_full_path_calls(comm, reps: int = 5) -> int:
     """Argument checks run by ``reps`` repeats of each in-place form after a warm-up (0: all prepared)."""
-    import pyxccl.comm as api
     n, r = comm.size, comm.rank
     whole, x = np.zeros(4 * n, np.float32), np.ones(4, np.float32)
     mine = whole[4 * r:4 * r + 4]
@@ -1272,15 +1276,7 @@ def in_place_full_path_calls(comm, reps: int = 5) -> int:
         comm.gather(mine, whole if r == 0 else None, 0)
         comm.reduce_scatter(whole, mine)
         comm.scatter(whole if r == 0 else None, mine if r == 0 else x, 0)
-    calls()
-    made, real = [], api.Check
-    api.Check = lambda *a: made.append(a) or real(*a)
-    try:
-        for _ in range(reps):
-            calls()
-    finally:
-        api.Check = real
-    return len(made)
+    return _checks_made(calls, reps)
 
 
 def longest_timeout(comm):

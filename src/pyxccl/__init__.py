@@ -98,9 +98,9 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
                 master = init_method[6:].rsplit(":", 1)[0]
         # Every init() on one store gets its own key space, the same on every rank.
         gen = store.add(f"pyxccl/init-count/{rank}", 1)
-        mesh = build_mesh(PrefixStore(f"pyxccl/{gen}", store), rank, size, transport=transport,
-                          master_addr=master, timeout=timeout)
-        mesh.store, mesh.how = PrefixStore(f"pyxccl/{gen}", store), (transport, master)
+        mine = PrefixStore(f"pyxccl/{gen}", store)
+        mesh = build_mesh(mine, rank, size, transport=transport, master_addr=master, timeout=timeout)
+        mesh.store, mesh.how = mine, (transport, master)
     comm = _world(mesh, timeout, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
     _open.add(comm)
     return comm

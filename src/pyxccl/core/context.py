@@ -27,7 +27,9 @@ from .._errors import (CollectiveMismatchError, CommAbortedError, CommClosedErro
 from ..algorithms import registry
 from ..dtypes import DTYPE_CODE
 from ..primitives import describe_words, differences
-from ..transport.mailbox import ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIMEOUT, PROGRESS, PROGRESS_REPLY, RecvRequest, _newer
+from ..doctor import ranges
+from ..transport.mailbox import (ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIMEOUT, PROGRESS, PROGRESS_REPLY,
+                                 RecvRequest, _newer)
 from .engine import Engine, Work, _Call, annotate
 from .plan import Planner
 from . import recorder
@@ -35,7 +37,7 @@ from .quick import Quick
 from .recorder import Recorder, ended, started
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
-_BLAME_SECONDS = 2.0     # how long a rank whose collective timed out waits for the others' progress (oversubscribed ranks answer late)
+_BLAME_SECONDS = 2.0     # a timed-out rank's wait for the others' progress (oversubscribed ranks answer late)
 
 
 class Context:
@@ -193,7 +195,6 @@ class Context:
                 self.mailbox.cancel(req)
         if not behind:
             return err
-        from ..doctor import ranges
         first, issued, done = behind[0]
         them = ranges(p for p, _, _ in behind)
         via = "" if err.peer == first else f" (it waited for rank {err.peer}, which waits in turn)"
@@ -229,11 +230,18 @@ class Context:
             err.peer = self.to_comm(err.peer)       # the mailbox names world ranks
         self.abort(err, tell=not remote)
 
-    def timed_out(self, err: CommTimeoutError, cseq: int, op: str) -> CommTimeoutError:
-        """The error of collective ``cseq`` that timed out here: another rank's, if it blamed a rank
-        first (its ABORT came), else this rank's own blame (``blame``)."""
-        first = self.error
-        return first if isinstance(first, CommTimeoutError) else self.blame(err, cseq, op)
+    def failure(self, err: CommError, op: str, seq: int, cseq: int, entry: list) -> CommError:
+        """The error call ``seq`` (collective ``cseq``, 0 for point to point) raises after failing with
+        ``err``, recorded in its flight-recorder ``entry``: after a lost peer, the first rank lost
+        (not one that left after it); a collective's timeout names the rank another rank blamed
+        first (its ABORT came), else the ones this rank finds (``blame``)."""
+        if isinstance(err, (PeerLostError, CommAbortedError)) and isinstance(self.error, PeerLostError):
+            err = self.error
+        err = annotate(err, op, cseq or seq, self.rank)
+        if cseq and isinstance(err, CommTimeoutError):
+            err = self.error if isinstance(self.error, CommTimeoutError) else self.blame(err, cseq, op)
+        ended(entry, err)
+        return err
 
     def check_alive(self, p: int, seq: int) -> None:
         """Raise if this communicator failed or rank ``p`` is lost, or if a peer sent a message for
@@ -306,12 +314,7 @@ class Context:
                     self.usable(op)
                     out = fn(w, seq, cseq, deadline)
                 except CommError as e:
-                    if isinstance(e, (PeerLostError, CommAbortedError)) and isinstance(self.error, PeerLostError):
-                        e = self.error      # blame the first rank lost, not one that left after it
-                    e = annotate(e, op, cseq or seq, self.rank)
-                    if collective and isinstance(e, CommTimeoutError):
-                        e = self.timed_out(e, cseq, op)
-                    ended(entry, e)
+                    e = self.failure(e, op, seq, cseq, entry)
                     if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
                             or (isinstance(e, PeerLostError) and not self.mesh.graceful(e.peer)):
                         self.abort(e)   # a half-done collective leaves the ranks out of step

@@ -20,10 +20,9 @@ from threading import get_ident
 
 import numpy as np
 
-from .._errors import CommError, CommTimeoutError
+from .._errors import CommError
 from ..primitives import PRIMITIVES
 from . import onehost
-from .engine import annotate
 from .onehost import _native
 from .recorder import ended
 
@@ -128,10 +127,7 @@ class Quick:
             ended(entry)
             return True
         except CommError as e:
-            e = annotate(e, p.name, cseq, ctx.rank)
-            if isinstance(e, CommTimeoutError):
-                e = ctx.timed_out(e, cseq, p.name)
-            ended(entry, e)
+            e = ctx.failure(e, p.name, seq, cseq, entry)
             ctx.abort(e)        # a half-done collective leaves the ranks out of step
             raise e from None
         finally:

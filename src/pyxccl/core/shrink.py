@@ -43,7 +43,8 @@ def shrink(ctx, timeout: float):
         raise CommAbortedError(f"rank {ctx.rank}: shrink() decided without this rank (it came after the deadline); "
                                f"the members are world ranks {members}", rank=ctx.rank, op="shrink")
     transport, master = mesh.how
-    new = build_mesh(PrefixStore("mesh", store), members.index(me), len(members), transport=transport,
-                     master_addr=master, timeout=max(0.1, deadline - time.monotonic()))
-    new.store, new.how = PrefixStore("mesh", store), mesh.how
+    theirs = PrefixStore("mesh", store)
+    new = build_mesh(theirs, members.index(me), len(members), transport=transport, master_addr=master,
+                     timeout=max(0.1, deadline - time.monotonic()))
+    new.store, new.how = theirs, mesh.how
     return new

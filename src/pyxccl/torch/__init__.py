@@ -78,6 +78,14 @@ def _check(ok: bool, rank: int, op: str, what: str) -> None:
         raise TensorArgumentError(f"rank {rank}: {op}: {what}", rank=rank, op=op)
 
 
+def _unpack(flat, outputs) -> None:
+    """Copy consecutive pieces of the flat tensor ``flat`` into the tensors ``outputs``, in order."""
+    off = 0
+    for o in outputs:
+        o.copy_(flat[off:off + o.numel()].view_as(o))
+        off += o.numel()
+
+
 class ProcessGroupPyxccl(dist.ProcessGroup):
     """A torch ProcessGroup whose collectives run on a pyxccl Communicator.
 
@@ -294,10 +302,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
 
         def unpack(_w):
             for row, outs in zip(buf, output_lists):
-                off = 0
-                for o in outs:
-                    o.copy_(row[off:off + o.numel()].view_as(o))
-                    off += o.numel()
+                _unpack(row, outs)
         w.add_done_callback(unpack)
         return self._work([w], output_lists)
 
@@ -378,12 +383,7 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         w = self.comm.alltoallv(send, recv, [i.numel() for i in inputs], [o.numel() for o in outputs],
                                 async_op=True, timeout=self._secs(opts))
 
-        def unpack(_w):
-            off = 0
-            for o in outputs:
-                o.copy_(recv[off:off + o.numel()].view_as(o))
-                off += o.numel()
-        w.add_done_callback(unpack)
+        w.add_done_callback(lambda _w: _unpack(recv, outputs))
         return self._work([w], outputs)
 
     @_issued

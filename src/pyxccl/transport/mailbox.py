@@ -32,10 +32,10 @@ from .._errors import CollectiveMismatchError, CommAbortedError, CommTimeoutErro
 from ..dtypes import CODE_DTYPE, DTYPE_CODE, dtype_name
 
 COLL = -1               # the tag of collective messages
-ABORT = -2              # the tag of a rank's "I gave up on this communicator" message (seq 0)
-ABORT_MISMATCH = 1      # its dtype field: why (a mismatch, the sender's comm.abort(), or anything else)
-ABORT_CALLED = 2
-ABORT_TIMEOUT = 3       # its seq field: the world rank it blames, plus one (0: none)
+ABORT = -2              # the tag of a rank's "I gave up on this communicator" message
+# Its dtype field says why (0: anything else); its seq field, for a timeout, the world rank the
+# sender blames, plus one (0 otherwise).
+ABORT_MISMATCH, ABORT_CALLED, ABORT_TIMEOUT = 1, 2, 3      # a mismatch, the sender's comm.abort(), a timeout
 PROGRESS = -3           # "how far are you?" of a rank whose collective #seq timed out (no payload)
 PROGRESS_REPLY = -4     # the answer: int64 (last collective issued, last completed); dropped if nobody waits
 _MAX_ABORT = 64 << 10
@@ -237,6 +237,15 @@ class Mailbox:
                 for pk in [pk for pk in d if pk[1][0] == comm_id]:
                     del d[pk]
 
+    def _disagrees(self, key, call) -> bool:
+        """(Under the lock.) A collective message with no receive for it is for a call this rank
+        finished, or for the one it runs but with another fingerprint."""
+        done = self._done.get(key[0])
+        if done is not None and not _newer(key[2], done):
+            return True
+        running = self._running.get(key[0])
+        return running is not None and running[0] == key[2] and running[1] != call
+
     def _stray(self, peer, key, call) -> ProtocolError:
         describe = self._describe.get(key[0])
         if describe is not None:
@@ -284,13 +293,12 @@ class Mailbox:
                     if err:
                         target.fail(err)
                         target = _Unexpected(total, dtype_code, -1)  # read it, nobody will use it
-                elif (key[1] == COLL and ((key[0] in self._done and not _newer(key[2], self._done[key[0]]))
-                                          or self._running.get(key[0], (None,))[0] == key[2]
-                                          and self._running[key[0]][1] != call)) \
-                        or (key[1] == ABORT and total > _MAX_ABORT) or key[1] == PROGRESS_REPLY:
-                    stray = self._stray(peer, key, call) if key[1] == COLL else None if key[1] == PROGRESS_REPLY \
-                        else ProtocolError(f"rank {self.rank}: rank {peer} sent an abort message of {total} bytes",
-                                           rank=self.rank, peer=peer)
+                elif key[1] == PROGRESS_REPLY:      # an answer nobody waits for any more: read and dropped
+                    target = _Unexpected(total, dtype_code, -1)
+                elif (key[1] == COLL and self._disagrees(key, call)) or (key[1] == ABORT and total > _MAX_ABORT):
+                    stray = self._stray(peer, key, call) if key[1] == COLL else ProtocolError(
+                        f"rank {self.rank}: rank {peer} sent an abort message of {total} bytes", rank=self.rank,
+                        peer=peer)
                     target = _Unexpected(total, dtype_code, -1)
                 else:
                     self._arrivals += 1
