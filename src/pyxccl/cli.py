@@ -165,5 +165,13 @@ def _trace(p: argparse.ArgumentParser):
     return go
 
 
+@command("sim", "simulate collectives on a modelled cluster: time, algbw and busbw per algorithm")
+def _sim(p: argparse.ArgumentParser):
+    from .sim import report
+    report.add_arguments(p)
+    p.epilog = "Runs the algorithms' real schedules through pyxccl's cost model (docs/sim.md)."
+    return report.main
+
+
 if __name__ == "__main__":      # after every @command, so all subcommands are registered
     sys.exit(main())

@@ -13,6 +13,6 @@ from __future__ import annotations
 
 from ..tuning.cost import Link
 from .cluster import Cluster
-from .run import Result, choose, run
+from .simulate import Result, choose, run
 
 __all__ = ["Cluster", "Link", "Result", "run", "choose"]
