@@ -1,0 +1,406 @@
+/* The C core of the simulator: walk.py's timed walk (_walk_timed) with tuning/cost.py's Timing
+ * semantics for message schedules on a sim.simulate.ClusterNet, over the flat arrays of
+ * sim/compact.py. It must give exactly what the Python reference gives (sim/fast.py falls back
+ * to it whenever this module or the case is missing): same floating-point operations in the same
+ * order, same heap order (clock, then index), same wake rule.
+ *
+ * walk(kind, red, peer, count, step_start, rank_start, ranks, params) -> (time, bytes_sent, messages, stuck)
+ *   kind int8 (0 copy, 1 send, 2 recv; a step's ops in that order), red int8, peer int64,
+ *   count int64 (elements), step_start int64 (steps + 1), rank_start int64 (schedules + 1),
+ *   ranks int64 (the rank of each schedule);
+ *   params: (n, per_host, hosts, nics, cpu, reduce_overlap, intra_shared, ring, fold, itemsize,
+ *            socket_buffer, intra_alpha, intra_beta, inter_alpha, inter_beta, gamma, copy, stretch)
+ *   fold: 0 none (channel a -> b), 1 Shift, 2 Xor (symmetric.py: channel keys, wakes to the rep,
+ *   every resource on host 0).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t n, p, hosts, nics;
+    int cpu, overlap, shared, ring, fold;
+    int64_t itemsize, sockbuf;
+    double ia, ib, ea, eb, gamma, copy, stretch;
+} Params;
+
+/* ---- channels: FIFO queues of messages per key, an open-addressing hash table ---- */
+
+typedef struct { double arrive, extra; int64_t next; } Msg;
+typedef struct { int64_t key, head, tail; } Slot;
+
+typedef struct {
+    Slot *slots; int64_t cap, used;
+    Msg *msgs; int64_t mcap, mused, freelist;
+} Chans;
+
+static inline uint64_t mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static int chans_init(Chans *c) {
+    c->cap = 1024; c->used = 0;
+    c->slots = malloc(sizeof(Slot) * c->cap);
+    c->mcap = 1024; c->mused = 0; c->freelist = -1;
+    c->msgs = malloc(sizeof(Msg) * c->mcap);
+    if (!c->slots || !c->msgs) return -1;
+    for (int64_t i = 0; i < c->cap; i++) c->slots[i].key = -1;
+    return 0;
+}
+
+static void chans_free(Chans *c) { free(c->slots); free(c->msgs); }
+
+static Slot *chans_find(Chans *c, int64_t key, int create) {
+    uint64_t m = (uint64_t)c->cap - 1, h = mix((uint64_t)key) & m;
+    while (c->slots[h].key != -1) {
+        if (c->slots[h].key == key) return &c->slots[h];
+        h = (h + 1) & m;
+    }
+    if (!create) return NULL;
+    if ((c->used + 1) * 2 > c->cap) {          /* grow, then insert */
+        int64_t ncap = c->cap * 2;
+        Slot *ns = malloc(sizeof(Slot) * ncap);
+        if (!ns) return NULL;
+        for (int64_t i = 0; i < ncap; i++) ns[i].key = -1;
+        uint64_t nm = (uint64_t)ncap - 1;
+        for (int64_t i = 0; i < c->cap; i++) {
+            if (c->slots[i].key == -1) continue;
+            uint64_t g = mix((uint64_t)c->slots[i].key) & nm;
+            while (ns[g].key != -1) g = (g + 1) & nm;
+            ns[g] = c->slots[i];
+        }
+        free(c->slots);
+        c->slots = ns; c->cap = ncap; m = nm;
+        h = mix((uint64_t)key) & m;
+        while (c->slots[h].key != -1) h = (h + 1) & m;
+    }
+    c->used++;
+    c->slots[h].key = key; c->slots[h].head = c->slots[h].tail = -1;
+    return &c->slots[h];
+}
+
+static int chans_push(Chans *c, int64_t key, double arrive, double extra) {
+    Slot *s = chans_find(c, key, 1);
+    if (!s) return -1;
+    int64_t k;
+    if (c->freelist >= 0) { k = c->freelist; c->freelist = c->msgs[k].next; }
+    else {
+        if (c->mused == c->mcap) {
+            Msg *nm = realloc(c->msgs, sizeof(Msg) * c->mcap * 2);
+            if (!nm) return -1;
+            c->msgs = nm; c->mcap *= 2;
+        }
+        k = c->mused++;
+    }
+    c->msgs[k].arrive = arrive; c->msgs[k].extra = extra; c->msgs[k].next = -1;
+    if (s->tail >= 0) c->msgs[s->tail].next = k; else s->head = k;
+    s->tail = k;
+    return 0;
+}
+
+static int chans_pop(Chans *c, int64_t key, double *arrive, double *extra) {
+    Slot *s = chans_find(c, key, 0);
+    if (!s || s->head < 0) return 0;
+    int64_t k = s->head;
+    *arrive = c->msgs[k].arrive; *extra = c->msgs[k].extra;
+    s->head = c->msgs[k].next;
+    if (s->head < 0) s->tail = -1;
+    c->msgs[k].next = c->freelist; c->freelist = k;
+    return 1;
+}
+
+/* ---- the heap of (clock, index) ---- */
+
+typedef struct { double t; int64_t i; } Entry;
+
+static inline int less(Entry a, Entry b) { return a.t < b.t || (a.t == b.t && a.i < b.i); }
+
+static void heap_push(Entry *h, int64_t *len, Entry e) {
+    int64_t k = (*len)++;
+    while (k > 0) {
+        int64_t up = (k - 1) / 2;
+        if (!less(e, h[up])) break;
+        h[k] = h[up]; k = up;
+    }
+    h[k] = e;
+}
+
+static Entry heap_pop(Entry *h, int64_t *len) {
+    Entry top = h[0], last = h[--(*len)];
+    int64_t k = 0, n = *len;
+    for (;;) {
+        int64_t c = 2 * k + 1;
+        if (c >= n) break;
+        if (c + 1 < n && less(h[c + 1], h[c])) c++;
+        if (!less(h[c], last)) break;
+        h[k] = h[c]; k = c;
+    }
+    if (n > 0) h[k] = last;
+    return top;
+}
+
+/* ---- the model ---- */
+
+static inline double dmax(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
+
+static inline int64_t chan_key(const Params *P, int64_t a, int64_t b) {
+    if (P->fold == 0) return a * P->n + b;
+    int64_t ra = a % P->p;
+    if (P->fold == 1) return ra * P->n + (((b - a) % P->n) + P->n) % P->n;
+    return ra * P->n + (a ^ b);
+}
+
+/* Resources (ClusterNet.route) as indices into one array of free times. */
+typedef struct { int64_t out, in, bus, nicout, nicin, hop, total; } Layout;
+
+static int route(const Params *P, const Layout *L, int64_t a, int64_t b, int64_t *res) {
+    int64_t p = P->p, ha = a / p, hb = b / p;
+    int fold = P->fold != 0;
+    int k = 0;
+    if (ha == hb) {
+        if (P->cpu) return 0;
+        if (P->shared) { res[k++] = L->bus + (fold ? 0 : ha); return k; }
+        res[k++] = L->out + (fold ? a % p : a);
+        res[k++] = L->in + (fold ? b % p : b);
+        return k;
+    }
+    res[k++] = L->nicout + (fold ? 0 : ha) * P->nics + (a % p) % P->nics;
+    res[k++] = L->nicin + (fold ? 0 : hb) * P->nics + (b % p) % P->nics;
+    if (P->ring && P->hosts > 2) {
+        int64_t H = P->hosts, fwd = ((hb - ha) % H + H) % H;
+        int64_t step = fwd <= H - fwd ? 1 : -1;
+        int64_t h = ha;
+        if (fold) { res[k++] = L->hop + 0 * 2 + (step == 1 ? 0 : 1); return k; }
+        while (h != hb) {
+            res[k++] = L->hop + h * 2 + (step == 1 ? 0 : 1);
+            h = ((h + step) % H + H) % H;
+        }
+    }
+    return k;
+}
+
+typedef struct { Py_buffer b; const char *name; Py_ssize_t itemsize; } Arr;
+
+static int get_arr(PyObject *o, Arr *a, const char *name, Py_ssize_t itemsize) {
+    a->name = name; a->itemsize = itemsize;
+    if (PyObject_GetBuffer(o, &a->b, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (a->b.len % itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd bytes is not a whole number of %zd-byte items", name, a->b.len,
+                     itemsize);
+        PyBuffer_Release(&a->b);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *walk(PyObject *self, PyObject *args) {
+    PyObject *o[7];
+    Params P;
+    if (!PyArg_ParseTuple(args, "OOOOOOO(LLLLiiiiiLLddddddd)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared, &P.ring, &P.fold,
+                          &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy, &P.stretch))
+        return NULL;
+    static const char *names[7] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks"};
+    static const Py_ssize_t sizes[7] = {1, 1, 8, 8, 8, 8, 8};
+    Arr A[7];
+    int got = 0;
+    for (; got < 7; got++)
+        if (get_arr(o[got], &A[got], names[got], sizes[got]) < 0) goto fail_buffers;
+    const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
+    const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
+                  *ranks = A[6].b.buf;
+    int64_t nops = A[0].b.len, nsteps = A[4].b.len / 8 - 1, ns = A[5].b.len / 8 - 1;
+    if (A[1].b.len != nops || A[2].b.len / 8 != nops || A[3].b.len / 8 != nops || nsteps < 0 || ns < 0 ||
+        A[6].b.len / 8 != ns || rank_start[ns] != nsteps || step_start[nsteps] != nops || P.n < 1 || P.p < 1 ||
+        P.hosts < 1 || P.nics < 1) {
+        PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
+        goto fail_buffers;
+    }
+    for (int64_t i = 0; i < ns; i++)
+        if (ranks[i] < 0 || ranks[i] >= P.n) {
+            PyErr_SetString(PyExc_ValueError, "walk: a rank outside the cluster");
+            goto fail_buffers;
+        }
+    for (int64_t j = 0; j < nops; j++)
+        if ((kind[j] != 0 && (peer[j] < 0 || peer[j] >= P.n)) || kind[j] < 0 || kind[j] > 2) {
+            PyErr_SetString(PyExc_ValueError, "walk: an operation's kind or peer is out of range");
+            goto fail_buffers;
+        }
+    for (int64_t s = 0; s < nsteps; s++) {
+        if (step_start[s + 1] < step_start[s]) goto bad_order;
+        for (int64_t j = step_start[s] + 1; j < step_start[s + 1]; j++)
+            if (kind[j] < kind[j - 1]) goto bad_order;
+    }
+    for (int64_t i = 0; i < ns; i++)
+        if (rank_start[i + 1] < rank_start[i]) goto bad_order;
+
+    Layout L;
+    L.out = 0; L.in = L.out + P.n; L.bus = L.in + P.n; L.nicout = L.bus + P.hosts;
+    L.nicin = L.nicout + P.hosts * P.nics; L.hop = L.nicin + P.hosts * P.nics; L.total = L.hop + 2 * P.hosts;
+
+    int64_t maxres = 2 + (P.ring ? P.hosts : 0);
+    double *clock = calloc(ns + 1, sizeof(double)), *T = calloc(ns + 1, sizeof(double)),
+           *recv_free = calloc(ns + 1, sizeof(double)), *out_done = calloc(ns + 1, sizeof(double)),
+           *freeat = calloc(L.total, sizeof(double));
+    int64_t *pc = calloc(ns + 1, sizeof(int64_t)), *taken = calloc(ns + 1, sizeof(int64_t)),
+            *sent = calloc(ns + 1, sizeof(int64_t)), *where = malloc(sizeof(int64_t) * P.n),
+            *res = malloc(sizeof(int64_t) * maxres);
+    char *begun = calloc(ns + 1, 1), *queued = calloc(ns + 1, 1), *parked = calloc(ns + 1, 1);
+    Entry *heap = malloc(sizeof(Entry) * (ns + 1));
+    Chans C;
+    int chans_ok = chans_init(&C) == 0;
+    PyObject *result = NULL;
+    if (!clock || !T || !recv_free || !out_done || !freeat || !pc || !taken || !sent || !where || !res || !begun ||
+        !queued || !parked || !heap || !chans_ok) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int64_t r = 0; r < P.n; r++) where[r] = -1;
+    for (int64_t i = 0; i < ns; i++) where[ranks[i]] = i;      /* {s.rank: i}: the last one wins */
+
+    int64_t messages = 0, hlen = 0;
+    int oom = 0;
+    const double half_intra = P.ia / 2, half_inter = P.ea / 2;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < ns; i++) { Entry e = {0.0, i}; heap[hlen++] = e; }  /* sorted: a heap already */
+    for (int64_t i = 0; i < ns; i++) queued[i] = 1;
+    while (hlen > 0 && !oom) {
+        int64_t i = heap_pop(heap, &hlen).i;
+        queued[i] = 0;
+        int64_t r = ranks[i], first = rank_start[i], last = rank_start[i + 1];
+        int finished = 0;
+        for (;;) {
+            if (first + pc[i] >= last) { finished = 1; break; }
+            int64_t s = first + pc[i], a = step_start[s], b = step_start[s + 1];
+            if (!begun[i]) {
+                int64_t j = a;
+                for (; j < b && kind[j] == 0; j++)          /* local copies */
+                    clock[i] += (double)(count[j] * P.itemsize) * (red[j] ? P.gamma : P.copy) * P.stretch;
+                T[i] = recv_free[i] = out_done[i] = clock[i];
+                int64_t sends = j;
+                for (; j < b && kind[j] == 1; j++) {         /* sends */
+                    int64_t q = peer[j], nb = count[j] * P.itemsize;
+                    int inside = r / P.p == q / P.p;
+                    double alpha = inside ? P.ia : P.ea, beta = inside ? P.ib : P.eb;
+                    int nr = route(&P, &L, r, q, res);
+                    sent[i] += nb;
+                    messages++;
+                    if (!P.cpu) {
+                        double start = T[i];
+                        for (int x = 0; x < nr; x++) start = dmax(start, freeat[res[x]]);
+                        double end = start + (double)nb * beta;
+                        for (int x = 0; x < nr; x++) freeat[res[x]] = end;
+                        out_done[i] = dmax(out_done[i], end);
+                        if (chans_push(&C, chan_key(&P, r, q), end + alpha, start) < 0) { oom = 1; break; }
+                        continue;
+                    }
+                    double f = P.stretch, half = (inside ? half_intra : half_inter) * f;
+                    double t = T[i] + half, arrive;
+                    if (nr) {
+                        double m = t;
+                        for (int x = 0; x < nr; x++) m = dmax(m, freeat[res[x]]);
+                        arrive = m + (double)nb * beta;
+                        for (int x = 0; x < nr; x++) freeat[res[x]] = arrive;
+                        t = dmax(t, arrive - (double)(nb < P.sockbuf ? nb : P.sockbuf) * beta);
+                    } else {
+                        t += (double)nb * beta * (inside ? f : 1.0);
+                        arrive = t;
+                    }
+                    T[i] = t;
+                    if (chans_push(&C, chan_key(&P, r, q), arrive, half) < 0) { oom = 1; break; }
+                }
+                if (oom) break;
+                begun[i] = 1;
+                taken[i] = j;
+                for (int64_t x = sends; x < j; x++) {          /* wake the parked ranks sent to */
+                    int64_t q = peer[x], w = where[P.fold ? q % P.p : q];
+                    if (w >= 0 && parked[w]) {
+                        parked[w] = 0;
+                        if (!queued[w]) {
+                            queued[w] = 1;
+                            Entry e = {clock[w], w};
+                            heap_push(heap, &hlen, e);
+                        }
+                    }
+                }
+            }
+            int64_t j = taken[i];
+            for (; j < b; j++) {                              /* receives, in the order written */
+                int64_t q = peer[j], nb = count[j] * P.itemsize;
+                double arrive, extra;
+                if (!chans_pop(&C, chan_key(&P, q, r), &arrive, &extra)) break;
+                if (!P.cpu) {
+                    double done = arrive;
+                    if (red[j])
+                        done = P.overlap ? dmax(arrive, extra + (double)nb * P.gamma) : arrive + (double)nb * P.gamma;
+                    out_done[i] = dmax(out_done[i], done);
+                    continue;
+                }
+                if (q / P.p == r / P.p)
+                    arrive = dmax(arrive, recv_free[i] + (double)nb * P.ib * P.stretch);
+                double done = dmax(recv_free[i], arrive) + extra;
+                recv_free[i] = done;
+                if (red[j]) done += (double)nb * P.gamma * P.stretch;
+                out_done[i] = dmax(out_done[i], done);
+            }
+            taken[i] = j;
+            if (j < b) break;                                  /* waits: parks */
+            clock[i] = dmax(out_done[i], T[i]);
+            pc[i]++;
+            begun[i] = 0;
+            if (hlen > 0 && clock[i] > heap[0].t) {            /* another rank's step comes first */
+                queued[i] = 1;
+                Entry e = {clock[i], i};
+                heap_push(heap, &hlen, e);
+                break;
+            }
+        }
+        if (!finished && !queued[i]) parked[i] = 1;
+    }
+    Py_END_ALLOW_THREADS
+    if (oom) { PyErr_NoMemory(); goto done; }
+    {
+        double tmax = 0.0;
+        int64_t smax = 0;
+        for (int64_t i = 0; i < ns; i++) {
+            if (i == 0 || clock[i] > tmax) tmax = clock[i];
+            if (i == 0 || sent[i] > smax) smax = sent[i];
+        }
+        PyObject *stuck = PyList_New(0);
+        if (!stuck) goto done;
+        for (int64_t i = 0; i < ns; i++)
+            if (rank_start[i] + pc[i] < rank_start[i + 1]) {
+                PyObject *v = PyLong_FromLongLong(ranks[i]);
+                if (!v || PyList_Append(stuck, v) < 0) { Py_XDECREF(v); Py_DECREF(stuck); goto done; }
+                Py_DECREF(v);
+            }
+        result = Py_BuildValue("(dLLN)", tmax, (long long)smax, (long long)messages, stuck);
+    }
+done:
+    free(clock); free(T); free(recv_free); free(out_done); free(freeat); free(pc); free(taken); free(sent);
+    free(where); free(res); free(begun); free(queued); free(parked); free(heap);
+    if (chans_ok) chans_free(&C);
+    for (int k = 0; k < 7; k++) PyBuffer_Release(&A[k].b);
+    return result;
+bad_order:
+    PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "
+                    "receives) or the boundaries go backwards");
+fail_buffers:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"walk", walk, METH_VARARGS, "The timed walk of message schedules on a ClusterNet (see sim/fast.py)."},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyxccl.sim._simcore",
+                                    "The C core of the simulator's timed walk.", -1, methods};
+
+PyMODINIT_FUNC PyInit__simcore(void) { return PyModule_Create(&module); }

@@ -1,0 +1,142 @@
+"""Message schedules as flat arrays: what the C core of the timed walk (``_simcore.c``) reads.
+
+Per operation, in the order the walker runs a step's operations (``walk.py``: local copies,
+then sends, then receives, which complete in the order written): ``kind`` (``COPY``, ``SEND``,
+``RECV``), ``red`` (the copy or receive reduces), ``peer`` (0 for copies) and ``count``
+(elements). ``step_start`` (one more than the steps of all ranks) cuts the operations into
+steps, ``rank_start`` (one more than the schedules) cuts the steps into schedules, and
+``ranks`` names the rank of each schedule. With ``inplace``, a ``Copy("in", o, "out", o)``
+is left out, as ``Timing.local`` leaves it out (the same buffer: the engine does not copy).
+
+Symmetric algorithms (``symmetric.py``: Shift, Xor) need not be built rank by rank:
+:func:`all_ranks` derives every host's arrays from host 0's by moving the peers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
+
+import numpy as np
+
+from ..schedule import Copy, Recv, Schedule, Send
+
+COPY, SEND, RECV = 0, 1, 2
+_KIND = {Copy: COPY, Send: SEND, Recv: RECV}
+_FIRST, _FOURTH, _LAST = itemgetter(0), itemgetter(3), itemgetter(-1)
+
+
+@dataclass
+class Compact:
+    kind: np.ndarray         # int8 per op
+    red: np.ndarray          # int8 per op
+    peer: np.ndarray         # int64 per op (0 for copies)
+    count: np.ndarray        # int64 per op (elements)
+    step_start: np.ndarray   # int64, steps + 1
+    rank_start: np.ndarray   # int64, schedules + 1
+    ranks: np.ndarray        # int64 per schedule
+
+    @property
+    def steps(self) -> int:
+        """The most steps of any schedule."""
+        return int(np.diff(self.rank_start).max()) if len(self.ranks) else 0
+
+    def equal(self, other: "Compact") -> bool:
+        return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in
+                   ("kind", "red", "peer", "count", "step_start", "rank_start", "ranks"))
+
+
+def message_schedules(scheds) -> bool:
+    return all(type(s) is Schedule and not s.segment for s in scheds)
+
+
+def convert(scheds: list[Schedule], inplace: bool = False, written: bool = False) -> Compact:
+    """The arrays of ``scheds`` (message schedules), in the walker's order (``written``: in the order
+    written, what :func:`same_moved` compares). Raises TypeError on an operation a message schedule
+    cannot hold."""
+    steps = [st for s in scheds for st in s.steps]
+    nsteps = np.fromiter(map(len, (s.steps for s in scheds)), np.int64, len(scheds))
+    lens = np.fromiter(map(len, steps), np.int64, len(steps))
+    flat = list(chain.from_iterable(steps))
+    m = len(flat)
+    try:
+        kind = np.fromiter(map(_KIND.__getitem__, map(type, flat)), np.int8, m)
+    except KeyError:
+        raise TypeError("not a message schedule (Get, Post or Sync)") from None
+    # Send(peer, buf, off, count); Recv(peer, buf, off, count, reduce); Copy(src, so, dst, do, count, reduce)
+    count = np.fromiter(map(_FOURTH, flat), np.int64, m)      # Copy: dst_off, fixed below
+    red = np.fromiter(map(_LAST, flat), np.int64, m)          # Send: count, fixed below
+    copies = np.flatnonzero(kind == COPY)
+    keep = None
+    if len(copies):
+        peers = list(map(_FIRST, flat))
+        for j in copies.tolist():
+            o = flat[j]
+            peers[j] = 0
+            count[j] = o.count
+            if inplace and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
+                if keep is None:
+                    keep = np.ones(m, bool)
+                keep[j] = False
+        peer = np.fromiter(peers, np.int64, m)
+    else:
+        peer = np.fromiter(map(_FIRST, flat), np.int64, m)
+    red[kind == SEND] = 0
+    red = red.astype(np.int8)
+    step_of = np.repeat(np.arange(len(steps), dtype=np.int64), lens)
+    key = step_of * 3 + kind
+    if not written and m > 1 and not (key[1:] >= key[:-1]).all():     # a step's ops are not yet in the walker's order
+        order = np.argsort(key, kind="stable")
+        kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
+        if keep is not None:
+            keep = keep[order]
+    if keep is not None:
+        kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
+        lens = np.bincount(step_of, minlength=len(steps)).astype(np.int64)
+    step_start = np.zeros(len(steps) + 1, np.int64)
+    np.cumsum(lens, out=step_start[1:])
+    rank_start = np.zeros(len(scheds) + 1, np.int64)
+    np.cumsum(nsteps, out=rank_start[1:])
+    ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
+    return Compact(kind, red, peer, count, step_start, rank_start, ranks)
+
+
+def _moved(peer: np.ndarray, kind: np.ndarray, sym_name: str, d, n: int) -> np.ndarray:
+    """Peers moved by ``d`` (a scalar or one value per op) under Shift or Xor; copies keep 0."""
+    out = (peer + d) % n if sym_name == "shift" else peer ^ d
+    return np.where(kind == COPY, 0, out)
+
+
+def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
+    """Every rank's arrays, in rank order, from host 0's (``reps``: ranks 0..per_host-1 in order) and
+    the symmetry ``sym`` (``symmetric.Shift`` or ``Xor``): rank ``h * per_host + j`` is rep j with every
+    peer moved by ``sym.mover(h)``; steps, counts and reduce flags are the rep's."""
+    if not np.array_equal(reps.ranks, np.arange(per_host)):
+        raise ValueError("all_ranks needs host 0's schedules, ranks 0..per_host-1 in order")
+    n = hosts * per_host
+    m = len(reps.kind)
+    kind = np.tile(reps.kind, hosts)
+    d = np.repeat(np.arange(hosts, dtype=np.int64) * per_host, m)
+    peer = _moved(np.tile(reps.peer, hosts), kind, sym.name, d, n)
+    lens = np.diff(reps.step_start)
+    step_start = np.zeros(len(lens) * hosts + 1, np.int64)
+    np.cumsum(np.tile(lens, hosts), out=step_start[1:])
+    rank_start = np.zeros(n + 1, np.int64)
+    np.cumsum(np.tile(np.diff(reps.rank_start), hosts), out=rank_start[1:])
+    return Compact(kind, np.tile(reps.red, hosts), peer, np.tile(reps.count, hosts), step_start, rank_start,
+                   np.arange(n, dtype=np.int64))
+
+
+def same_moved(got: Compact, reps: Compact, sym, h: int, per_host: int, exact: bool = False) -> bool:
+    """Host ``h``'s arrays (``got``, its ranks in order) are host 0's (``reps``) moved by ``sym.mover(h)``:
+    the rules of ``symmetric._same`` (same steps, kinds, peers moved and reduce flags; counts within one
+    element or 1%, or equal with ``exact``), vectorized."""
+    if not (np.array_equal(got.rank_start, reps.rank_start) and np.array_equal(got.step_start, reps.step_start)
+            and np.array_equal(got.kind, reps.kind) and np.array_equal(got.red, reps.red)):
+        return False
+    if not np.array_equal(got.peer, _moved(reps.peer, reps.kind, sym.name, h * per_host, sym.n)):
+        return False
+    if exact:
+        return np.array_equal(got.count, reps.count)
+    a, b = got.count, reps.count
+    return bool((np.abs(a - b) <= np.maximum(1, 0.01 * np.maximum(a, b))).all())
