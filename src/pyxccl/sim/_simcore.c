@@ -130,17 +130,26 @@ static void heap_push(Entry *h, int64_t *len, Entry e) {
     h[k] = e;
 }
 
-static Entry heap_pop(Entry *h, int64_t *len) {
-    Entry top = h[0], last = h[--(*len)];
-    int64_t k = 0, n = *len;
-    for (;;) {
-        int64_t c = 2 * k + 1;
-        if (c >= n) break;
+/* Put e where the top was and restore the heap (heapq's way: the hole goes down to a leaf along the
+ * smaller children, then e rises from there). */
+static void heap_replace_top(Entry *h, int64_t n, Entry e) {
+    int64_t k = 0, c;
+    while ((c = 2 * k + 1) < n) {
         if (c + 1 < n && less(h[c + 1], h[c])) c++;
-        if (!less(h[c], last)) break;
         h[k] = h[c]; k = c;
     }
-    if (n > 0) h[k] = last;
+    while (k > 0) {
+        int64_t up = (k - 1) / 2;
+        if (!less(e, h[up])) break;
+        h[k] = h[up]; k = up;
+    }
+    h[k] = e;
+}
+
+static Entry heap_pop(Entry *h, int64_t *len) {
+    Entry top = h[0];
+    (*len)--;
+    if (*len > 0) heap_replace_top(h, *len, h[*len]);
     return top;
 }
 
@@ -198,34 +207,45 @@ static int get_arr(PyObject *o, Arr *a, const char *name, Py_ssize_t itemsize) {
     return 0;
 }
 
+#define MOVE(q) (movekind == 0 ? (q) : movekind == 1 ? ((q) + d) % P.n : ((q) ^ d))
+
 static PyObject *walk(PyObject *self, PyObject *args) {
-    PyObject *o[7];
+    PyObject *o[9];
     Params P;
-    if (!PyArg_ParseTuple(args, "OOOOOOO(LLLLiiiiiLLddddddd)", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared, &P.ring, &P.fold,
-                          &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy, &P.stretch))
+    int movekind;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO(LLLLiiiiiLLddddddd)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                          &o[7], &o[8], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared, &P.ring,
+                          &P.fold, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
+                          &P.stretch, &movekind))
         return NULL;
-    static const char *names[7] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks"};
-    static const Py_ssize_t sizes[7] = {1, 1, 8, 8, 8, 8, 8};
-    Arr A[7];
+    static const char *names[9] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
+                                   "move"};
+    static const Py_ssize_t sizes[9] = {1, 1, 8, 8, 8, 8, 8, 8, 8};
+    Arr A[9];
     int got = 0;
-    for (; got < 7; got++)
+    for (; got < 9; got++)
         if (get_arr(o[got], &A[got], names[got], sizes[got]) < 0) goto fail_buffers;
     const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
     const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
-                  *ranks = A[6].b.buf;
-    int64_t nops = A[0].b.len, nsteps = A[4].b.len / 8 - 1, ns = A[5].b.len / 8 - 1;
-    if (A[1].b.len != nops || A[2].b.len / 8 != nops || A[3].b.len / 8 != nops || nsteps < 0 || ns < 0 ||
-        A[6].b.len / 8 != ns || rank_start[ns] != nsteps || step_start[nsteps] != nops || P.n < 1 || P.p < 1 ||
-        P.hosts < 1 || P.nics < 1) {
+                  *ranks = A[6].b.buf, *tmpl = A[7].b.buf, *move = A[8].b.buf;
+    /* nt schedules of operations (templates); ns ranks walked, rank i running template tmpl[i] with every
+     * peer moved by move[i] (movekind 0: not moved, 1: (q + d) mod n, 2: q ^ d) */
+    int64_t nops = A[0].b.len, nsteps = A[4].b.len / 8 - 1, nt = A[5].b.len / 8 - 1, ns = A[6].b.len / 8;
+    if (A[1].b.len != nops || A[2].b.len / 8 != nops || A[3].b.len / 8 != nops || nsteps < 0 || nt < 0 ||
+        A[7].b.len / 8 != ns || A[8].b.len / 8 != ns || rank_start[nt] != nsteps || step_start[nsteps] != nops ||
+        P.n < 1 || P.p < 1 || P.hosts < 1 || P.nics < 1 || movekind < 0 || movekind > 2) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
         goto fail_buffers;
     }
     for (int64_t i = 0; i < ns; i++)
-        if (ranks[i] < 0 || ranks[i] >= P.n) {
-            PyErr_SetString(PyExc_ValueError, "walk: a rank outside the cluster");
+        if (ranks[i] < 0 || ranks[i] >= P.n || tmpl[i] < 0 || tmpl[i] >= nt || move[i] < 0 || move[i] >= P.n) {
+            PyErr_SetString(PyExc_ValueError, "walk: a rank outside the cluster, or a template or move out of range");
             goto fail_buffers;
         }
+    if (movekind == 2 && (P.n & (P.n - 1))) {
+        PyErr_SetString(PyExc_ValueError, "walk: XOR moves need a power of two of ranks");
+        goto fail_buffers;
+    }
     for (int64_t j = 0; j < nops; j++)
         if ((kind[j] != 0 && (peer[j] < 0 || peer[j] >= P.n)) || kind[j] < 0 || kind[j] > 2) {
             PyErr_SetString(PyExc_ValueError, "walk: an operation's kind or peer is out of range");
@@ -236,7 +256,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         for (int64_t j = step_start[s] + 1; j < step_start[s + 1]; j++)
             if (kind[j] < kind[j - 1]) goto bad_order;
     }
-    for (int64_t i = 0; i < ns; i++)
+    for (int64_t i = 0; i < nt; i++)
         if (rank_start[i + 1] < rank_start[i]) goto bad_order;
 
     Layout L;
@@ -269,10 +289,19 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < ns; i++) { Entry e = {0.0, i}; heap[hlen++] = e; }  /* sorted: a heap already */
     for (int64_t i = 0; i < ns; i++) queued[i] = 1;
-    while (hlen > 0 && !oom) {
-        int64_t i = heap_pop(heap, &hlen).i;
+    int64_t next = -1;              /* a rank that went back in the queue: it takes the top's place */
+    while ((hlen > 0 || next >= 0) && !oom) {
+        int64_t i;
+        if (next >= 0) {            /* heappush then heappop: the top comes out (the pushed is later) */
+            i = heap[0].i;
+            Entry e = {clock[next], next};
+            heap_replace_top(heap, hlen, e);
+            next = -1;
+        } else
+            i = heap_pop(heap, &hlen).i;
         queued[i] = 0;
-        int64_t r = ranks[i], first = rank_start[i], last = rank_start[i + 1];
+        int64_t r = ranks[i], first = rank_start[tmpl[i]], last = rank_start[tmpl[i] + 1];
+        int64_t d = move[i];
         int finished = 0;
         for (;;) {
             if (first + pc[i] >= last) { finished = 1; break; }
@@ -284,7 +313,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 T[i] = recv_free[i] = out_done[i] = clock[i];
                 int64_t sends = j;
                 for (; j < b && kind[j] == 1; j++) {         /* sends */
-                    int64_t q = peer[j], nb = count[j] * P.itemsize;
+                    int64_t q = MOVE(peer[j]), nb = count[j] * P.itemsize;
                     int inside = r / P.p == q / P.p;
                     double alpha = inside ? P.ia : P.ea, beta = inside ? P.ib : P.eb;
                     int nr = route(&P, &L, r, q, res);
@@ -318,7 +347,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 begun[i] = 1;
                 taken[i] = j;
                 for (int64_t x = sends; x < j; x++) {          /* wake the parked ranks sent to */
-                    int64_t q = peer[x], w = where[P.fold ? q % P.p : q];
+                    int64_t q = MOVE(peer[x]), w = where[P.fold ? q % P.p : q];
                     if (w >= 0 && parked[w]) {
                         parked[w] = 0;
                         if (!queued[w]) {
@@ -331,7 +360,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             }
             int64_t j = taken[i];
             for (; j < b; j++) {                              /* receives, in the order written */
-                int64_t q = peer[j], nb = count[j] * P.itemsize;
+                int64_t q = MOVE(peer[j]), nb = count[j] * P.itemsize;
                 double arrive, extra;
                 if (!chans_pop(&C, chan_key(&P, q, r), &arrive, &extra)) break;
                 if (!P.cpu) {
@@ -355,8 +384,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             begun[i] = 0;
             if (hlen > 0 && clock[i] > heap[0].t) {            /* another rank's step comes first */
                 queued[i] = 1;
-                Entry e = {clock[i], i};
-                heap_push(heap, &hlen, e);
+                next = i;
                 break;
             }
         }
@@ -374,7 +402,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         PyObject *stuck = PyList_New(0);
         if (!stuck) goto done;
         for (int64_t i = 0; i < ns; i++)
-            if (rank_start[i] + pc[i] < rank_start[i + 1]) {
+            if (rank_start[tmpl[i]] + pc[i] < rank_start[tmpl[i] + 1]) {
                 PyObject *v = PyLong_FromLongLong(ranks[i]);
                 if (!v || PyList_Append(stuck, v) < 0) { Py_XDECREF(v); Py_DECREF(stuck); goto done; }
                 Py_DECREF(v);
@@ -385,7 +413,7 @@ done:
     free(clock); free(T); free(recv_free); free(out_done); free(freeat); free(pc); free(taken); free(sent);
     free(where); free(res); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
-    for (int k = 0; k < 7; k++) PyBuffer_Release(&A[k].b);
+    for (int k = 0; k < 9; k++) PyBuffer_Release(&A[k].b);
     return result;
 bad_order:
     PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "

@@ -35,6 +35,20 @@ class Compact:
     step_start: np.ndarray   # int64, steps + 1
     rank_start: np.ndarray   # int64, schedules + 1
     ranks: np.ndarray        # int64 per schedule
+    skip: np.ndarray | None = None   # bool per op: a Copy("in", o, "out", o) an in-place call leaves out
+
+    def inplace(self) -> "Compact":
+        """These arrays for an in-place call: without the copies of a buffer onto itself."""
+        if self.skip is None or not self.skip.any():
+            return self
+        keep = ~self.skip
+        nsteps = len(self.step_start) - 1
+        step_of = np.repeat(np.arange(nsteps, dtype=np.int64), np.diff(self.step_start))
+        lens = np.bincount(step_of[keep], minlength=nsteps).astype(np.int64)
+        step_start = np.zeros(len(self.step_start), np.int64)
+        np.cumsum(lens, out=step_start[1:])
+        return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
+                       self.rank_start, self.ranks)
 
     @property
     def steps(self) -> int:
@@ -74,7 +88,7 @@ def convert(scheds: list[Schedule], inplace: bool = False, written: bool = False
             o = flat[j]
             peers[j] = 0
             count[j] = o.count
-            if inplace and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
+            if o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
                 if keep is None:
                     keep = np.ones(m, bool)
                 keep[j] = False
@@ -90,15 +104,16 @@ def convert(scheds: list[Schedule], inplace: bool = False, written: bool = False
         kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
         if keep is not None:
             keep = keep[order]
-    if keep is not None:
+    if keep is not None and inplace:
         kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
         lens = np.bincount(step_of, minlength=len(steps)).astype(np.int64)
+        keep = None
     step_start = np.zeros(len(steps) + 1, np.int64)
     np.cumsum(lens, out=step_start[1:])
     rank_start = np.zeros(len(scheds) + 1, np.int64)
     np.cumsum(nsteps, out=rank_start[1:])
     ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
-    return Compact(kind, red, peer, count, step_start, rank_start, ranks)
+    return Compact(kind, red, peer, count, step_start, rank_start, ranks, None if keep is None else ~keep)
 
 
 def _moved(peer: np.ndarray, kind: np.ndarray, sym_name: str, d, n: int) -> np.ndarray:
@@ -124,7 +139,35 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     rank_start = np.zeros(n + 1, np.int64)
     np.cumsum(np.tile(np.diff(reps.rank_start), hosts), out=rank_start[1:])
     return Compact(kind, np.tile(reps.red, hosts), peer, np.tile(reps.count, hosts), step_start, rank_start,
-                   np.arange(n, dtype=np.int64))
+                   np.arange(n, dtype=np.int64), None if reps.skip is None else np.tile(reps.skip, hosts))
+
+
+@dataclass
+class Derived:
+    """Every rank of ``hosts`` x ``per_host``, as :func:`all_ranks` gives them, without making the
+    arrays: the C core moves host 0's peers as it walks (rank ``h * per_host + j`` runs rep j, every
+    peer moved by ``sym.mover(h)``)."""
+    reps: Compact
+    sym: object
+    hosts: int
+    per_host: int
+
+    @property
+    def steps(self) -> int:
+        return self.reps.steps
+
+    def inplace(self) -> "Derived":
+        return Derived(self.reps.inplace(), self.sym, self.hosts, self.per_host)
+
+    def full(self) -> Compact:
+        return all_ranks(self.reps, self.sym, self.hosts, self.per_host)
+
+    def walked(self) -> tuple:
+        """(ranks, template of each rank, move of each rank, move kind) for the C core."""
+        n = self.hosts * self.per_host
+        d = np.repeat(np.arange(self.hosts, dtype=np.int64) * self.per_host, self.per_host)
+        return (np.arange(n, dtype=np.int64), np.tile(np.arange(self.per_host, dtype=np.int64), self.hosts), d,
+                1 if self.sym.name == "shift" else 2)
 
 
 def same_moved(got: Compact, reps: Compact, sym, h: int, per_host: int, exact: bool = False) -> bool:

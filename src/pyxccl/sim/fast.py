@@ -49,20 +49,29 @@ def _params(net, itemsize: int, fold: int) -> tuple:
             float(net.copy), float(net.stretch.v))
 
 
-def run_compact(comp: _compact.Compact, itemsize: int, net) -> tuple[Estimate, list[int]]:
-    """The C core's walk of ``comp`` on ``net`` (a ClusterNet); ValueError when it cannot."""
+def run_compact(comp, itemsize: int, net) -> tuple[Estimate, list[int]]:
+    """The C core's walk of ``comp`` (a ``compact.Compact`` or ``compact.Derived``) on ``net`` (a
+    ClusterNet); ValueError when it cannot."""
     fold = _fold(net)
     if fold is None or _simcore is None:
         raise ValueError("the C core walks compact schedules on a ClusterNet only (and must be built)")
-    t, sent, messages, stuck = _simcore.walk(comp.kind, comp.red, comp.peer, comp.count, comp.step_start,
-                                             comp.rank_start, comp.ranks, _params(net, itemsize, fold))
+    if isinstance(comp, _compact.Derived):
+        if comp.hosts * comp.per_host != net.c.nranks:
+            raise ValueError("derived schedules of another number of ranks than the cluster's")
+        arrays, (ranks, tmpl, move, movekind) = comp.reps, comp.walked()
+    else:
+        arrays, ranks, movekind = comp, comp.ranks, 0
+        tmpl, move = np.arange(len(ranks), dtype=np.int64), np.zeros(len(ranks), np.int64)
+    t, sent, messages, stuck = _simcore.walk(arrays.kind, arrays.red, arrays.peer, arrays.count, arrays.step_start,
+                                             arrays.rank_start, ranks, tmpl, move, _params(net, itemsize, fold),
+                                             movekind)
     return Estimate(t, comp.steps, sent, messages), stuck
 
 
 def run(scheds, itemsize: int, net, inplace: bool = False) -> tuple[Estimate, list[int]]:
     """``tuning.cost.run``, in C when it can be; ``scheds`` may also be a ``compact.Compact``."""
-    if isinstance(scheds, _compact.Compact):
-        return run_compact(scheds, itemsize, net)
+    if isinstance(scheds, (_compact.Compact, _compact.Derived)):
+        return run_compact(scheds.inplace() if inplace else scheds, itemsize, net)
     if available() and scheds and _fold(net) is not None and _compact.message_schedules(scheds):
         n = net.c.nranks
         if all(0 <= s.rank < n for s in scheds):
@@ -70,3 +79,22 @@ def run(scheds, itemsize: int, net, inplace: bool = False) -> tuple[Estimate, li
             if not len(comp.peer) or (comp.peer.min() >= 0 and comp.peer.max() < n):
                 return run_compact(comp, itemsize, net)
     return cost.run(scheds, itemsize, net, inplace)
+
+
+#: message level: every rank's schedule is derived from host 0's (not built) above this many operations
+DERIVE_OPS = 500_000
+
+
+def message_level(build, cluster) -> "list | _compact.Derived":
+    """Every rank's schedule of ``build(rank)`` on ``cluster``: built rank by rank, or, when there are many
+    operations and ``symmetric.find`` proves a Shift or XOR symmetry with equal counts (the samples'
+    counts must be exactly host 0's), the arrays of all ranks derived from host 0's
+    (``compact.all_ranks``: every rank and message is still walked; only construction is shared)."""
+    n = cluster.nranks
+    first = build(0)
+    if (available() and cluster.hosts > 1 and not first.segment
+            and sum(map(len, first.steps)) * n > DERIVE_OPS):
+        sym, reps = symmetric.find(build, cluster.hosts, cluster.per_host, False, exact=True)
+        if sym is not None:
+            return _compact.Derived(_compact.convert(reps), sym, cluster.hosts, cluster.per_host)
+    return [first] + [build(r) for r in range(1, n)]

@@ -16,8 +16,8 @@ from ..algorithms import registry
 from ..algorithms.shm import Window
 from ..primitives import PRIMITIVES
 from ..tuning.cost import DEFAULT_LINKS, Link, Net
-from ..tuning.cost import run as walk_model
-from . import symmetric
+from . import fast, symmetric
+from .fast import run as walk_model     # tuning.cost.run, in C where it applies (fast.py)
 from .cluster import Cluster
 
 MODES = ("auto", "message", "symmetric")
@@ -167,7 +167,7 @@ def _schedules(build, cluster: Cluster, mode: str, name: str):
                 return reps, ClusterNet(cluster, sym), True
             if mode == "symmetric":
                 raise ValueError(f"{name} cannot run in symmetric mode here: {reps}")
-    return [_try(build, r, name) for r in range(n)], ClusterNet(cluster), False
+    return fast.message_level(lambda r: _try(build, r, name), cluster), ClusterNet(cluster), False
 
 
 def _try(build, r: int, name: str):

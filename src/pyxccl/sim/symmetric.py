@@ -85,8 +85,10 @@ def sample_hosts(hosts: int) -> list[int]:
     return sorted({h for h in (1, hosts - 1, hosts // 2, hosts // 3) if 0 < h < hosts})
 
 
-def find(build, hosts: int, per_host: int, ring_of_hosts: bool):
-    """(symmetry, host 0's schedules) of the algorithm ``build(rank)``, or (None, reason)."""
+def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = False):
+    """(symmetry, host 0's schedules) of the algorithm ``build(rank)``, or (None, reason). ``exact``: the
+    counts must be equal, not only close (what deriving every rank's schedule needs: ``compact.all_ranks``).
+    The comparison is ``_same``'s, on the arrays of ``compact.py`` (``compact.same_moved``)."""
     if hosts < 2:
         return None, "one host: nothing to fold"
     n = hosts * per_host
@@ -95,8 +97,15 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool):
         return None, "segment schedules run on one host"
     kinds = [Shift] + ([] if ring_of_hosts or not Xor.applies(hosts, per_host) else [Xor])
     others = {h: [build(h * per_host + j) for j in range(per_host)] for h in sample_hosts(hosts)}
+    from . import compact
+    try:
+        base = compact.convert(reps, written=True)
+        arrays = {h: compact.convert(got, written=True) for h, got in others.items()}
+    except TypeError:       # Get, Post or Sync in a message schedule: _same says no
+        arrays = None
     for kind in kinds:
         sym = kind(n, per_host)
-        if all(_same(s, reps[j], sym.mover(h)) for h, got in others.items() for j, s in enumerate(got)):
+        if arrays is not None and all(compact.same_moved(a, base, sym, h, per_host, exact)
+                                      for h, a in arrays.items()):
             return sym, reps
     return None, "its schedules are not the same on every host, moved (no shift or XOR symmetry)"
