@@ -1,0 +1,204 @@
+"""The simulator's C core (sim/_simcore.c through sim/fast.py) gives exactly what the Python
+reference (tuning.cost.run) gives: every algorithm of the message primitives, several modelled
+clusters (CPU and DMA machines, fat tree and ring of hosts, NICs, a shared bus), sizes, message
+level and symmetric mode; the arrays derived from host 0's (compact.all_ranks) are the arrays of
+the built schedules; a deadlock reports the same stuck ranks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pyxccl.algorithms import registry
+from pyxccl.primitives import PRIMITIVES
+from pyxccl.schedule import Copy, Recv, Schedule, Send
+from pyxccl.sim import Cluster, Link, compact, fast, symmetric
+from pyxccl.sim import run as sim_run
+from pyxccl.sim.simulate import ClusterNet, candidates
+from pyxccl.tuning import cost
+
+pytestmark = pytest.mark.skipif(fast._simcore is None, reason="the C core (pyxccl.sim._simcore) is not built")
+
+PRIMS = ["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce", "gather", "scatter"]
+SIZES = [8, 64 << 10, 4 << 20]
+_DMA = dict(intra=Link(1e-6, 1 / 300e9), inter=Link(5e-6, 1 / 25e9), gamma=1e-11, copy=5e-12)
+_CPU = dict(intra=Link(20e-6, 1 / 4e9), inter=Link(60e-6, 1 / 1.1e9), gamma=2e-10, copy=1.5e-10, cpu=True,
+            reduce_overlap=False)
+CLUSTERS = {
+    "1x4-dma": Cluster(1, 4, **_DMA),
+    "1x4-cpu": Cluster(1, 4, cores=2, **_CPU),
+    "2x2-dma": Cluster(2, 2, nics=1, **_DMA),
+    "2x2-cpu": Cluster(2, 2, cores=1, **_CPU),
+    "4x2-dma-ring-nics2-nooverlap": Cluster(4, 2, nics=2, topology="ring", **dict(_DMA, reduce_overlap=False)),
+    "4x2-dma-shared-nics2": Cluster(4, 2, nics=2, intra_shared=True, **_DMA),
+    "8x2-dma-ring": Cluster(8, 2, nics=1, topology="ring", **_DMA),
+    "8x2-dma-nics2": Cluster(8, 2, nics=2, **_DMA),
+    "8x2-cpu-ring": Cluster(8, 2, cores=1, topology="ring", **_CPU),
+}
+
+
+def _builder(prim: str, name: str, c: Cluster, nbytes: int):
+    algo, p = registry.lookup(prim, name), PRIMITIVES[prim]
+    args, hosts = p.sized(c.nranks, nbytes, 4), c.host_list()
+    return lambda r: algo.schedule(r, c.nranks, hosts=hosts, **args)
+
+
+def _message_algos(prim: str, c: Cluster):
+    return [a for a in candidates(prim, c) if not registry.lookup(prim, a).segment]
+
+
+def _same(a, b):
+    (ea, sa), (eb, sb) = a, b
+    assert eb.time == pytest.approx(ea.time, rel=1e-12, abs=0)
+    assert eb.time == ea.time, "not bit for bit"
+    assert (eb.steps, eb.bytes_sent, eb.messages) == (ea.steps, ea.bytes_sent, ea.messages)
+    assert sb == sa
+
+
+def _check(scheds, net, inplace):
+    want = cost.run(scheds, 4, net, inplace)
+    _same(want, fast.run(scheds, 4, net, inplace))
+    _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net))      # the C core, surely
+
+
+@pytest.mark.parametrize("cname", list(CLUSTERS))
+@pytest.mark.parametrize("prim", PRIMS)
+def test_c_core_equals_the_python_walk(prim, cname):
+    c = CLUSTERS[cname]
+    inplace = prim == "allreduce"
+    walked = folded = 0
+    for name in _message_algos(prim, c):
+        for nbytes in SIZES:
+            build = _builder(prim, name, c, nbytes)
+            try:
+                scheds = [build(r) for r in range(c.nranks)]
+            except ValueError:          # the algorithm cannot run here (e.g. not a power of two)
+                continue
+            _check(scheds, ClusterNet(c), inplace)
+            walked += 1
+            sym, reps = symmetric.find(build, c.hosts, c.per_host, c.topology == "ring")
+            if sym is not None:
+                _check(reps, ClusterNet(c, sym), inplace)
+                folded += 1
+    assert walked
+    print(prim, cname, "walked", walked, "folded", folded)
+
+
+def test_c_core_on_large_messages_of_a_cpu_machine():
+    """Messages above the socket buffer (the sender waits until the rest fits), stretched CPUs."""
+    for cname in ("2x2-cpu", "8x2-cpu-ring"):
+        c = CLUSTERS[cname]
+        for prim, name in (("broadcast", "binomial"), ("allreduce", "ring"), ("alltoall", "direct")):
+            build = _builder(prim, name, c, 48 << 20)
+            _check([build(r) for r in range(c.nranks)], ClusterNet(c), prim == "allreduce")
+
+
+def test_the_c_core_is_used():
+    c = CLUSTERS["8x2-dma-nics2"]
+    scheds = [_builder("allreduce", "ring", c, 1 << 20)(r) for r in range(c.nranks)]
+    assert fast._fold(ClusterNet(c)) == 0 and compact.message_schedules(scheds)
+
+
+@pytest.mark.parametrize("cname", ["2x2-dma", "2x2-cpu"])
+def test_a_deadlock_reports_the_same_stuck_ranks(cname):
+    c = CLUSTERS[cname]
+    # ranks 0 and 2 (two hosts) each wait for the other before sending; 1 and 3 exchange fine
+    s = [Schedule(0, 4, [(Recv(2, "out", 0, 8),), (Send(2, "in", 0, 8),)]),
+         Schedule(1, 4, [(Send(3, "in", 0, 8), Recv(3, "out", 0, 8, True))]),
+         Schedule(2, 4, [(Copy("in", 0, "out", 0, 8),), (Recv(0, "out", 0, 8),), (Send(0, "in", 0, 8),)]),
+         Schedule(3, 4, [(Recv(1, "out", 0, 8, True), Send(1, "in", 0, 8))])]
+    a, b = cost.run(s, 4, ClusterNet(c), True), fast.run(s, 4, ClusterNet(c), True)
+    assert a[1] == [0, 2]
+    _same(a, b)
+    # a subset of the ranks (rank 3's sender missing): 3 waits for ever
+    sub = [s[3]]
+    _same(cost.run(sub, 4, ClusterNet(c)), fast.run(sub, 4, ClusterNet(c)))
+    assert fast.run(sub, 4, ClusterNet(c))[1] == [3]
+
+
+def test_the_walkers_order_inside_a_step():
+    """Ops written receive-first are walked copies, sends, receives (written order kept in each kind),
+    and an in-place call's copy of a buffer onto itself is left out."""
+    s = Schedule(0, 2, [(Recv(1, "out", 0, 4, True), Recv(1, "tmp", 0, 2), Send(1, "in", 0, 4),
+                         Copy("in", 0, "out", 0, 4), Copy("tmp", 0, "out", 0, 2, True))])
+    a = compact.convert([s])
+    assert a.kind.tolist() == [0, 0, 1, 2, 2] and a.count.tolist() == [4, 2, 4, 4, 2]
+    assert a.red.tolist() == [0, 1, 0, 1, 0] and a.peer.tolist() == [0, 0, 1, 1, 1]
+    b = compact.convert([s], inplace=True)
+    assert b.kind.tolist() == [0, 1, 2, 2] and b.step_start.tolist() == [0, 4]
+    assert a.inplace().equal(b)
+    t = Schedule(1, 2, [(Recv(0, "out", 0, 4), Recv(0, "out", 0, 2, True), Send(0, "in", 0, 4))])
+    c = CLUSTERS["2x2-dma"].resized(1, 2)
+    _same(cost.run([s, t], 4, ClusterNet(c), True), fast.run([s, t], 4, ClusterNet(c), True))
+
+
+@pytest.mark.parametrize("shape", [(8, 2), (16, 4)])
+@pytest.mark.parametrize("name", ["ring", "hierarchical", "halving_doubling"])
+def test_derived_arrays_are_the_built_ones(name, shape):
+    hosts, per_host = shape
+    c = Cluster(hosts, per_host, nics=2, **_DMA)
+    build = _builder("allreduce", name, c, 1 << 20)
+    sym, reps = symmetric.find(build, hosts, per_host, False, exact=True)
+    assert sym is not None
+    built = [build(r) for r in range(c.nranks)]
+    derived = compact.Derived(compact.convert(reps), sym, hosts, per_host)
+    assert derived.full().equal(compact.convert(built))
+    assert derived.inplace().full().equal(compact.convert(built, inplace=True))
+    # and the C core's walk of the derived ranks (peers moved as it goes) is the Python walk of the built
+    _same(cost.run(built, 4, ClusterNet(c), True), fast.run(derived, 4, ClusterNet(c), True))
+
+
+def test_uneven_chunks_are_not_derived():
+    """Counts only close (uneven chunks) are enough for symmetric mode, not for deriving exact arrays."""
+    c = Cluster(8, 2, **_DMA)
+    build = _builder("allreduce", "ring", c, 4 * 1001)
+    assert symmetric.find(build, 8, 2, False)[0] is not None
+    assert symmetric.find(build, 8, 2, False, exact=True)[0] is None
+
+
+def test_symmetric_find_keeps_its_rules():
+    """The vectorized comparison says what _same says."""
+    c = Cluster(8, 2, **_DMA)
+    for name in ("ring", "hierarchical", "halving_doubling", "tree", "double_binary_tree"):
+        build = _builder("allreduce", name, c, 1 << 16)
+        reps = [build(r) for r in range(2)]
+        for kind in (symmetric.Shift, symmetric.Xor):
+            sym = kind(16, 2)
+            base = compact.convert(reps, written=True)
+            for h in symmetric.sample_hosts(8):
+                got = [build(h * 2 + j) for j in range(2)]
+                old = all(symmetric._same(s, reps[j], sym.mover(h)) for j, s in enumerate(got))
+                assert compact.same_moved(compact.convert(got, written=True), base, sym, h, 2) == old
+
+
+@pytest.mark.parametrize("name", ["ring", "hierarchical", "halving_doubling", "tree"])
+def test_simulate_message_level_derived_equals_python(name, monkeypatch):
+    c = Cluster(8, 4, nics=2, **_DMA)
+    monkeypatch.setattr(fast, "DERIVE_OPS", 0)
+    got = sim_run("allreduce", 1 << 20, c, [name], mode="message")[0]
+    monkeypatch.setenv("PYXCCL_SIMCORE", "0")
+    want = sim_run("allreduce", 1 << 20, c, [name], mode="message")[0]
+    assert (got.time, got.bytes_sent, got.messages, got.steps) == (want.time, want.bytes_sent, want.messages,
+                                                                    want.steps)
+    got = sim_run("allreduce", 1 << 20, c, [name], mode="symmetric")[0] if name != "tree" else None
+    if got is not None:
+        monkeypatch.setenv("PYXCCL_SIMCORE", "1")
+        want2 = sim_run("allreduce", 1 << 20, c, [name], mode="symmetric")[0]
+        assert got.time == want2.time
+
+
+def test_segment_schedules_go_to_the_python_reference():
+    c = CLUSTERS["1x4-cpu"]
+    for name in candidates("allreduce", c):
+        if registry.lookup("allreduce", name).segment:
+            from pyxccl.algorithms.shm import Window
+            algo = registry.lookup("allreduce", name)
+            s = [algo.schedule(r, 4, window=Window.of(c.segment_bytes, 4, True), count=1 << 16) for r in range(4)]
+            assert fast.run(s, 4, ClusterNet(c), True) == cost.run(s, 4, ClusterNet(c), True)
+
+
+def test_the_python_reference_runs_without_the_core(monkeypatch):
+    monkeypatch.setattr(fast, "_simcore", None)
+    c = CLUSTERS["2x2-dma"]
+    scheds = [_builder("allreduce", "ring", c, 1 << 10)(r) for r in range(4)]
+    assert fast.run(scheds, 4, ClusterNet(c), True) == cost.run(scheds, 4, ClusterNet(c), True)
+    assert np.isfinite(fast.run(scheds, 4, ClusterNet(c), True)[0].time)
