@@ -127,18 +127,21 @@ def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple
     if sub.segment:
         raise ValueError("a segment schedule runs on its own rounds; it cannot be embedded")
 
-    def mv(name: str, off: int) -> tuple[str, int]:
-        b, base = bufs[name]
-        return b, base + off
     for step in sub.steps:
         ops = []
         for o in step:
-            if type(o) is Copy:
-                (sb, so), (db, do) = mv(o.src, o.src_off), mv(o.dst, o.dst_off)
-                ops.append(Copy(sb, so, db, do, o.count, o.reduce))
+            t = type(o)
+            if t is Copy:
+                (sb, so), (db, do) = bufs[o.src], bufs[o.dst]
+                ops.append(Copy(sb, so + o.src_off, db, do + o.dst_off, o.count, o.reduce))
+                continue
+            b, base = bufs[o.buf]
+            if t is Send:       # o._replace(peer=..., buf=..., off=...), without its cost (large simulations)
+                ops.append(Send(group[o.peer], b, base + o.off, o.count))
+            elif t is Recv:
+                ops.append(Recv(group[o.peer], b, base + o.off, o.count, o.reduce))
             else:
-                b, off = mv(o.buf, o.off)
-                ops.append(o._replace(peer=group[o.peer], buf=b, off=off))
+                ops.append(o._replace(peer=group[o.peer], buf=b, off=base + o.off))
         if at is None:
             into.step(*ops)
             continue

@@ -3,6 +3,8 @@ a flat "master" tree (everyone to rank 0 and back: the parameter-server shape
 of the seeds), and NCCL's double binary tree."""
 from __future__ import annotations
 
+import functools
+
 from ..schedule import Copy, Recv, Schedule, Send, embed, split_counts
 from .registry import lookup, register
 
@@ -75,6 +77,7 @@ def _btree(n: int, r: int):
     return up, kids
 
 
+@functools.lru_cache(maxsize=4)       # every rank's schedule reads the same trees (read only)
 def _dtree(n: int):
     """Tree 0 has the odd ranks as leaves; tree 1 is its mirror (even n) or its shift by one
     (odd n), whose leaves are the even ranks: every rank is a leaf in at least one tree."""

@@ -94,7 +94,8 @@ def message_level(build, cluster) -> "list | _compact.Derived":
     first = build(0)
     if (available() and cluster.hosts > 1 and not first.segment
             and sum(map(len, first.steps)) * n > DERIVE_OPS):
-        sym, reps = symmetric.find(build, cluster.hosts, cluster.per_host, False, exact=True)
+        sym, reps = symmetric.find(lambda r: first if r == 0 else build(r), cluster.hosts, cluster.per_host, False,
+                                   exact=True)
         if sym is not None:
             return _compact.Derived(_compact.convert(reps), sym, cluster.hosts, cluster.per_host)
     return [first] + [build(r) for r in range(1, n)]

@@ -162,7 +162,8 @@ def _schedules(build, cluster: Cluster, mode: str, name: str):
         first = _try(build, 0, name)
         big = sum(len(st) for st in first.steps) * n > MESSAGE_BUDGET
         if mode == "symmetric" or big:
-            sym, reps = symmetric.find(build, cluster.hosts, cluster.per_host, cluster.topology == "ring")
+            sym, reps = symmetric.find(lambda r: first if r == 0 else build(r), cluster.hosts, cluster.per_host,
+                                       cluster.topology == "ring")
             if sym is not None:
                 return reps, ClusterNet(cluster, sym), True
             if mode == "symmetric":
