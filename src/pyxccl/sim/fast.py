@@ -74,7 +74,8 @@ def run(scheds, itemsize: int, net, inplace: bool = False) -> tuple[Estimate, li
         return run_compact(scheds.inplace() if inplace else scheds, itemsize, net)
     if available() and scheds and _fold(net) is not None and _compact.message_schedules(scheds):
         n = net.c.nranks
-        if all(0 <= s.rank < n for s in scheds):
+        ranks = [s.rank for s in scheds]
+        if all(0 <= r < n for r in ranks) and len(set(ranks)) == len(ranks):    # (Timing indexes ranks)
             comp = _compact.convert(scheds, inplace)
             if not len(comp.peer) or (comp.peer.min() >= 0 and comp.peer.max() < n):
                 return run_compact(comp, itemsize, net)
