@@ -155,11 +155,14 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
         cross = [g[me] for g in peers_by_host]          # local rank `me` of every host
         chunks = max(1, min(PIPELINE_CHUNKS, count // PIPELINE_MIN)) if len(cross) > 1 and L > 1 else 1
         parts, base = split_counts(count, chunks), 0
+        made: dict = {}       # chunks of one size embed the same phases (embed only reads them)
         for c, (off, n) in enumerate(zip(offsets(parts), parts)):
             shards = split_counts(n, L)
-            rs = lookup("reduce_scatter", inner).build(me, L, counts=shards)
-            ar = lookup("allreduce", outer).build(cross.index(rank), len(cross), count=shards[me])
-            ag = lookup("allgather", inner).build(me, L, counts=shards)
+            if n not in made:
+                made[n] = (lookup("reduce_scatter", inner).build(me, L, counts=shards),
+                           lookup("allreduce", outer).build(cross.index(rank), len(cross), count=shards[me]),
+                           lookup("allgather", inner).build(me, L, counts=shards))
+            rs, ar, ag = made[n]
             # this chunk's tmp = [this rank's shard | scratch of whichever phase needs the most]
             tmp = {"tmp": ("tmp", base + shards[0])}
             at = 1 + c * len(ar.steps)        # chunk c+1's phases run one inter-host phase behind c's

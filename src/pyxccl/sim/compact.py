@@ -67,7 +67,72 @@ def message_schedules(scheds) -> bool:
 def convert(scheds: list[Schedule], inplace: bool = False, written: bool = False) -> Compact:
     """The arrays of ``scheds`` (message schedules), in the walker's order (``written``: in the order
     written, what :func:`same_moved` compares). Raises TypeError on an operation a message schedule
-    cannot hold."""
+    cannot hold. Each schedule's arrays (in the order written) are kept on it, as ``walk.phases``
+    keeps its phases: symmetric mode converts host 0's schedules to compare them, then walks them."""
+    c = _written(scheds)
+    return c if written else walker_order(c, inplace)
+
+
+def walker_order(c: Compact, inplace: bool = False) -> Compact:
+    """``c`` (in the order written) in the walker's order: in each step the copies, then the sends, then
+    the receives, each kind in the order written; with ``inplace``, without the skipped copies."""
+    nsteps = len(c.step_start) - 1
+    lens = np.diff(c.step_start)
+    kind, red, peer, count, keep = c.kind, c.red, c.peer, c.count, None if c.skip is None else ~c.skip
+    step_of = None
+    if len(kind) > 1:
+        step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
+        key = step_of * 3 + kind
+        if not (key[1:] >= key[:-1]).all():          # a step's ops are not yet in the walker's order
+            order = np.argsort(key, kind="stable")
+            kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
+            if keep is not None:
+                keep = keep[order]
+    step_start = c.step_start
+    if keep is not None and inplace:
+        if step_of is None:
+            step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
+        kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
+        step_start = np.zeros(nsteps + 1, np.int64)
+        np.cumsum(np.bincount(step_of, minlength=nsteps), out=step_start[1:])
+        keep = None
+    return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep)
+
+
+_KEPT = "_compact"
+
+
+def _written(scheds: list[Schedule]) -> Compact:
+    parts = [s.__dict__.get(_KEPT) for s in scheds]
+    todo = [s for s, p in zip(scheds, parts) if p is None]
+    if todo:
+        c = _convert(todo)
+        for i, s in enumerate(todo):         # each schedule's part (views of the batch's arrays)
+            a, b = c.rank_start[i], c.rank_start[i + 1]
+            x, y = c.step_start[a], c.step_start[b]
+            s.__dict__[_KEPT] = Compact(c.kind[x:y], c.red[x:y], c.peer[x:y], c.count[x:y],
+                                        c.step_start[a:b + 1] - x, np.array([0, b - a], np.int64),
+                                        c.ranks[i:i + 1], None if c.skip is None else c.skip[x:y])
+        if len(todo) == len(scheds):
+            return c
+        parts = [s.__dict__[_KEPT] for s in scheds]
+    if len(parts) == 1:
+        return parts[0]
+    lens = np.concatenate([np.diff(p.step_start) for p in parts])
+    step_start = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=step_start[1:])
+    nsteps = np.fromiter((len(p.step_start) - 1 for p in parts), np.int64, len(parts))
+    rank_start = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum(nsteps, out=rank_start[1:])
+    skip = None
+    if any(p.skip is not None for p in parts):
+        skip = np.concatenate([np.zeros(len(p.kind), bool) if p.skip is None else p.skip for p in parts])
+    return Compact(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("kind", "red", "peer", "count")),
+                   step_start, rank_start, np.concatenate([p.ranks for p in parts]), skip)
+
+
+def _convert(scheds: list[Schedule]) -> Compact:
+    """The arrays of ``scheds`` in the order written, with the in-place copies marked (``skip``)."""
     steps = [st for s in scheds for st in s.steps]
     nsteps = np.fromiter(map(len, (s.steps for s in scheds)), np.int64, len(scheds))
     lens = np.fromiter(map(len, steps), np.int64, len(steps))
@@ -81,7 +146,7 @@ def convert(scheds: list[Schedule], inplace: bool = False, written: bool = False
     count = np.fromiter(map(_FOURTH, flat), np.int64, m)      # Copy: dst_off, fixed below
     red = np.fromiter(map(_LAST, flat), np.int64, m)          # Send: count, fixed below
     copies = np.flatnonzero(kind == COPY)
-    keep = None
+    skip = None
     if len(copies):
         peers = list(map(_FIRST, flat))
         for j in copies.tolist():
@@ -89,31 +154,19 @@ def convert(scheds: list[Schedule], inplace: bool = False, written: bool = False
             peers[j] = 0
             count[j] = o.count
             if o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
-                if keep is None:
-                    keep = np.ones(m, bool)
-                keep[j] = False
+                if skip is None:
+                    skip = np.zeros(m, bool)
+                skip[j] = True
         peer = np.fromiter(peers, np.int64, m)
     else:
         peer = np.fromiter(map(_FIRST, flat), np.int64, m)
     red[kind == SEND] = 0
-    red = red.astype(np.int8)
-    step_of = np.repeat(np.arange(len(steps), dtype=np.int64), lens)
-    key = step_of * 3 + kind
-    if not written and m > 1 and not (key[1:] >= key[:-1]).all():     # a step's ops are not yet in the walker's order
-        order = np.argsort(key, kind="stable")
-        kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
-        if keep is not None:
-            keep = keep[order]
-    if keep is not None and inplace:
-        kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
-        lens = np.bincount(step_of, minlength=len(steps)).astype(np.int64)
-        keep = None
     step_start = np.zeros(len(steps) + 1, np.int64)
     np.cumsum(lens, out=step_start[1:])
     rank_start = np.zeros(len(scheds) + 1, np.int64)
     np.cumsum(nsteps, out=rank_start[1:])
     ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
-    return Compact(kind, red, peer, count, step_start, rank_start, ranks, None if keep is None else ~keep)
+    return Compact(kind, red.astype(np.int8), peer, count, step_start, rank_start, ranks, skip)
 
 
 def _moved(peer: np.ndarray, kind: np.ndarray, sym_name: str, d, n: int) -> np.ndarray:
