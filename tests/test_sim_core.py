@@ -144,7 +144,8 @@ def test_derived_arrays_are_the_built_ones(name, shape):
     assert derived.full().equal(compact.convert(built))
     assert derived.inplace().full().equal(compact.convert(built, inplace=True))
     # and the C core's walk of the derived ranks (peers moved as it goes) is the Python walk of the built
-    _same(cost.run(built, 4, ClusterNet(c), True), fast.run(derived, 4, ClusterNet(c), True))
+    for net in (c, Cluster(hosts, per_host, nics=1, topology="ring", cores=2, **_CPU)):
+        _same(cost.run(built, 4, ClusterNet(net), True), fast.run(derived, 4, ClusterNet(net), True))
 
 
 def test_uneven_chunks_are_not_derived():
