@@ -1,0 +1,380 @@
+"""How well the simulator (``pyxccl.sim``) predicts what pyxccl measures on this machine (issue 15).
+
+Run it (from the repository, with the package on the path):
+
+    python benchmarks/sim_fidelity.py --save /work/bench/i15/measured.json     # measure, then predict
+    python benchmarks/sim_fidelity.py --part local --save FILE                 # only the local ranks
+    python benchmarks/sim_fidelity.py --load /work/bench/i15/measured.json     # predict a saved measurement
+
+The hosts part needs root (network namespaces made by tests/netns.py, tests/emuhosts); without
+root it is skipped with a note.
+
+How it measures. Both parts time calls with pyxccl's own benchmark code (``pyxccl.bench.runner``:
+nccl-tests sizes and buffers, float32, out of place, barrier before each call, per-iteration time
+= the max over ranks, warm-up and timed iterations by size as ``bench/methodology.py`` says); the
+sweep is repeated ``--rounds`` times in one job and a row's time is the median of all its timed
+iterations. Each row records the algorithm the tuner chose for it (``comm.algorithm_for``), which is
+the one that ran.
+
+- local: ``-n 2`` and ``-n 4`` ranks on this host (shared memory), allreduce, allgather and
+  alltoall from 64 KiB to 64 MiB (x4);
+- hosts: 2 emulated hosts x 2 ranks joined by links shaped to ``--rate`` (1gbit), the same three
+  collectives at 1, 4, 16 and 64 MiB.
+
+Each job also records the link figures its communicator's tuner used (``comm.link_figures()``:
+shared memory, the shared segment's round, copy and reduction rates from pyxccl's link cache, and
+"tcp" between hosts measured at that job's init), so a saved measurement is predicted with the
+figures measured when it ran, not with whatever the cache holds later.
+
+How it predicts. Every measured row goes through ``pyxccl.sim.run(prim, nbytes, cluster,
+[algorithm])`` with ``cluster = Cluster.measured(hosts, per_host, inter=<measured tcp>)`` whose
+shared-memory, segment, copy and reduction figures are those the job recorded. The error is
+(predicted - measured) / measured; the table ends with the median |error| of each part and of all
+rows, and the worst rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KiB, MiB = 1 << 10, 1 << 20
+PRIMS = ("allreduce", "allgather", "alltoall")
+LOCAL_SIZES = [64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+HOST_SIZES = [MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+COLUMNS = ("collective", "ranks", "size", "algorithm", "measured", "predicted", "error")
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+def _worker(a) -> None:
+    """One rank of a measuring job: time the sweep with the bench's own code; rank 0 writes a JSON."""
+    import numpy as np
+
+    import pyxccl
+    from pyxccl.bench import methodology as M
+    from pyxccl.bench.runner import Case, call_pyxccl, time_case
+
+    comm = pyxccl.init()
+    prims, sizes = a.prims.split(","), [int(s) for s in a.sizes.split(",")]
+    times: dict = {}
+    algos: dict = {}
+    for _ in range(a.rounds):
+        for prim in prims:
+            for nbytes in sizes:
+                case = Case(prim, nbytes, "float32", comm.rank, comm.size, False)
+                w, it = M.iters_for(case.nbytes)
+                if a.iters_scale != 1:
+                    it = max(3, round(it * a.iters_scale))
+                ts, wrong = time_case(comm, case, lambda c: call_pyxccl(comm, c, "sum", None), it, w)
+                if wrong:
+                    raise SystemExit(f"{prim} {nbytes}: {wrong} wrong values")
+                times.setdefault((prim, case.nbytes), []).extend(ts)
+                algos[(prim, case.nbytes)] = comm.algorithm_for(prim, case.nbytes, np.float32)
+    topo = comm.topology()
+    hosts = len({t["host"] for t in topo})
+    m = comm.link_figures()
+    now = _figures_now(comm, hosts, sorted({s for _, s in times}))
+    if comm.rank == 0:
+        rows = [dict(prim=p, hosts=hosts, per_host=comm.size // hosts, size=s, algorithm=algos[(p, s)],
+                     time=statistics.median(ts), min=min(ts), iters=len(ts)) for (p, s), ts in times.items()]
+        doc = dict(rows=rows, machine=m.to_json() if m is not None else None,
+                   source=getattr(m, "source", ""), ranks=comm.size, hosts=hosts, now=now)
+        with open(a.out, "w") as f:
+            json.dump(doc, f, indent=1)
+    comm.close()
+
+
+def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
+    """Collective: figures measured by the job itself, right after its sweep, as its ranks see them
+    (all ranks at once, medians, not minima): the segment's round (a barrier call), numpy's copy and
+    add rates at each size (bytes per array), and between hosts the sustained rate of a host's link
+    with every rank of host 0 exchanging 16 MiB with its counterpart on host 1 at once."""
+    import numpy as np
+
+    def timed(fn, reps):
+        ts = []
+        for _ in range(reps):
+            comm.barrier()
+            t = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t)
+        return ts
+
+    out: dict = {"load": os.getloadavg()[0]}
+    per_host = comm.size // hosts
+    if hosts == 1:
+        ts = timed(lambda: comm.barrier(algorithm="shm"), 60)
+        ts = np.array(ts)
+        comm.allreduce(ts, "max")
+        out["seg"] = [float(np.median(ts)), float(ts.min())]
+    rates = {}
+    for nb in sizes:
+        a, b = np.ones(max(1, nb // 4), np.float32), np.ones(max(1, nb // 4), np.float32)
+        reps = max(3, min(40, (32 << 20) // max(nb, 1)))
+        tc = np.array([statistics.median(timed(lambda: np.copyto(a, b), reps))])
+        ta = np.array([statistics.median(timed(lambda: np.add(a, b, out=a), reps))])
+        comm.allreduce(tc, "max")
+        comm.allreduce(ta, "max")
+        rates[str(nb)] = [float(tc[0]) / a.nbytes, float(ta[0]) / a.nbytes]     # (copy, gamma) s/B
+    out["rates"] = rates
+    if hosts > 1:
+        nb = 16 << 20
+        buf, got = np.ones(nb // 4, np.float32), np.zeros(nb // 4, np.float32)
+        peer = (comm.rank + per_host) % comm.size if comm.rank < 2 * per_host else None
+
+        def swap():
+            if peer is not None:
+                w = comm.isend(buf, peer, 0x7FFE0001)
+                comm.recv(got, peer, 0x7FFE0001)
+                w.wait()
+        ts = np.array(timed(swap, 4)[1:])
+        comm.allreduce(ts, "max")
+        out["tcp_sustained_beta"] = float(np.median(ts)) / (per_host * nb)    # s/B of one host's link
+    return out
+
+
+def _worker_argv(out: str, sizes, rounds: int, iters_scale: float) -> list[str]:
+    return [str(Path(__file__).resolve()), "--worker", "--out", out, "--prims", ",".join(PRIMS),
+            "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds), "--iters-scale", str(iters_scale)]
+
+
+def measure_local(ns=(2, 4), sizes=LOCAL_SIZES, rounds: int = 2) -> dict:
+    """Local ranks on this host: one job per rank count."""
+    from pyxccl.launcher import run
+    rows, machines = [], {}
+    for n in ns:
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "rows.json")
+            t, load = time.time(), os.getloadavg()[0]
+            rc = run(n, _worker_argv(out, sizes, rounds, 1.0))
+            if rc:
+                raise SystemExit(f"the local job of {n} ranks failed ({rc})")
+            doc = json.load(open(out))
+        print(f"# measured {n} local ranks in {time.time() - t:.0f} s", file=sys.stderr)
+        rows += doc["rows"]
+        machines[str(n)] = dict(machine=doc["machine"], source=doc["source"], now=doc.get("now"),
+                                load_before=load)
+    return dict(rows=rows, machines=machines)
+
+
+def measure_hosts(hosts_n: int = 2, per_host: int = 2, rate: str = "1gbit", sizes=HOST_SIZES,
+                  rounds: int = 1, iters_scale: float = 1.0, timeout: float = 900) -> dict:
+    """``hosts_n`` emulated hosts x ``per_host`` ranks, links shaped to ``rate`` (needs root)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from netns import EmulatedHosts, unavailable
+    why = unavailable()
+    if why:
+        raise RuntimeError(why)
+    port = 29800 + os.getpid() % 150
+    with tempfile.TemporaryDirectory() as d, EmulatedHosts(hosts_n, rate=rate, subnet="10.83.0") as hosts:
+        os.chmod(d, 0o777)
+        out = os.path.join(d, "rows.json")
+        argv = _worker_argv(out, sizes, rounds, iters_scale)
+        code = ("import sys; from pyxccl.launcher import run; "
+                "sys.exit(run(int(sys.argv[1]), sys.argv[6:], nnodes=int(sys.argv[2]), node_rank=int(sys.argv[3]), "
+                "master_addr=sys.argv[4], master_port=int(sys.argv[5])))")
+        t, load = time.time(), os.getloadavg()[0]
+        procs = [hosts.popen(h, [sys.executable, "-c", code, str(per_host), str(hosts_n), str(h), hosts.addrs[0],
+                                 str(port), *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ)) for h in range(hosts_n)]
+        for p in procs:
+            text, _ = p.communicate(timeout=timeout)
+            if p.returncode:
+                raise RuntimeError(f"a host's job failed ({p.returncode}):\n{text[-3000:]}")
+        doc = json.load(open(out))
+    print(f"# measured {hosts_n} x {per_host} emulated hosts in {time.time() - t:.0f} s", file=sys.stderr)
+    return dict(rows=doc["rows"], machines={"hosts": dict(machine=doc["machine"], source=doc["source"], now=doc.get("now"),
+                                             load_before=load)},
+                rate=rate)
+
+
+# --- predicting --------------------------------------------------------------------------------
+
+def cluster_for(row: dict, machine: dict | None):
+    """The simulator's cluster for a measured row: ``Cluster.measured`` with the figures the job used."""
+    from dataclasses import replace
+
+    from pyxccl.sim import Cluster, Link
+    links = {k: Link(*v) for k, v in (machine or {}).get("links", {}).items()}
+    h, l = row["hosts"], row["per_host"]
+    c = Cluster.measured(h, l, inter=links.get("tcp"))
+    if machine:
+        seg = links.get("seg") or links.get(f"seg:{l}")     # the job's own segment round
+        c = replace(c, intra=links.get("shm", c.intra), gamma=machine["gamma"], copy=machine["copy"],
+                    cores=machine.get("cores") or c.cores, seg=seg if seg or h > 1 else c.seg,
+                    source="the measuring job's figures")
+    return c
+
+
+def cluster_now(row: dict, machine: dict | None, now: dict | None):
+    """The same cluster with the figures the job measured right after its sweep (``_figures_now``):
+    the segment's round as a call sees it (median), numpy's copy and add rates at the row's size
+    with every rank copying at once (so they include the sharing of cores and memory: no stretch
+    on top, ``cores = per_host``), and between hosts the sustained rate of a host's link. None when
+    the measurement has none of them."""
+    from dataclasses import replace
+
+    from pyxccl.sim import Link
+    if not now or str(row["size"]) not in now.get("rates", {}):
+        return None
+    c = cluster_for(row, machine)
+    copy, gamma = now["rates"][str(row["size"])]
+    c = replace(c, copy=copy, gamma=gamma, cores=row["per_host"], source="figures measured after the sweep")
+    if now.get("seg"):
+        c = replace(c, seg=Link(now["seg"][0], 0.0))
+    if now.get("tcp_sustained_beta") and row["hosts"] > 1:
+        c = replace(c, inter=Link(c.inter.alpha, now["tcp_sustained_beta"]))
+    return c
+
+
+def _job(doc: dict, part: str, row: dict) -> dict:
+    ms = doc[part]["machines"]
+    return (ms.get("hosts") if part == "hosts" else ms.get(str(row["per_host"]))) or {}
+
+
+def machine_for(doc: dict, part: str, row: dict) -> dict | None:
+    return _job(doc, part, row).get("machine")
+
+
+def predict(doc: dict) -> list[dict]:
+    """Every measured row of ``doc`` (what measure_* saved) with the simulator's time for it:
+    ``predicted`` with the figures the job's tuner used, ``now`` (or None) with those the job
+    measured after its sweep (``cluster_now``)."""
+    import pyxccl.sim
+
+    def sim(c, row):
+        return pyxccl.sim.run(row["prim"], row["size"], c, [row["algorithm"]], inplace=False)[0].time
+
+    out = []
+    for part in ("local", "hosts"):
+        if part not in doc:
+            continue
+        for row in doc[part]["rows"]:
+            job = _job(doc, part, row)
+            pred = sim(cluster_for(row, job.get("machine")), row)
+            c = cluster_now(row, job.get("machine"), job.get("now"))
+            now = sim(c, row) if c is not None else None
+            out.append(dict(row, part=part, predicted=pred, error=(pred - row["time"]) / row["time"],
+                            now=now, now_error=None if now is None else (now - row["time"]) / row["time"]))
+    return out
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+def _size(n: int) -> str:
+    for unit, k in (("M", MiB), ("K", KiB)):
+        if n >= k and n % k == 0:
+            return f"{n // k}{unit}"
+    return str(n)
+
+
+def _ms(t: float) -> str:
+    return f"{t * 1e3:.3f}" if t < 0.01 else f"{t * 1e3:.1f}"
+
+
+def _pct(e) -> str:
+    return f"{e * 100:>+9.1f}" if e is not None else f"{'-':>9}"
+
+
+def _median_abs(rows, key) -> float | None:
+    es = [abs(r[key]) for r in rows if r.get(key) is not None]
+    return statistics.median(es) if es else None
+
+
+def report(rows: list[dict], file=None, worst: int = 5) -> dict:
+    """Print a table per part, the median |error| per part and overall, the worst rows; return the
+    medians ({"local": ..., "hosts": ..., "overall": ...}, and the same with "now " before each key
+    for the predictions with the figures measured after the sweep)."""
+    file = file or sys.stdout
+    medians = {}
+    now_any = any(r.get("now") is not None for r in rows)
+    for part in ("local", "hosts"):
+        rs = [r for r in rows if r["part"] == part]
+        if not rs:
+            continue
+        title = "local ranks (shared memory)" if part == "local" else "emulated hosts (shaped TCP links)"
+        print(f"# {title}", file=file)
+        print(f"{'collective':<11}{'ranks':>7}{'size':>6}  {'algorithm':<14}{'measured ms':>12}"
+              f"{'predicted ms':>13}{'error %':>9}" + (f"{'now ms':>10}{'error %':>9}" if now_any else ""), file=file)
+        for r in rs:
+            ranks = f"{r['per_host']}" if r["hosts"] == 1 else f"{r['hosts']}x{r['per_host']}"
+            line = (f"{r['prim']:<11}{ranks:>7}{_size(r['size']):>6}  {r['algorithm']:<14}{_ms(r['time']):>12}"
+                    f"{_ms(r['predicted']):>13}{_pct(r['error'])}")
+            if now_any:
+                line += (f"{_ms(r['now']):>10}" if r.get("now") is not None else f"{'-':>10}") + _pct(r.get("now_error"))
+            print(line, file=file)
+        medians[part] = _median_abs(rs, "error")
+        text = f"# median |error| ({part}): {medians[part] * 100:.1f}%"
+        if now_any and _median_abs(rs, "now_error") is not None:
+            medians["now " + part] = _median_abs(rs, "now_error")
+            text += f"; with the figures measured after the sweep (now): {medians['now ' + part] * 100:.1f}%"
+        print(text + f" ({len(rs)} rows)\n", file=file)
+    if rows:
+        medians["overall"] = _median_abs(rows, "error")
+        text = f"# median |error| (overall): {medians['overall'] * 100:.1f}%"
+        if now_any and _median_abs(rows, "now_error") is not None:
+            medians["now overall"] = _median_abs(rows, "now_error")
+            text += f"; now: {medians['now overall'] * 100:.1f}%"
+        print(text + f" ({len(rows)} rows)", file=file)
+        bad = sorted(rows, key=lambda r: -abs(r["error"]))[:worst]
+        print("# worst: " + "; ".join(
+            f"{r['prim']} {r['hosts']}x{r['per_host']} {_size(r['size'])} {r['algorithm']} {r['error'] * 100:+.0f}%"
+            for r in bad), file=file)
+    return medians
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--part", choices=("local", "hosts", "all"), default="all", help="what to measure")
+    ap.add_argument("--save", default=None, help="write the measurement to this JSON file")
+    ap.add_argument("--load", default=None, help="predict this saved measurement (measure nothing)")
+    ap.add_argument("--no-predict", dest="predict", action="store_false", help="measure only")
+    ap.add_argument("--rounds", type=int, default=2, help="sweeps per job (a row: the median of all its timed iterations)")
+    ap.add_argument("--rate", default="1gbit", help="hosts part: tc rate of each host's link")
+    ap.add_argument("--host-sizes", default=",".join(map(str, HOST_SIZES)))
+    ap.add_argument("--worst", type=int, default=5)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--prims", help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", help=argparse.SUPPRESS)
+    ap.add_argument("--iters-scale", type=float, default=1.0, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        _worker(a)
+        return 0
+    if a.load:
+        with open(a.load) as f:
+            doc = json.load(f)
+    else:
+        doc = dict(measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), host=os.uname().nodename)
+        if a.part in ("local", "all"):
+            doc["local"] = measure_local(rounds=a.rounds)
+            _save(doc, a.save)
+        if a.part in ("hosts", "all"):
+            try:
+                doc["hosts"] = measure_hosts(rate=a.rate, rounds=a.rounds, sizes=[int(s) for s in a.host_sizes.split(",")])
+            except RuntimeError as e:
+                print(f"# hosts part skipped: {e}", file=sys.stderr)
+            _save(doc, a.save)
+    if a.predict:
+        report(predict(doc), worst=a.worst)
+    return 0
+
+
+def _save(doc: dict, path: str | None) -> None:
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
