@@ -125,6 +125,8 @@ def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
         comm.allreduce(ta, "max")
         rates[str(nb)] = [float(tc[0]) / a.nbytes, float(ta[0]) / a.nbytes]     # (copy, gamma) s/B
     out["rates"] = rates
+    if hosts == 1:
+        out["cma"] = _cma_rates(comm, sorted(set(sizes) | {s // comm.size for s in sizes}), timed)
     if hosts > 1:
         nb = 16 << 20
         buf, got = np.ones(nb // 4, np.float32), np.zeros(nb // 4, np.float32)
@@ -141,9 +143,74 @@ def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
     return out
 
 
+def _cma_rates(comm, sizes: list[int], timed) -> dict:
+    """Seconds per byte of a single-copy read (process_vm_readv, as the engine's Gets of posted
+    buffers) of ``nb`` bytes from the next rank's buffer, every rank reading at once; {} if the
+    kernel refuses."""
+    import ctypes
+
+    import numpy as np
+
+    class IOVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    bufs = {nb: np.ones(max(1, nb // 4), np.float32) for nb in sizes}
+    peers = comm.allgather_object((os.getpid(), {nb: b.ctypes.data for nb, b in bufs.items()}))
+    pid, addrs = peers[(comm.rank + 1) % comm.size]
+    out = {}
+    for nb in sizes:
+        dst = np.zeros_like(bufs[nb])
+        loc, rem = IOVec(dst.ctypes.data, dst.nbytes), IOVec(addrs[nb], dst.nbytes)
+        ok = [True]
+
+        def read():
+            if libc.process_vm_readv(pid, ctypes.byref(loc), 1, ctypes.byref(rem), 1, 0) != dst.nbytes:
+                ok[0] = False
+        ts = np.array([statistics.median(timed(read, max(5, min(40, (32 << 20) // max(nb, 1)))))
+                       if ok[0] else -1.0])
+        comm.allreduce(ts, "max")
+        good = np.array([1 if ok[0] else 0])
+        comm.allreduce(good, "min")
+        if not good[0]:
+            return {}
+        out[str(nb)] = float(ts[0]) / dst.nbytes
+    comm.barrier()          # nobody frees a buffer another still reads
+    return out
+
+
 def _worker_argv(out: str, sizes, rounds: int, iters_scale: float) -> list[str]:
     return [str(Path(__file__).resolve()), "--worker", "--out", out, "--prims", ",".join(PRIMS),
             "--sizes", ",".join(map(str, sizes)), "--rounds", str(rounds), "--iters-scale", str(iters_scale)]
+
+
+class OthersLoad:
+    """The CPU time other processes took while a job ran, in cores: the machine's busy time
+    (/proc/stat) less what this process's children used (getrusage), over the wall time."""
+
+    def __enter__(self):
+        import resource
+        self.t, self.busy = time.time(), self._busy()
+        self.mine = self._children(resource)
+        return self
+
+    def __exit__(self, *exc):
+        import resource
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = (self._busy() - self.busy) / hz
+        mine = self._children(resource) - self.mine
+        self.cores = max(0.0, busy - mine) / max(1e-9, time.time() - self.t)
+
+    @staticmethod
+    def _busy() -> int:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4]         # all but idle and iowait
+
+    @staticmethod
+    def _children(resource) -> float:
+        u = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return u.ru_utime + u.ru_stime
 
 
 def measure_local(ns=(2, 4), sizes=LOCAL_SIZES, rounds: int = 2) -> dict:
@@ -154,14 +221,16 @@ def measure_local(ns=(2, 4), sizes=LOCAL_SIZES, rounds: int = 2) -> dict:
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "rows.json")
             t, load = time.time(), os.getloadavg()[0]
-            rc = run(n, _worker_argv(out, sizes, rounds, 1.0))
+            with OthersLoad() as others:
+                rc = run(n, _worker_argv(out, sizes, rounds, 1.0))
             if rc:
                 raise SystemExit(f"the local job of {n} ranks failed ({rc})")
             doc = json.load(open(out))
-        print(f"# measured {n} local ranks in {time.time() - t:.0f} s", file=sys.stderr)
+        print(f"# measured {n} local ranks in {time.time() - t:.0f} s (other processes took "
+              f"{others.cores:.2f} cores meanwhile)", file=sys.stderr)
         rows += doc["rows"]
         machines[str(n)] = dict(machine=doc["machine"], source=doc["source"], now=doc.get("now"),
-                                load_before=load)
+                                load_before=load, others_cores=others.cores)
     return dict(rows=rows, machines=machines)
 
 
@@ -182,6 +251,7 @@ def measure_hosts(hosts_n: int = 2, per_host: int = 2, rate: str = "1gbit", size
                 "sys.exit(run(int(sys.argv[1]), sys.argv[6:], nnodes=int(sys.argv[2]), node_rank=int(sys.argv[3]), "
                 "master_addr=sys.argv[4], master_port=int(sys.argv[5])))")
         t, load = time.time(), os.getloadavg()[0]
+        others = OthersLoad().__enter__()
         procs = [hosts.popen(h, [sys.executable, "-c", code, str(per_host), str(hosts_n), str(h), hosts.addrs[0],
                                  str(port), *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=dict(os.environ)) for h in range(hosts_n)]
@@ -189,10 +259,12 @@ def measure_hosts(hosts_n: int = 2, per_host: int = 2, rate: str = "1gbit", size
             text, _ = p.communicate(timeout=timeout)
             if p.returncode:
                 raise RuntimeError(f"a host's job failed ({p.returncode}):\n{text[-3000:]}")
+        others.__exit__(None, None, None)
         doc = json.load(open(out))
-    print(f"# measured {hosts_n} x {per_host} emulated hosts in {time.time() - t:.0f} s", file=sys.stderr)
+    print(f"# measured {hosts_n} x {per_host} emulated hosts in {time.time() - t:.0f} s (other processes took "
+          f"{others.cores:.2f} cores meanwhile)", file=sys.stderr)
     return dict(rows=doc["rows"], machines={"hosts": dict(machine=doc["machine"], source=doc["source"], now=doc.get("now"),
-                                             load_before=load)},
+                                             load_before=load, others_cores=others.cores)},
                 rate=rate)
 
 
@@ -227,12 +299,40 @@ def cluster_now(row: dict, machine: dict | None, now: dict | None):
         return None
     c = cluster_for(row, machine)
     copy, gamma = now["rates"][str(row["size"])]
+    reads = _single_copy_block(row, c)
+    cma = now.get("cma", {})
+    if reads and str(reads) in cma and str(reads) in now["rates"]:
+        # the peers' blocks come by process_vm_readv, the own block by a copy (shm.py, _native.c)
+        n = row["per_host"]
+        copy = ((n - 1) * cma[str(reads)] + now["rates"][str(reads)][0]) / n
     c = replace(c, copy=copy, gamma=gamma, cores=row["per_host"], source="figures measured after the sweep")
     if now.get("seg"):
         c = replace(c, seg=Link(now["seg"][0], 0.0))
     if now.get("tcp_sustained_beta") and row["hosts"] > 1:
         c = replace(c, inter=Link(c.inter.alpha, now["tcp_sustained_beta"]))
     return c
+
+
+def _single_copy_block(row: dict, c) -> int:
+    """Bytes of the blocks a row's schedule reads from the peers' own buffers (single-copy ``Get``s of
+    a ``Post``ed buffer), or 0 when it moves everything through the segment's windows."""
+    import numpy as np
+
+    from pyxccl.algorithms import registry
+    from pyxccl.algorithms.shm import Window
+    from pyxccl.primitives import PRIMITIVES
+    from pyxccl.schedule import Post
+    if c.hosts != 1:
+        return 0
+    algo = registry.lookup(row["prim"], row["algorithm"])
+    if not getattr(algo, "segment", False):
+        return 0
+    n, item = c.nranks, np.dtype(np.float32).itemsize
+    args = PRIMITIVES[row["prim"]].sized(n, row["size"], item)
+    s = algo.schedule(0, n, hosts=c.host_list(), window=Window.of(c.segment_bytes, item, c.single_copy), **args)
+    if not any(type(o) is Post for step in s.steps for o in step):
+        return 0
+    return row["size"] // n
 
 
 def _job(doc: dict, part: str, row: dict) -> dict:
@@ -262,7 +362,7 @@ def predict(doc: dict) -> list[dict]:
             pred = sim(cluster_for(row, job.get("machine")), row)
             c = cluster_now(row, job.get("machine"), job.get("now"))
             now = sim(c, row) if c is not None else None
-            out.append(dict(row, part=part, predicted=pred, error=(pred - row["time"]) / row["time"],
+            out.append(dict(row, part=part, others=job.get("others_cores"), predicted=pred, error=(pred - row["time"]) / row["time"],
                             now=now, now_error=None if now is None else (now - row["time"]) / row["time"]))
     return out
 
@@ -302,6 +402,11 @@ def report(rows: list[dict], file=None, worst: int = 5) -> dict:
             continue
         title = "local ranks (shared memory)" if part == "local" else "emulated hosts (shaped TCP links)"
         print(f"# {title}", file=file)
+        others = {(r["hosts"], r["per_host"]): r["others"] for r in rs if r.get("others") is not None}
+        if others:
+            print("# other processes took " + ", ".join(
+                f"{v:.2f} cores during the {h}x{l} job" if h > 1 else f"{v:.2f} cores during the {l}-rank job"
+                for (h, l), v in others.items()) + f" (of {os.cpu_count()})", file=file)
         print(f"{'collective':<11}{'ranks':>7}{'size':>6}  {'algorithm':<14}{'measured ms':>12}"
               f"{'predicted ms':>13}{'error %':>9}" + (f"{'now ms':>10}{'error %':>9}" if now_any else ""), file=file)
         for r in rs:
