@@ -305,7 +305,7 @@ def cluster_now(row: dict, machine: dict | None, now: dict | None):
         # the peers' blocks come by process_vm_readv, the own block by a copy (shm.py, _native.c)
         n = row["per_host"]
         copy = ((n - 1) * cma[str(reads)] + now["rates"][str(reads)][0]) / n
-    c = replace(c, copy=copy, gamma=gamma, cores=row["per_host"], source="figures measured after the sweep")
+    c = replace(c, copy=copy, gamma=gamma, source="figures measured after the sweep")
     if now.get("seg"):
         c = replace(c, seg=Link(now["seg"][0], 0.0))
     if now.get("tcp_sustained_beta") and row["hosts"] > 1:
