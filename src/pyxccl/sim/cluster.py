@@ -79,15 +79,6 @@ class Cluster:
     def resized(self, hosts: int, per_host: int) -> "Cluster":
         return replace(self, hosts=hosts, per_host=per_host)
 
-    @property
-    def bottleneck(self) -> float:
-        """Bytes per second of the slowest link a rank's traffic may have to cross (one NIC's share
-        per rank between hosts; its port inside one)."""
-        if self.hosts == 1:
-            return 1 / self.intra.beta
-        share = max(1, self.per_host / self.nics)
-        return min(1 / self.intra.beta, 1 / (self.inter.beta * share))
-
     @classmethod
     def measured(cls, hosts: int = 1, per_host: int = 2, inter: Link | None = None) -> "Cluster":
         """This machine as pyxccl measured it (the tuner's file of link figures, else its defaults):

@@ -15,6 +15,7 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.shm import Window
 from ..primitives import PRIMITIVES
+from ..schedule import Send
 from ..tuning.cost import DEFAULT_LINKS, Link, Net
 from ..tuning.cost import run as walk_model
 from . import symmetric
@@ -163,11 +164,27 @@ def _schedules(build, cluster: Cluster, mode: str, name: str):
         big = sum(len(st) for st in first.steps) * n > MESSAGE_BUDGET
         if mode == "symmetric" or big:
             sym, reps = symmetric.find(build, cluster.hosts, cluster.per_host, cluster.topology == "ring")
+            if sym is not None and cluster.topology == "ring" and _far(reps, cluster):
+                sym, reps = None, ("messages cross several links of the ring of hosts: transfers that share "
+                                   "links take them one after another, so hosts do not run alike")
             if sym is not None:
                 return reps, ClusterNet(cluster, sym), True
             if mode == "symmetric":
                 raise ValueError(f"{name} cannot run in symmetric mode here: {reps}")
     return [_try(build, r, name) for r in range(n)], ClusterNet(cluster), False
+
+
+def _far(reps, c: Cluster) -> bool:
+    """Does any message of ``reps`` go further than the next host on a ring of hosts?"""
+    for s in reps:
+        h = s.rank // c.per_host
+        for step in s.steps:
+            for o in step:
+                if type(o) is Send:
+                    d = (o.peer // c.per_host - h) % c.hosts
+                    if min(d, c.hosts - d) > 1:
+                        return True
+    return False
 
 
 def _try(build, r: int, name: str):
