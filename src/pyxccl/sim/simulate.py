@@ -33,10 +33,13 @@ class ClusterNet(Net):
     def __init__(self, c: Cluster, sym=None):
         self.c, self.sym = c, sym
         self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
-        self.gamma, self.copy = c.gamma, c.copy
+        self.gamma, self.copy, self.mem, self.cache = c.gamma, c.copy, c.mem, c.cache
         self.seg = c.seg or DEFAULT_LINKS["seg"]
         self.stretch = _Same(max(1.0, c.per_host / c.cores) if c.cpu and c.cores else 1.0)
         self._inside, self._between = ("shm", "tcp") if c.cpu else ("intra", "inter")
+
+    def local(self, r: int) -> int:
+        return self.c.per_host
 
     def klass(self, a: int, b: int) -> str:
         p = self.c.per_host
@@ -145,7 +148,9 @@ def run(primitive: str, nbytes: int, cluster: Cluster, algos=None, *, dtype="flo
             if "cannot run" in str(e) or "not the same" in str(e):
                 continue
             raise
-        est, stuck = walk_model(scheds, dt.itemsize, net, inplace and prim.name == "allreduce")
+        ip = inplace and prim.name == "allreduce"
+        nin, nout = prim.buffers(0, args)
+        est, stuck = walk_model(scheds, dt.itemsize, net, ip, working_set=(nout if ip else nin + nout) * dt.itemsize)
         if stuck:
             raise RuntimeError(f"{primitive} {name}: ranks {stuck[:8]} could not finish (a deadlock in the "
                                f"schedules: pyxccl.checker.check says where)")
