@@ -165,6 +165,14 @@ def _trace(p: argparse.ArgumentParser):
     return go
 
 
+@command("sim", "simulate collectives on a modelled cluster: time, algbw and busbw per algorithm")
+def _sim(p: argparse.ArgumentParser):
+    from .sim import report
+    report.add_arguments(p)
+    p.epilog = "Runs the algorithms' real schedules through pyxccl's cost model (docs/sim.md)."
+    return report.main
+
+
 @command("plan", "estimate a training step's communication per rank: primitives, calls, bytes, time, share")
 def _plan(p: argparse.ArgumentParser):
     from .plan.cli import add_arguments, main

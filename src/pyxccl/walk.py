@@ -18,9 +18,13 @@ defined here and nowhere else:
 :func:`walk` runs any number of ranks' schedules on one thread: each rank
 goes as far as it can, then the next, until all are done or none can move
 (a deadlock). A semantics whose waits block (the engine) walks its own rank
-straight through.
+straight through. A semantics of time (``timed``: the cost model) has steps
+started in the order of its clocks, earliest first, so that what ranks share
+(a link) is taken in the order of time, whatever the order of the ranks.
 """
 from __future__ import annotations
+
+import heapq
 
 from .schedule import Copy, Get, Post, Recv, Schedule, Send, Sync
 
@@ -30,6 +34,13 @@ class Semantics:
     the base class runs nothing and never waits. ``blocking``: every wait blocks until it is
     satisfied (or raises), so one rank's schedule runs straight through."""
     blocking = False
+    timed = False       # now(r) is rank r's clock: steps are started earliest first
+
+    def now(self, r: int) -> float:
+        return 0.0
+
+    def wakes(self, r: int) -> int:                 # the rank walked for r (timed walks)
+        return r
 
     def begin(self, r: int, k: int) -> bool:        # segment round k may start (peers published k-1)
         return True
@@ -96,6 +107,8 @@ def walk(scheds: list[Schedule], sem: Semantics) -> list[int]:
             sem.end(r, k)
         return []
     steps = [phases(s) for s in scheds]
+    if sem.timed:
+        return _walk_timed(scheds, steps, sem)
     pc = [0] * len(scheds)        # the step each rank is in
     begun = [False] * len(scheds)  # the step's outgoing part is done; its incoming ones are being taken
     taken = [0] * len(scheds)     # incoming operations of the step already complete
@@ -119,4 +132,51 @@ def walk(scheds: list[Schedule], sem: Semantics) -> list[int]:
                     break
                 sem.end(r, k)
                 pc[i], begun[i] = k + 1, False
+    return [s.rank for i, s in enumerate(scheds) if pc[i] < len(steps[i])]
+
+
+def _walk_timed(scheds: list[Schedule], steps, sem: Semantics) -> list[int]:
+    """:func:`walk` with the rank whose clock is earliest going next. A rank that must wait
+    parks until a message is sent to it or a round is published (segment schedules), then
+    queues again at its clock."""
+    n = len(scheds)
+    pc, begun, taken = [0] * n, [False] * n, [0] * n
+    where = {s.rank: i for i, s in enumerate(scheds)}
+    seg = bool(scheds) and scheds[0].segment
+    wake = sem.wakes
+    heap = [(sem.now(s.rank), i) for i, s in enumerate(scheds)]
+    heapq.heapify(heap)
+    queued, parked = [True] * n, set()
+    while heap:
+        _, i = heapq.heappop(heap)
+        queued[i] = False
+        r, mine = scheds[i].rank, steps[i]
+        while pc[i] < len(mine):
+            k = pc[i]
+            local, incoming, outgoing = mine[k]
+            if not begun[i]:
+                if seg and not sem.begin(r, k):
+                    break
+                _start(r, k, local, incoming, outgoing, seg, sem)
+                begun[i], taken[i] = True, 0
+                woken = parked if seg else {where.get(wake(o.peer), -1) for o in outgoing} & parked
+                for j in list(woken):
+                    parked.discard(j)
+                    if not queued[j]:
+                        queued[j] = True
+                        heapq.heappush(heap, (sem.now(scheds[j].rank), j))
+            while taken[i] < len(incoming) and sem.take(r, k, incoming[taken[i]]):
+                taken[i] += 1
+            if taken[i] < len(incoming):
+                break
+            sem.end(r, k)
+            pc[i], begun[i] = k + 1, False
+            if heap and sem.now(r) > heap[0][0]:        # another rank's step comes first
+                queued[i] = True
+                heapq.heappush(heap, (sem.now(r), i))
+                break
+        else:
+            continue
+        if not queued[i]:
+            parked.add(i)
     return [s.rank for i, s in enumerate(scheds) if pc[i] < len(steps[i])]

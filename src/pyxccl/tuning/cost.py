@@ -1,18 +1,33 @@
 """The alpha-beta-gamma cost model, run over schedules as a small event simulation.
 
-A message costs ``alpha`` plus ``bytes * beta`` of its link class. Half of
-``alpha`` is paid by the sender's CPU and half by the receiver's (in Python
-the per-message cost is mostly software at both ends, not the wire), so a
-rank's sends in a step go one after the other, and so do its receives; a
-receive that reduces costs ``bytes * gamma`` more, a local copy ``bytes *
-copy``. A step ends when its sends are out and its receives are in; a receive
-can't complete before the sender sent it. On a host with more ranks than
-cores every CPU cost (per-message overheads, copies, reductions,
-shared-memory transfers) stretches by ranks/cores.
+The tuner prices algorithms with it on the communicator's own topology, and the
+simulator (``pyxccl.sim``) runs it on modelled clusters: one model, walked over the
+very schedules the engine runs, through the walker the engine uses (``walk.py``),
+steps started in time order so that transfers sharing a link take it first come,
+first served.
 
-Segment schedules (the one-host fast path) are priced by the same walk: a
-round's window becomes readable after the measured round latency, and the
-copies and reductions on windows cost what copies and reductions cost.
+A message costs ``alpha`` plus ``bytes * beta`` of its link class; what ``alpha`` is
+depends on the machine:
+
+- **CPU machines** (this one, as pyxccl measured it): in Python the per-message cost
+  is mostly software at both ends, not the wire, so half of ``alpha`` is paid by the
+  sender's CPU and half by the receiver's; a rank's sends in a step go one after the
+  other, and so do its receives; a receive that reduces costs ``bytes * gamma`` more,
+  a local copy ``bytes * copy``. Shared-memory transfers are copies by the processes
+  themselves. On a host with more ranks than cores every CPU cost (per-message
+  overheads, copies, reductions, shared-memory transfers) stretches by
+  ranks/cores. Messages between hosts cross their hosts' network links (see
+  ``Net``), and a sender waits only until what is left fits its socket buffer.
+- **DMA machines** (``sim.Cluster`` presets: GPUs, NICs): ``alpha`` is the latency
+  end to end, paid once; sending takes no processor time, so a rank's transfers of a
+  step run side by side, limited only by the links they share; a reducing receive
+  reduces as the bytes arrive (or after them, ``reduce_overlap=False``).
+
+A step ends when its sends are out and its receives are in; a receive can't
+complete before the sender sent it. Segment schedules (the one-host fast path) are
+priced by the same walk: a round's window becomes readable after the measured round
+latency, and the copies and reductions on windows cost what copies and reductions
+cost.
 
 The model's answer for a collective is the time of the slowest rank.
 """
@@ -66,103 +81,180 @@ class Estimate:
     time: float           # seconds, slowest rank
     steps: int            # most steps of any rank
     bytes_sent: int       # most bytes sent (or published) by any rank
+    messages: int = field(default=0, compare=False)     # messages sent, all ranks together
 
 
-class _Timing(Semantics):
+class Net:
+    """What the model needs to know of where ranks are: the link class of a pair (``klass``),
+    each class's figures (``link``), and the shared resources a transfer holds while it crosses
+    (``route``: hashable keys; one transfer at a time on each).
+
+    This one is the tuner's: a communicator's ranks on hosts (``hosts``, or None for one
+    host), every transfer between hosts holding its source host's outgoing link and its
+    destination host's incoming one."""
+    cpu = True
+    reduce_overlap = False
+
+    def __init__(self, machine: Machine, klass, stretch: list[float], hosts: list | None = None):
+        self.klass, self.stretch, self.hosts = klass, stretch, hosts
+        self.gamma, self.copy = machine.gamma, machine.copy
+        self._links = machine.link
+        self.seg = machine.link("seg")
+
+    def link(self, kl: str) -> Link:
+        return self._links(kl)
+
+    def route(self, a: int, b: int, kl: str) -> tuple:
+        if kl != "tcp" or self.hosts is None:
+            return ()
+        return ("up", self.hosts[a]), ("down", self.hosts[b])
+
+    def chan(self, a: int, b: int):
+        """The key of the message channel a -> b (the simulator's symmetric mode folds them)."""
+        return a, b
+
+    def wakes(self, r: int) -> int:
+        """The rank walked for ``r`` (a message to ``r`` may let it go on)."""
+        return r
+
+
+class Timing(Semantics):
+    timed = True
     """Time instead of data: each rank's clock, messages carrying their arrival time, windows the
-    time they become readable."""
+    time they become readable, shared resources the time they are free."""
 
-    def __init__(self, scheds, itemsize, machine, klass, stretch, hosts):
+    def __init__(self, scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False):
         n = len(scheds)
-        self.itemsize, self.m, self.klass, self.stretch, self.hosts = itemsize, machine, klass, stretch, hosts
+        self.index = {s.rank: i for i, s in enumerate(scheds)}
+        self.itemsize, self.net, self.inplace = itemsize, net, inplace
         self.seg = scheds[0].segment if scheds else False
-        self.half = machine.link("seg").alpha / 2 if self.seg else 0.0
-        self.up: dict = {}          # host -> time its outgoing link is free (class "tcp" only)
-        self.down: dict = {}
+        self.half = net.seg.alpha / 2 if self.seg else 0.0
+        self.stretch = [net.stretch[s.rank] for s in scheds]
+        self.free: dict = {}                       # resource -> time it is free
         self.clock = [0.0] * n
-        self.chan: dict[tuple[int, int], deque] = {}
+        self.chan: dict = {}
         self.cur = [-1] * n                        # the step whose sends and receives are being timed
         self.t, self.recv_free, self.out_done, self.sent = [0.0] * n, [0.0] * n, [0.0] * n, [0] * n
+        self.messages = 0
         self.published = [-1] * n
         self.visible: dict[tuple[int, int], float] = {}     # (rank, round) -> when others can read its window
 
-    def _enter(self, r, k) -> None:
-        if self.cur[r] != k:        # local operations are done: time the rest of the step from here
-            self.cur[r] = k
-            self.t[r] = self.recv_free[r] = self.out_done[r] = self.clock[r]
+    def now(self, r) -> float:
+        return self.clock[self.index[r]]
 
-    def _work(self, r, count, reduce) -> float:
-        return count * self.itemsize * (self.m.gamma if reduce else self.m.copy) * self.stretch[r]
+    def wakes(self, r) -> int:
+        return self.net.wakes(r)
+
+    def _enter(self, i, k) -> None:
+        if self.cur[i] != k:        # local operations are done: time the rest of the step from here
+            self.cur[i] = k
+            self.t[i] = self.recv_free[i] = self.out_done[i] = self.clock[i]
+
+    def _work(self, i, count, reduce) -> float:
+        return count * self.itemsize * (self.net.gamma if reduce else self.net.copy) * self.stretch[i]
 
     def begin(self, r, k):
         if k and any(p < k - 1 for p in self.published):
             return False
+        i = self.index[r]
         if k:
-            self.clock[r] = max([self.clock[r]] + [self.visible[(p, k - 1)] for p in range(len(self.clock))
-                                                   if p != r])
+            self.clock[i] = max([self.clock[i]] + [self.visible[(p, k - 1)] for p in range(len(self.clock))
+                                                   if p != i])
         return True
 
     def local(self, r, k, o):
+        i = self.index[r]
         if type(o) is Post:
-            self.sent[r] += o.count * self.itemsize
+            self.sent[i] += o.count * self.itemsize
             return
-        self.clock[r] += self._work(r, o.count, o.reduce)
+        if self.inplace and type(o) is Copy and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
+            return      # the same buffer: the engine does not copy
+        self.clock[i] += self._work(i, o.count, o.reduce)
         if type(o) is Copy and o.dst == "win":
-            self.sent[r] += o.count * self.itemsize
+            self.sent[i] += o.count * self.itemsize
 
     def send(self, r, k, o):
-        self._enter(r, k)
-        f, kl = self.stretch[r], self.klass(r, o.peer)
-        link = self.m.link(kl)
+        i, net = self.index[r], self.net
+        self._enter(i, k)
+        kl = net.klass(r, o.peer)
+        link, res = net.link(kl), net.route(r, o.peer, kl)
         nb = o.count * self.itemsize
-        t = self.t[r] + link.alpha / 2 * f
-        if kl == "tcp" and self.hosts is not None:
+        self.sent[i] += nb
+        self.messages += 1
+        if not net.cpu:             # a DMA engine moves it: the sender's processor goes on at once
+            start = max([self.t[i]] + [self.free.get(x, 0.0) for x in res])
+            end = start + nb * link.beta
+            for x in res:
+                self.free[x] = end
+            self.out_done[i] = max(self.out_done[i], end)
+            self.chan.setdefault(net.chan(r, o.peer), deque()).append((end + link.alpha, start))
+            return
+        f = self.stretch[i]
+        t = self.t[i] + link.alpha / 2 * f
+        if res:
             # the wire runs on after the kernel took the data: the sender waits only until what is
             # left fits in the socket buffer
-            hs, hd = self.hosts[r], self.hosts[o.peer]
-            arrive = max(t, self.up.get(hs, 0.0), self.down.get(hd, 0.0)) + nb * link.beta
-            self.up[hs] = self.down[hd] = arrive
+            arrive = max([t] + [self.free.get(x, 0.0) for x in res]) + nb * link.beta
+            for x in res:
+                self.free[x] = arrive
             t = max(t, arrive - min(nb, SOCKET_BUFFER) * link.beta)
         else:
             t += nb * link.beta * (f if kl == "shm" else 1.0)
             arrive = t
-        self.t[r] = t
-        self.sent[r] += nb
-        self.chan.setdefault((r, o.peer), deque()).append((arrive, link.alpha / 2 * f))
+        self.t[i] = t
+        self.chan.setdefault(net.chan(r, o.peer), deque()).append((arrive, link.alpha / 2 * f))
 
     def publish(self, r, k):
-        self.clock[r] += self.half
-        self.visible[(r, k)] = self.clock[r] + self.half
-        self.published[r] = k
+        i = self.index[r]
+        self.clock[i] += self.half
+        self.visible[(i, k)] = self.clock[i] + self.half
+        self.published[i] = k
 
     def take(self, r, k, o):
+        i = self.index[r]
         if type(o) is Recv:
-            self._enter(r, k)
-            q = self.chan.get((o.peer, r))
+            self._enter(i, k)
+            q = self.chan.get(self.net.chan(o.peer, r))
             if not q:
                 return False
-            arrive, overhead = q.popleft()
-            if self.klass(o.peer, r) == "shm":     # the receiver copies out of the ring itself, one at a time
-                nb = o.count * self.itemsize
-                arrive = max(arrive, self.recv_free[r] + nb * self.m.link("shm").beta * self.stretch[r])
-            done = max(self.recv_free[r], arrive) + overhead       # receives are handled one by one
-            self.recv_free[r] = done
+            arrive, extra = q.popleft()
+            net, nb = self.net, o.count * self.itemsize
+            if not net.cpu:         # extra: when the transfer started
+                done = arrive
+                if o.reduce:
+                    done = max(arrive, extra + nb * net.gamma) if net.reduce_overlap else arrive + nb * net.gamma
+                self.out_done[i] = max(self.out_done[i], done)
+                return True
+            if net.klass(o.peer, r) == "shm":     # the receiver copies out of the ring itself, one at a time
+                arrive = max(arrive, self.recv_free[i] + nb * net.link("shm").beta * self.stretch[i])
+            done = max(self.recv_free[i], arrive) + extra       # receives are handled one by one
+            self.recv_free[i] = done
             if o.reduce:
-                done += o.count * self.itemsize * self.m.gamma * self.stretch[r]
-            self.out_done[r] = max(self.out_done[r], done)
+                done += nb * net.gamma * self.stretch[i]
+            self.out_done[i] = max(self.out_done[i], done)
             return True
-        if self.published[o.peer] < k:
+        p = self.index[o.peer]
+        if self.published[p] < k:
             return False
-        if o.peer != r:
-            self.clock[r] = max(self.clock[r], self.visible[(o.peer, k)])
+        if p != i:
+            self.clock[i] = max(self.clock[i], self.visible[(p, k)])
         if type(o) is Get:
-            self.clock[r] += self._work(r, o.count, o.reduce)
+            self.clock[i] += self._work(i, o.count, o.reduce)
         return True
 
     def end(self, r, k):
         if not self.seg:
-            self._enter(r, k)
-            self.clock[r] = max(self.out_done[r], self.t[r])
+            i = self.index[r]
+            self._enter(i, k)
+            self.clock[i] = max(self.out_done[i], self.t[i])
+
+
+def run(scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False) -> tuple[Estimate, list[int]]:
+    """Walk ``scheds`` under the model on ``net``: (the estimate, the ranks that could not finish)."""
+    sem = Timing(scheds, itemsize, net, inplace)
+    stuck = walk(scheds, sem)
+    return Estimate(max(sem.clock, default=0.0), max((len(s.steps) for s in scheds), default=0),
+                    max(sem.sent, default=0), sem.messages), stuck
 
 
 def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, stretch: list[float],
@@ -178,7 +270,4 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
     ("seg" alpha) and the window becomes readable the other half later; copies
     and reductions from windows cost their per-byte rates.
     """
-    sem = _Timing(scheds, itemsize, machine, klass, stretch, hosts)
-    walk(scheds, sem)
-    return Estimate(max(sem.clock, default=0.0), max((len(s.steps) for s in scheds), default=0),
-                    max(sem.sent, default=0))
+    return run(scheds, itemsize, Net(machine, klass, stretch, hosts))[0]

@@ -1,0 +1,99 @@
+"""A modelled cluster: hosts of ranks, the links inside a host and between hosts, and what the
+ranks' processors cost for copies and reductions.
+
+Two kinds of machine, one model (``model.py``):
+
+- **DMA machines** (the hardware presets: GPUs with NVLink or PCIe inside a host, NICs between
+  hosts). A message costs its link's latency once, end to end, and ``bytes * beta`` of
+  transfer; sending takes no processor time (a copy engine or the NIC moves the bytes), so a
+  rank can have several transfers in flight. Transfers share what they cross: inside a host,
+  each rank's port into the switch (NVSwitch; ``intra_shared=True`` makes it one bus per host,
+  as PCIe through one switch), between hosts the hosts' NICs (rank j of a host uses NIC
+  ``j % nics``) and, in a ``ring`` of hosts, every link between neighbours on the way. A
+  ``fattree`` has full bisection: only the NICs are shared. A shared resource serves one
+  transfer at a time, first come first served (``model.py`` starts them in time order).
+- **CPU machines** (``Cluster.measured()``: this machine as pyxccl measured it). Per-message
+  costs are software at both ends (half of ``alpha`` each), and shared-memory transfers are
+  copies by the processors, stretched when a host has more ranks than cores: the model of the
+  tuner (``tuning/cost.py``), which decides what runs, so that the simulator predicts what the
+  engine does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..tuning.cost import Link
+
+TOPOLOGIES = ("fattree", "ring")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``hosts`` x ``per_host`` ranks; rank r is local rank ``r % per_host`` of host ``r // per_host``.
+
+    >>> c = Cluster(hosts=64, per_host=8, intra=Link(1e-6, 1 / 300e9), inter=Link(5e-6, 1 / 25e9), nics=8)
+    >>> c.nranks
+    512
+    """
+    hosts: int
+    per_host: int
+    intra: Link                      # between ranks of one host
+    inter: Link                      # between hosts: one NIC's latency and seconds per byte
+    nics: int = 1                    # NICs per host (rank j of a host sends through NIC j % nics)
+    topology: str = "fattree"        # between hosts: "fattree" (full bisection) or "ring" of hosts
+    gamma: float = 0.0               # seconds per byte reduced (an arriving chunk into a buffer)
+    copy: float = 0.0                # seconds per byte of a local copy
+    reduce_overlap: bool = True      # a reducing receive reduces while the bytes arrive (GPU kernels do)
+    intra_shared: bool = False       # one bus per host inside it (PCIe through one switch), not a port per rank
+    cpu: bool = False                # a CPU machine (see the module's docstring)
+    cores: int = 0                   # CPU machines: cores per host (more ranks than cores stretch CPU costs)
+    seg: Link | None = None          # CPU machines on one host: the shared segment's round ("seg")
+    segment_bytes: int = 2 << 20     # ... and each rank's window of it
+    single_copy: bool = True         # ... and whether single-copy reads work
+    name: str = ""
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        if self.hosts < 1 or self.per_host < 1:
+            raise ValueError(f"a cluster needs at least one host and one rank per host, not {self.hosts} x "
+                             f"{self.per_host}")
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology {self.topology!r}: give one of {', '.join(TOPOLOGIES)}")
+        if self.nics < 1:
+            raise ValueError(f"nics={self.nics}: a host needs at least one NIC")
+
+    @property
+    def nranks(self) -> int:
+        return self.hosts * self.per_host
+
+    def host_of(self, r: int) -> int:
+        return r // self.per_host
+
+    def host_list(self) -> list[int]:
+        """The host of every rank (what hierarchical algorithms are given)."""
+        return [r // self.per_host for r in range(self.nranks)]
+
+    def link(self, a: int, b: int) -> Link:
+        return self.intra if a // self.per_host == b // self.per_host else self.inter
+
+    def resized(self, hosts: int, per_host: int) -> "Cluster":
+        return replace(self, hosts=hosts, per_host=per_host)
+
+    @classmethod
+    def measured(cls, hosts: int = 1, per_host: int = 2, inter: Link | None = None) -> "Cluster":
+        """This machine as pyxccl measured it (the tuner's file of link figures, else its defaults):
+        shared memory inside a host, TCP between hosts (``inter``: e.g. a shaped link's figures;
+        default the measured or default "tcp")."""
+        from ..transport.topology import job_cpus
+        from ..tuning import linkcache
+        from ..tuning.cost import DEFAULT_LINKS
+        entry, why = linkcache.load(linkcache.cache_path(), linkcache.fingerprint())
+        links = dict(entry.links) if entry else {}
+        seg = links.get(f"seg:{per_host}")
+        return cls(hosts, per_host, intra=links.get("shm", DEFAULT_LINKS["shm"]),
+                   inter=inter or links.get("tcp", DEFAULT_LINKS["tcp"]), nics=1,
+                   gamma=entry.gamma if entry else 2e-10, copy=entry.copy if entry else 1.5e-10,
+                   reduce_overlap=False, cpu=True, cores=job_cpus(),
+                   seg=seg or (DEFAULT_LINKS["seg"] if hosts == 1 else None),
+                   name="measured", source=f"{linkcache.cache_path()}: {why or 'cached'}" if entry else
+                   "defaults of tuning/cost.py (nothing measured on this machine yet: run pyxccl info -n 2)")

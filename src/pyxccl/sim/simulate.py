@@ -1,0 +1,205 @@
+"""Running algorithms on a modelled cluster: the cost model's walk of the real schedules.
+
+Message level: every rank's schedule, every message. Symmetric mode (``symmetric.py``):
+host 0's ranks only, for algorithms whose schedules are the same on every host, moved;
+it agrees with the message level where both run (tested) and reaches 100,000 ranks.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .. import algorithms
+from ..algorithms import registry
+from ..algorithms.shm import Window
+from ..primitives import PRIMITIVES
+from ..schedule import Send
+from ..tuning.cost import DEFAULT_LINKS, Link, Net
+from ..tuning.cost import run as walk_model
+from . import symmetric
+from .cluster import Cluster
+
+MODES = ("auto", "message", "symmetric")
+#: auto runs at message level up to this many operations (all ranks), else symmetric if it can
+MESSAGE_BUDGET = 3_000_000
+
+
+class ClusterNet(Net):
+    """The cost model's view of a ``Cluster`` (see cluster.py for what is shared); with ``sym``,
+    of its folded form, where every host is host 0."""
+
+    def __init__(self, c: Cluster, sym=None):
+        self.c, self.sym = c, sym
+        self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
+        self.gamma, self.copy = c.gamma, c.copy
+        self.seg = c.seg or DEFAULT_LINKS["seg"]
+        self.stretch = _Same(max(1.0, c.per_host / c.cores) if c.cpu and c.cores else 1.0)
+        self._inside, self._between = ("shm", "tcp") if c.cpu else ("intra", "inter")
+
+    def klass(self, a: int, b: int) -> str:
+        p = self.c.per_host
+        return self._inside if a // p == b // p else self._between
+
+    def link(self, kl: str) -> Link:
+        return self.c.intra if kl == self._inside else self.c.inter
+
+    def route(self, a: int, b: int, kl: str) -> tuple:
+        c, fold = self.c, self.sym is not None
+        p = c.per_host
+        ha, hb = a // p, b // p
+        if kl == self._inside:
+            if c.cpu:
+                return ()       # copies by the processes themselves: priced on their clocks
+            if c.intra_shared:
+                return (("bus", 0 if fold else ha),)
+            return ("out", a % p if fold else a), ("in", b % p if fold else b)
+        res = [("nic-out", 0 if fold else ha, a % p % c.nics), ("nic-in", 0 if fold else hb, b % p % c.nics)]
+        if c.topology == "ring" and c.hosts > 2:
+            fwd = (hb - ha) % c.hosts
+            step = 1 if fwd <= c.hosts - fwd else -1
+            h = ha
+            while h != hb:
+                res.append(("hop", 0 if fold else h, step))
+                h = (h + step) % c.hosts
+        return tuple(res)
+
+    def chan(self, a: int, b: int):
+        return (a, b) if self.sym is None else self.sym.key(a, b)
+
+    def wakes(self, r: int) -> int:
+        return r if self.sym is None else self.sym.rep(r)
+
+
+class _Same:
+    """A list of one value, as long as needed (the stretch of every rank)."""
+
+    def __init__(self, v: float):
+        self.v = v
+
+    def __getitem__(self, r: int) -> float:
+        return self.v
+
+
+@dataclass
+class Result:
+    """One algorithm's simulated run of one call."""
+    algorithm: str
+    time: float          # seconds (the slowest rank)
+    algbw: float         # bytes/s: the call's size over its time (nccl-tests)
+    busbw: float         # bytes/s: algbw times the primitive's bus factor (nccl-tests)
+    bytes_sent: int      # the most any rank sends
+    messages: int        # all ranks' messages (of the ranks walked, times the hosts they stand for)
+    steps: int           # the most any rank runs
+    mode: str            # "message" or "symmetric"
+    seconds: float       # wall time the simulation took
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def candidates(primitive: str, cluster: Cluster) -> list[str]:
+    """The algorithms that can run ``primitive`` on ``cluster`` (the one-host fast path only on a
+    measured CPU machine of one host)."""
+    names = algorithms.algorithms(primitive)
+    fast = cluster.cpu and cluster.hosts == 1 and cluster.per_host > 1
+    return [a for a in names if fast or not registry.lookup(primitive, a).segment]
+
+
+def run(primitive: str, nbytes: int, cluster: Cluster, algos=None, *, dtype="float32", mode: str = "auto",
+        inplace: bool = True) -> list[Result]:
+    """Simulate one ``primitive`` call of ``nbytes`` (nccl-tests' sizes: the whole buffer) with each of
+    ``algos`` (default: every algorithm that can run there) on ``cluster``.
+
+    ``mode``: "message" walks every rank; "symmetric" host 0's ranks only (ValueError when the
+    algorithm has no symmetry); "auto" the message level while it is cheap, else symmetric when
+    it can be. ``inplace``: the call's input is its output (no first copy), as torch calls are.
+
+    >>> c = Cluster(hosts=2, per_host=4, intra=Link(1e-6, 1 / 100e9), inter=Link(5e-6, 1 / 10e9))
+    >>> [r.algorithm for r in run("allreduce", 1 << 20, c, ["ring", "hierarchical"])]
+    ['ring', 'hierarchical']
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: give one of {', '.join(MODES)}")
+    prim = PRIMITIVES[primitive]
+    dt = np.dtype(dtype)
+    n, hosts = cluster.nranks, cluster.host_list()
+    args = prim.sized(n, nbytes, dt.itemsize)
+    window = Window.of(cluster.segment_bytes, dt.itemsize, cluster.single_copy)
+    out = []
+    for name in algos or candidates(primitive, cluster):
+        algo = registry.lookup(primitive, name)
+        if algo.segment and name not in candidates(primitive, cluster):
+            raise ValueError(f"{primitive} {name!r} runs on one host's shared segment: only on a measured "
+                             f"CPU machine of one host (Cluster.measured(1, L))")
+
+        def build(r, algo=algo):
+            return algo.schedule(r, n, hosts=hosts, window=window, **args)
+        t0 = time.perf_counter()
+        try:
+            scheds, net, folded = _schedules(build, cluster, mode, name)
+        except ValueError as e:
+            if algos:
+                raise
+            if "cannot run" in str(e) or "not the same" in str(e):
+                continue
+            raise
+        est, stuck = walk_model(scheds, dt.itemsize, net, inplace and prim.name == "allreduce")
+        if stuck:
+            raise RuntimeError(f"{primitive} {name}: ranks {stuck[:8]} could not finish (a deadlock in the "
+                               f"schedules: pyxccl.checker.check says where)")
+        algbw = nbytes / est.time if est.time > 0 else float("inf")
+        out.append(Result(name, est.time, algbw, algbw * prim.busbw_factor(n), est.bytes_sent,
+                          est.messages * (cluster.hosts if folded else 1), est.steps,
+                          "symmetric" if folded else "message", time.perf_counter() - t0))
+    return out
+
+
+def _schedules(build, cluster: Cluster, mode: str, name: str):
+    """(the schedules to walk, the net to walk them on, folded?) for ``mode``."""
+    n = cluster.nranks
+    if mode != "message":
+        first = _try(build, 0, name)
+        big = sum(len(st) for st in first.steps) * n > MESSAGE_BUDGET
+        if mode == "symmetric" or big:
+            sym, reps = symmetric.find(build, cluster.hosts, cluster.per_host, cluster.topology == "ring")
+            if sym is not None and cluster.topology == "ring" and _far(reps, cluster):
+                sym, reps = None, ("messages cross several links of the ring of hosts: transfers that share "
+                                   "links take them one after another, so hosts do not run alike")
+            if sym is not None:
+                return reps, ClusterNet(cluster, sym), True
+            if mode == "symmetric":
+                raise ValueError(f"{name} cannot run in symmetric mode here: {reps}")
+    return [_try(build, r, name) for r in range(n)], ClusterNet(cluster), False
+
+
+def _far(reps, c: Cluster) -> bool:
+    """Does any message of ``reps`` go further than the next host on a ring of hosts?"""
+    for s in reps:
+        h = s.rank // c.per_host
+        for step in s.steps:
+            for o in step:
+                if type(o) is Send:
+                    d = (o.peer // c.per_host - h) % c.hosts
+                    if min(d, c.hosts - d) > 1:
+                        return True
+    return False
+
+
+def _try(build, r: int, name: str):
+    try:
+        return build(r)
+    except ValueError as e:
+        raise ValueError(f"{name} cannot run this call here: {e}") from None
+
+
+def choose(primitive: str, nbytes: int, cluster: Cluster, *, dtype="float32", mode: str = "auto") -> Result:
+    """The fastest algorithm for the call on ``cluster``: what pyxccl's tuner would choose there.
+
+    >>> c = Cluster(hosts=1, per_host=8, intra=Link(2e-6, 1 / 300e9), inter=Link(5e-6, 1 / 25e9))
+    >>> choose("allreduce", 1 << 30, c).algorithm in ("ring", "hierarchical", "direct")
+    True
+    """
+    res = run(primitive, nbytes, cluster, dtype=dtype, mode=mode)
+    return min(res, key=lambda r: (r.time, r.algorithm))

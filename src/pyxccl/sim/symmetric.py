@@ -1,0 +1,102 @@
+"""Symmetric mode: ranks that do the same thing at the same time are simulated once.
+
+Many schedules look the same from every host: the ring's rank r + L does what rank r does,
+with every peer moved on by L (L ranks per host); halving-doubling's rank r XOR kL does what
+r does with every peer XOR kL. When a cluster is symmetric too (every host alike, and a fat
+tree, or a ring of hosts for shifts), host h runs host 0's schedules moved by h, at the same
+times. So only host 0's ranks are walked: a message to another host's rank is delivered to
+the host-0 rank that stands where it stands (``rep``), on the channel named by what the move
+keeps unchanged (``key``), and every host's NICs and links are host 0's.
+
+Whether an algorithm has such a symmetry is not assumed: the schedules of several other
+hosts (the next, the last, the middle one) are built and must equal host 0's moved (same
+steps, operations, peers and reduce flags; counts within one element or 1%, as uneven
+chunks differ). A schedule without either symmetry (trees, rooted collectives) runs at
+message level only.
+"""
+from __future__ import annotations
+
+from ..schedule import Copy, Get, Post, Schedule, Sync
+
+
+class Shift:
+    """Rank r of host h is host 0's rank r - hL, every peer moved by the same."""
+    name = "shift"
+
+    def __init__(self, nranks: int, per_host: int):
+        self.n, self.p = nranks, per_host
+
+    def rep(self, r: int) -> int:
+        return r % self.p
+
+    def key(self, a: int, b: int):
+        return a % self.p, (b - a) % self.n
+
+    def mover(self, h: int):
+        d = h * self.p
+        return lambda q: (q + d) % self.n
+
+
+class Xor:
+    """Rank r of host h is host 0's rank r XOR hL (hosts and ranks per host powers of two)."""
+    name = "xor"
+
+    def __init__(self, nranks: int, per_host: int):
+        self.n, self.p = nranks, per_host
+
+    def rep(self, r: int) -> int:
+        return r % self.p
+
+    def key(self, a: int, b: int):
+        return a % self.p, a ^ b
+
+    def mover(self, h: int):
+        d = h * self.p
+        return lambda q: q ^ d
+
+    @staticmethod
+    def applies(hosts: int, per_host: int) -> bool:
+        return hosts & (hosts - 1) == 0 and per_host & (per_host - 1) == 0
+
+
+def _close(a: int, b: int) -> bool:
+    return abs(a - b) <= max(1, 0.01 * max(a, b))
+
+
+def _same(s: Schedule, t: Schedule, move) -> bool:
+    """``s`` is ``t`` moved by ``move`` (peers), up to the uneven chunks' element."""
+    if len(s.steps) != len(t.steps) or s.segment or t.segment:
+        return False
+    for a, b in zip(s.steps, t.steps):
+        if len(a) != len(b):
+            return False
+        for x, y in zip(a, b):
+            if type(x) is not type(y) or type(x) in (Get, Post, Sync) or not _close(x.count, y.count):
+                return False
+            if type(x) is Copy:
+                if x.reduce != y.reduce:
+                    return False
+            elif x.peer != move(y.peer) or getattr(x, "reduce", False) != getattr(y, "reduce", False):
+                return False
+    return True
+
+
+def sample_hosts(hosts: int) -> list[int]:
+    return sorted({h for h in (1, hosts - 1, hosts // 2, hosts // 3) if 0 < h < hosts})
+
+
+def find(build, hosts: int, per_host: int, ring_of_hosts: bool):
+    """(symmetry, host 0's schedules) of the algorithm ``build(rank)``, or (None, reason)."""
+    if hosts < 2:
+        return None, "one host: nothing to fold"
+    n = hosts * per_host
+    reps = [build(r) for r in range(per_host)]
+    if any(s.segment for s in reps):
+        return None, "segment schedules run on one host"
+    kinds = [Shift] + ([] if ring_of_hosts or not Xor.applies(hosts, per_host) else [Xor])
+    others = {h: [build(h * per_host + j) for j in range(per_host)] for h in sample_hosts(hosts)}
+    for kind in kinds:
+        sym = kind(n, per_host)
+        if all(_same(s, reps[j], sym.mover(h)) for h, got in others.items() for j, s in enumerate(got)):
+            return sym, reps
+    return None, "its schedules are not the same on every host, moved (no shift or XOR symmetry)"
