@@ -276,6 +276,8 @@ def test_cli_table_json_and_errors(capsys):
     assert code == 0 and d == json.loads(json.dumps(want))
     code, text = run_cli("--list")
     assert code == 0 and "gpt3-175b" in text and "dgx-h100" in text
+    code, text = run_cli("--list-hardware")
+    assert code == 0 and "source: NVIDIA DGX A100" in text and "ib-ndr" in text
     code, _ = run_cli("--model", "llama-7b", "--dp", "3", "--ep", "2")
     assert code == 2 and "ep=2 must divide dp=3" in capsys.readouterr().err
     code, text = run_cli("--model", "gpt3-175b", "--micro-batch-size", "32", "--tp", "8", "--micro-batches", "1",

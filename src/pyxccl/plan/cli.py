@@ -49,12 +49,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="compute time per step in ms (instead of FLOPs / (peak x MFU))")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--list", action="store_true", help="list the model and hardware presets and exit")
+    p.add_argument("--list-hardware", action="store_true",
+                   help="list the hardware presets, link classes and GPUs with their figures and sources, and exit")
 
 
 def main(a: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from . import Layout, estimate, hardware, load_model, model_presets
+    if a.list_hardware:
+        print(_hardware_list())
+        return 0
     if a.list:
         print("models:   " + ", ".join(model_presets()))
         print("hardware: " + ", ".join(hardware.names()))
@@ -81,3 +86,24 @@ def main(a: argparse.Namespace) -> int:
         return 2
     print(json.dumps(plan.to_json(), indent=1, ensure_ascii=False) if a.json else plan.table())
     return 0
+
+
+def _hardware_list() -> str:
+    """Every machine, link class and GPU preset with its figures and source."""
+    from . import hardware
+    out = ["machines:"]
+    for n in hardware.names():
+        hw = hardware.load(n)
+        out.append(f"  {n:16} {hw.per_host} x {hw.gpu.name}, inside {hw.intra.name}, between hosts {hw.nics} x "
+                   f"{hw.inter.name}\n  {'':16} source: {hw.source}")
+    out.append("links (per direction):")
+    for n in hardware.link_names():
+        s = hardware.load_link(n)
+        out.append(f"  {n:16} {s.bandwidth / 1e9:7.4g} GB/s  {s.latency * 1e6:5.3g} us{'  shared bus' if s.shared else ''}"
+                   f"\n  {'':16} source: {s.source}")
+    out.append("gpus (dense peak):")
+    for n in hardware.gpu_names():
+        g = hardware.load_gpu(n)
+        fl = ", ".join(f"{k} {v / 1e12:g}" for k, v in g.flops.items())
+        out.append(f"  {n:16} TFLOP/s {fl}; HBM {g.hbm / 1e9:g} GB/s\n  {'':16} source: {g.source}")
+    return "\n".join(out)

@@ -134,6 +134,8 @@ def _bytes(n: float) -> str:
 
 
 def _secs(t: float) -> str:
+    if t >= 100:
+        return f"{t:.0f} s"
     if t >= 1:
         return f"{t:.3g} s"
     if t >= 1e-3:
