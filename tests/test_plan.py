@@ -303,3 +303,14 @@ def test_package_data_lists_every_preset_file():
     base = resources.files("pyxccl.plan")
     files = [str(p.relative_to(Path(str(base)))) for p in Path(str(base)).rglob("*.toml")]
     assert files and all(any(fnmatch.fnmatch(f, g) for g in globs) for f in files)
+
+
+@pytest.mark.parametrize("hosts,per_host", [(1, 8), (4, 4), (16, 1)])
+def test_pricing_picks_what_the_simulator_would_choose(hosts, per_host):
+    # the planner runs symmetric mode where it can (faster); the answer must be sim.choose's
+    from pyxccl import sim
+    from pyxccl.plan.price import _sim
+    c = hardware.load("dgx-h100").cluster(hosts, per_host)
+    for prim in ("allreduce", "reduce_scatter", "allgather", "alltoall"):
+        mine, theirs = _sim(prim, 1 << 24, c, 2, None), sim.choose(prim, 1 << 24, c, dtype="float16")
+        assert mine.algorithm == theirs.algorithm and mine.time == pytest.approx(theirs.time, rel=1e-6)
