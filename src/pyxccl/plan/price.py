@@ -1,6 +1,7 @@
-"""Prices of the planner's calls: collectives through the simulator (``pyxccl.sim.choose``: the
-algorithm pyxccl's tuner would choose, run on the group's modelled cluster), point-to-point messages
-as ``alpha + bytes * beta`` of the link they cross.
+"""Prices of the planner's calls: collectives through the simulator (the answer of ``pyxccl.sim.choose``:
+the fastest algorithm that can run, what pyxccl's tuner would choose, on the group's modelled
+cluster; found in the simulator's symmetric mode where an algorithm allows it), point-to-point
+messages as ``alpha + bytes * beta`` of the link they cross.
 
 A group's cluster is that group alone (``Hardware.cluster``), with its fair share of what it shares
 with the other groups of its kind running at the same time: a host's NICs (8 DP groups on a DGX,
