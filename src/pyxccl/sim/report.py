@@ -21,8 +21,8 @@ def add_arguments(p) -> None:
     p.add_argument("--size", default="1G", help="bytes of the call, nccl-tests' way (default 1G; e.g. 64K, 1GiB)")
     p.add_argument("--sweep", metavar="MIN:MAX", help="sizes from MIN to MAX, times 4 each row (e.g. 8:1G)")
     p.add_argument("--algo", help="algorithms, comma-separated (default: every one that can run)")
-    p.add_argument("--hardware", help="a hardware preset or TOML file (pyxccl plan --list-hardware); default: "
-                   "the link flags below")
+    p.add_argument("--hardware", help="a hardware preset or TOML file (pyxccl plan --list-hardware), e.g. dgx-a100; "
+                   "default: the link flags below")
     p.add_argument("--measured", action="store_true",
                    help="this machine's measured figures (shared memory inside a host, TCP between)")
     p.add_argument("--intra-bw", type=float, default=300.0, help="GB/s of a rank's link inside a host (300)")
@@ -44,7 +44,8 @@ def cluster_of(a) -> Cluster:
         c = Cluster.measured(a.hosts, a.per_host)
     elif a.hardware:
         from ..plan import hardware
-        c = hardware.load(a.hardware).cluster(a.hosts, a.per_host)
+        hw = hardware.load(a.hardware)
+        c = hw.cluster(a.hosts, a.per_host, nic_share=hw.nics)      # the job is alone: every NIC is its own
     else:
         c = Cluster(a.hosts, a.per_host, intra=Link(a.intra_lat * 1e-6, 1 / (a.intra_bw * 1e9)),
                     inter=Link(a.inter_lat * 1e-6, 1 / (a.inter_bw * 1e9)), nics=a.nics or a.per_host,
