@@ -254,7 +254,8 @@ def measure_hosts(hosts_n: int = 2, per_host: int = 2, rate: str = "1gbit", size
         others = OthersLoad().__enter__()
         procs = [hosts.popen(h, [sys.executable, "-c", code, str(per_host), str(hosts_n), str(h), hosts.addrs[0],
                                  str(port), *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=dict(os.environ)) for h in range(hosts_n)]
+                             env=dict(os.environ, PYXCCL_LINKS=os.path.join(d, "links.json")))
+                 for h in range(hosts_n)]     # (figures of emulated hosts stay out of the user's link file)
         for p in procs:
             text, _ = p.communicate(timeout=timeout)
             if p.returncode:
@@ -282,16 +283,19 @@ def cluster_for(row: dict, machine: dict | None):
         seg = links.get("seg") or links.get(f"seg:{l}")     # the job's own segment round
         c = replace(c, intra=links.get("shm", c.intra), gamma=machine["gamma"], copy=machine["copy"],
                     cores=machine.get("cores") or c.cores, seg=seg if seg or h > 1 else c.seg,
+                    mem=machine.get("mem") or c.mem, cache=machine.get("cache") or c.cache,
                     source="the measuring job's figures")
     return c
 
 
 def cluster_now(row: dict, machine: dict | None, now: dict | None):
-    """The same cluster with the figures the job measured right after its sweep (``_figures_now``):
-    the segment's round as a call sees it (median), numpy's copy and add rates at the row's size
-    with every rank copying at once (so they include the sharing of cores and memory: no stretch
-    on top, ``cores = per_host``), and between hosts the sustained rate of a host's link. None when
-    the measurement has none of them."""
+    """The same cluster with the figures the job measured right after its sweep (``_figures_now``),
+    medians under the run's own conditions: the segment's round as a call sees it, numpy's copy and
+    add rates at the row's size with every rank copying at once (from 16 MiB on they are the
+    memory's: no memory term on top), for schedules that read the peers' buffers in place the
+    single-copy read rate at the block's size, and between hosts the sustained rate of a host's
+    link. The stretch of ranks over cores stays (ranks taking turns on a core copy one at a time).
+    None when the measurement has none of them."""
     from dataclasses import replace
 
     from pyxccl.sim import Link
@@ -305,7 +309,8 @@ def cluster_now(row: dict, machine: dict | None, now: dict | None):
         # the peers' blocks come by process_vm_readv, the own block by a copy (shm.py, _native.c)
         n = row["per_host"]
         copy = ((n - 1) * cma[str(reads)] + now["rates"][str(reads)][0]) / n
-    c = replace(c, copy=copy, gamma=gamma, source="figures measured after the sweep")
+    # rates at the row's size already include the memory's (from 16 MiB on): no memory term on top
+    c = replace(c, copy=copy, gamma=gamma, mem=0.0, source="figures measured after the sweep")
     if now.get("seg"):
         c = replace(c, seg=Link(now["seg"][0], 0.0))
     if now.get("tcp_sustained_beta") and row["hosts"] > 1:
