@@ -264,8 +264,9 @@ def measure_hosts(hosts_n: int = 2, per_host: int = 2, rate: str = "1gbit", size
         doc = json.load(open(out))
     print(f"# measured {hosts_n} x {per_host} emulated hosts in {time.time() - t:.0f} s (other processes took "
           f"{others.cores:.2f} cores meanwhile)", file=sys.stderr)
-    return dict(rows=doc["rows"], machines={"hosts": dict(machine=doc["machine"], source=doc["source"], now=doc.get("now"),
-                                             load_before=load, others_cores=others.cores)},
+    return dict(rows=doc["rows"], machines={"hosts": dict(machine=doc["machine"], source=doc["source"],
+                                                          now=doc.get("now"), load_before=load,
+                                                          others_cores=others.cores)},
                 rate=rate)
 
 
@@ -367,9 +368,79 @@ def predict(doc: dict) -> list[dict]:
             pred = sim(cluster_for(row, job.get("machine")), row)
             c = cluster_now(row, job.get("machine"), job.get("now"))
             now = sim(c, row) if c is not None else None
-            out.append(dict(row, part=part, others=job.get("others_cores"), predicted=pred, error=(pred - row["time"]) / row["time"],
+            out.append(dict(row, part=part, others=job.get("others_cores"), predicted=pred,
+                            error=(pred - row["time"]) / row["time"],
                             now=now, now_error=None if now is None else (now - row["time"]) / row["time"]))
     return out
+
+
+def _host_buffers(row: dict) -> int:
+    """Bytes of the call's buffers (input and output) on all ranks of a host."""
+    from pyxccl.primitives import PRIMITIVES
+    prim = PRIMITIVES[row["prim"]]
+    nin, nout = prim.buffers(0, prim.sized(row["hosts"] * row["per_host"], row["size"], 4))
+    return (nin + nout) * 4 * row["per_host"]
+
+
+def _terms():
+    """One change at a time to the figures the prediction uses, each a figure measured on this machine
+    (by the job after its sweep), to see which term of the model the errors come from."""
+    from dataclasses import replace
+
+    from pyxccl.sim import Link
+
+    def seg(c, row, now):
+        return replace(c, seg=Link(now["seg"][0], 0.0)) if now.get("seg") and row["hosts"] == 1 else None
+
+    def memory(c, row, now):
+        return replace(c, cache=1) if c.mem and _host_buffers(row) > c.cache else c
+
+    def tcp(c, row, now):
+        return replace(c, inter=Link(c.inter.alpha, now["tcp_sustained_beta"])) \
+            if now.get("tcp_sustained_beta") and row["hosts"] > 1 else None
+
+    def cpu(c, row, now):
+        if str(row["size"]) not in now.get("rates", {}):
+            return None
+        copy, gamma = now["rates"][str(row["size"])]
+        return replace(c, copy=copy, gamma=gamma, mem=0.0)
+
+    def both(*fs):
+        def f(c, row, now):
+            for g in fs:
+                c = g(c, row, now) or c
+            return c
+        return f
+    return [
+        ("segment round: median of barrier calls now, not the probe's fastest batch", seg),
+        ("memory: all bytes from memory once the host's buffers exceed the LLC (cache=1), not a share", memory),
+        ("between hosts: the sustained rate of a host link, every rank sending both ways", tcp),
+        ("copies and reductions: numpy's rates at the row's size, all ranks at once", cpu),
+        ("segment round + memory", both(seg, memory)),
+        ("segment round + memory + between hosts", both(seg, memory, tcp)),
+    ]
+
+
+def terms(doc: dict, file=None) -> None:
+    """Median |error| per part when one figure is changed (``_terms``): which term is off."""
+    import pyxccl.sim
+    file = file or sys.stdout
+    print("\n# which term: median |error| with one figure changed (each measured by the job after its sweep)",
+          file=file)
+    print(f"{'change':<100}{'local':>8}{'hosts':>8}{'all':>8}", file=file)
+    for label, f in [("none (the tuner's figures, as above)", lambda c, row, now: c)] + _terms():
+        errs = {"local": [], "hosts": []}
+        for part in errs:
+            for row in doc.get(part, {}).get("rows", []):
+                job = _job(doc, part, row)
+                c = cluster_for(row, job.get("machine"))
+                c = f(c, row, job.get("now") or {}) or c
+                t = pyxccl.sim.run(row["prim"], row["size"], c, [row["algorithm"]], inplace=False)[0].time
+                errs[part].append(abs(t - row["time"]) / row["time"])
+        cols = [statistics.median(e) if e else None for e in (errs["local"], errs["hosts"],
+                                                             errs["local"] + errs["hosts"])]
+        print(f"{label:<100}" + "".join(f"{v * 100:>7.1f}%" if v is not None else f"{'-':>8}" for v in cols),
+              file=file)
 
 
 # --- reporting ---------------------------------------------------------------------------------
@@ -419,7 +490,8 @@ def report(rows: list[dict], file=None, worst: int = 5) -> dict:
             line = (f"{r['prim']:<11}{ranks:>7}{_size(r['size']):>6}  {r['algorithm']:<14}{_ms(r['time']):>12}"
                     f"{_ms(r['predicted']):>13}{_pct(r['error'])}")
             if now_any:
-                line += (f"{_ms(r['now']):>10}" if r.get("now") is not None else f"{'-':>10}") + _pct(r.get("now_error"))
+                line += ((f"{_ms(r['now']):>10}" if r.get("now") is not None else f"{'-':>10}")
+                         + _pct(r.get("now_error")))
             print(line, file=file)
         medians[part] = _median_abs(rs, "error")
         text = f"# median |error| ({part}): {medians[part] * 100:.1f}%"
@@ -447,7 +519,10 @@ def main(argv=None) -> int:
     ap.add_argument("--save", default=None, help="write the measurement to this JSON file")
     ap.add_argument("--load", default=None, help="predict this saved measurement (measure nothing)")
     ap.add_argument("--no-predict", dest="predict", action="store_false", help="measure only")
-    ap.add_argument("--rounds", type=int, default=2, help="sweeps per job (a row: the median of all its timed iterations)")
+    ap.add_argument("--terms", action="store_true", help="also: the median errors with one measured figure "
+                    "changed at a time (which term of the model is off)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="sweeps per job (a row: the median of all its timed iterations)")
     ap.add_argument("--rate", default="1gbit", help="hosts part: tc rate of each host's link")
     ap.add_argument("--host-sizes", default=",".join(map(str, HOST_SIZES)))
     ap.add_argument("--worst", type=int, default=5)
@@ -470,12 +545,15 @@ def main(argv=None) -> int:
             _save(doc, a.save)
         if a.part in ("hosts", "all"):
             try:
-                doc["hosts"] = measure_hosts(rate=a.rate, rounds=a.rounds, sizes=[int(s) for s in a.host_sizes.split(",")])
+                doc["hosts"] = measure_hosts(rate=a.rate, rounds=a.rounds,
+                                             sizes=[int(s) for s in a.host_sizes.split(",")])
             except RuntimeError as e:
                 print(f"# hosts part skipped: {e}", file=sys.stderr)
             _save(doc, a.save)
     if a.predict:
         report(predict(doc), worst=a.worst)
+        if a.terms:
+            terms(doc)
     return 0
 
 

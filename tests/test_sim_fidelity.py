@@ -89,3 +89,19 @@ def test_error_sign_and_medians(fid):
     text = buf.getvalue()
     assert "+80.0" in text and "-50.0" in text and "+10.0" in text
     assert "now ms" not in text
+
+
+def test_terms(fid):
+    buf = io.StringIO()
+    fid.terms(DOC, file=buf)
+    lines = buf.getvalue().splitlines()
+    assert lines[2].split()[-3:] == ["local", "hosts", "all"]
+    rows = [ln for ln in lines[3:] if ln.strip()]
+    assert len(rows) == 1 + len(fid._terms())
+    # the first row is the plain prediction: its medians are those of the table
+    med = fid.report(fid.predict(DOC), file=io.StringIO())
+    got = [float(x.rstrip("%")) for x in rows[0].split()[-3:]]
+    assert got == pytest.approx([med["local"] * 100, med["hosts"] * 100, med["overall"] * 100], abs=0.051)
+    # the segment round measured after the sweep (50 us, not 5) changes the local rows' prediction
+    seg = next(r for r in rows if r.startswith("segment round:"))
+    assert float(seg.split()[-3].rstrip("%")) != got[0]
