@@ -133,9 +133,9 @@ class Net:
 
 
 class Timing(Semantics):
-    timed = True
     """Time instead of data: each rank's clock, messages carrying their arrival time, windows the
     time they become readable, shared resources the time they are free."""
+    timed = True
 
     def __init__(self, scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
                  working_set: int = 0):
