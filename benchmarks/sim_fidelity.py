@@ -5,6 +5,7 @@ Run it (from the repository, with the package on the path):
     python benchmarks/sim_fidelity.py --save /work/bench/i15/measured.json     # measure, then predict
     python benchmarks/sim_fidelity.py --part local --save FILE                 # only the local ranks
     python benchmarks/sim_fidelity.py --load /work/bench/i15/measured.json     # predict a saved measurement
+    python benchmarks/sim_fidelity.py --load FILE --terms       # ... and which term of the model is off
 
 The hosts part needs root (network namespaces made by tests/netns.py, tests/emuhosts); without
 root it is skipped with a note.
@@ -24,13 +25,18 @@ the one that ran.
 Each job also records the link figures its communicator's tuner used (``comm.link_figures()``:
 shared memory, the shared segment's round, copy and reduction rates from pyxccl's link cache, and
 "tcp" between hosts measured at that job's init), so a saved measurement is predicted with the
-figures measured when it ran, not with whatever the cache holds later.
+figures measured when it ran, not with whatever the cache holds later. After its sweep a job
+measures a few figures itself, as its ranks see them then (medians, not the probe's fastest
+batches: ``_figures_now``), and the CPU time other processes took meanwhile is recorded (the
+machine is shared: a busy neighbour doubles the 4-rank times).
 
 How it predicts. Every measured row goes through ``pyxccl.sim.run(prim, nbytes, cluster,
 [algorithm])`` with ``cluster = Cluster.measured(hosts, per_host, inter=<measured tcp>)`` whose
 shared-memory, segment, copy and reduction figures are those the job recorded. The error is
 (predicted - measured) / measured; the table ends with the median |error| of each part and of all
-rows, and the worst rows.
+rows, and the worst rows. The "now" columns predict with the figures the job measured after its
+sweep (``cluster_now``); ``--terms`` changes one figure at a time (``_terms``). Nothing is fitted
+to the rows being predicted.
 """
 from __future__ import annotations
 
