@@ -31,8 +31,11 @@ batches: ``_figures_now``), and the CPU time other processes took meanwhile is r
 machine is shared: a busy neighbour doubles the 4-rank times).
 
 How it predicts. Every measured row goes through ``pyxccl.sim.run(prim, nbytes, cluster,
-[algorithm])`` with ``cluster = Cluster.measured(hosts, per_host, inter=<measured tcp>)`` whose
-shared-memory, segment, copy and reduction figures are those the job recorded. The error is
+[algorithm])`` with ``cluster = Cluster.measured(hosts, per_host, inter=<measured tcp>,
+calibration=...)`` whose shared-memory, segment, copy, reduction and memory figures are those the
+job's tuner recorded, and whose segment round and single-copy read rate are those
+``pyxccl.sim.calibrate.measure`` found in the job before its sweep (for a measurement saved before
+that existed: the same two figures as the job measured them after its sweep). The error is
 (predicted - measured) / measured; the table ends with the median |error| of each part and of all
 rows, and the worst rows. The "now" columns predict with the figures the job measured after its
 sweep (``cluster_now``); ``--terms`` changes one figure at a time (``_terms``). Nothing is fitted
@@ -70,6 +73,13 @@ def _worker(a) -> None:
 
     comm = pyxccl.init()
     prims, sizes = a.prims.split(","), [int(s) for s in a.sizes.split(",")]
+    topo = comm.topology()
+    hosts = len({t["host"] for t in topo})
+    if hosts == 1:
+        from pyxccl.sim import calibrate
+        calibration = calibrate.measure(comm)
+    else:
+        calibration = None
     times: dict = {}
     algos: dict = {}
     for _ in range(a.rounds):
@@ -84,15 +94,14 @@ def _worker(a) -> None:
                     raise SystemExit(f"{prim} {nbytes}: {wrong} wrong values")
                 times.setdefault((prim, case.nbytes), []).extend(ts)
                 algos[(prim, case.nbytes)] = comm.algorithm_for(prim, case.nbytes, np.float32)
-    topo = comm.topology()
-    hosts = len({t["host"] for t in topo})
     m = comm.link_figures()
     now = _figures_now(comm, hosts, sorted({s for _, s in times}))
     if comm.rank == 0:
         rows = [dict(prim=p, hosts=hosts, per_host=comm.size // hosts, size=s, algorithm=algos[(p, s)],
                      time=statistics.median(ts), min=min(ts), iters=len(ts)) for (p, s), ts in times.items()]
         doc = dict(rows=rows, machine=m.to_json() if m is not None else None,
-                   source=getattr(m, "source", ""), ranks=comm.size, hosts=hosts, now=now)
+                   source=getattr(m, "source", ""), ranks=comm.size, hosts=hosts, now=now,
+                   calibration=calibration)
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
     comm.close()
@@ -236,6 +245,7 @@ def measure_local(ns=(2, 4), sizes=LOCAL_SIZES, rounds: int = 2) -> dict:
               f"{others.cores:.2f} cores meanwhile)", file=sys.stderr)
         rows += doc["rows"]
         machines[str(n)] = dict(machine=doc["machine"], source=doc["source"], now=doc.get("now"),
+                                calibration=doc.get("calibration"),
                                 load_before=load, others_cores=others.cores)
     return dict(rows=rows, machines=machines)
 
@@ -278,16 +288,34 @@ def measure_hosts(hosts_n: int = 2, per_host: int = 2, rate: str = "1gbit", size
 
 # --- predicting --------------------------------------------------------------------------------
 
-def cluster_for(row: dict, machine: dict | None):
-    """The simulator's cluster for a measured row: ``Cluster.measured`` with the figures the job used."""
+def calibration_of(job: dict) -> dict | None:
+    """What ``pyxccl.sim.calibrate.measure`` found in the job (before its sweep); for measurements saved
+    before the job ran it, the same two figures from what the job measured after its sweep."""
+    if job.get("calibration") or not job.get("now", {}).get("seg"):
+        return job.get("calibration")
+    now = job["now"]
+    cma = now.get("cma", {})
+    fit = None
+    if "65536" in cma and "1048576" in cma:
+        t0, t1 = cma["65536"] * 65536, cma["1048576"] * 1048576
+        beta = max(0.0, (t1 - t0) / (1048576 - 65536))
+        fit = [max(0.0, t0 - beta * 65536), beta]
+    return {"seg": now["seg"][0], "cma": fit}
+
+
+def cluster_for(row: dict, machine: dict | None, calibration: dict | None = None):
+    """The simulator's cluster for a measured row: ``Cluster.measured`` with the figures the job used
+    (its tuner's, and those ``pyxccl.sim.calibrate`` measured in it)."""
     from dataclasses import replace
 
     from pyxccl.sim import Cluster, Link
     links = {k: Link(*v) for k, v in (machine or {}).get("links", {}).items()}
     h, l = row["hosts"], row["per_host"]
-    c = Cluster.measured(h, l, inter=links.get("tcp"))
+    c = Cluster.measured(h, l, inter=links.get("tcp"), calibration=calibration)
     if machine:
         seg = links.get("seg") or links.get(f"seg:{l}")     # the job's own segment round
+        if calibration and h == 1:
+            seg = Link(calibration["seg"], 0.0)
         c = replace(c, intra=links.get("shm", c.intra), gamma=machine["gamma"], copy=machine["copy"],
                     cores=machine.get("cores") or c.cores, seg=seg if seg or h > 1 else c.seg,
                     mem=machine.get("mem") or c.mem, cache=machine.get("cache") or c.cache,
@@ -371,7 +399,7 @@ def predict(doc: dict) -> list[dict]:
             continue
         for row in doc[part]["rows"]:
             job = _job(doc, part, row)
-            pred = sim(cluster_for(row, job.get("machine")), row)
+            pred = sim(cluster_for(row, job.get("machine"), calibration_of(job)), row)
             c = cluster_now(row, job.get("machine"), job.get("now"))
             now = sim(c, row) if c is not None else None
             out.append(dict(row, part=part, others=job.get("others_cores"), predicted=pred,
@@ -434,12 +462,12 @@ def terms(doc: dict, file=None) -> None:
     print("\n# which term: median |error| with one figure changed (each measured by the job after its sweep)",
           file=file)
     print(f"{'change':<100}{'local':>8}{'hosts':>8}{'all':>8}", file=file)
-    for label, f in [("none (the tuner's figures, as above)", lambda c, row, now: c)] + _terms():
+    for label, f in [("none (the tuner's figures and the job's calibration, as above)", lambda c, row, now: c)] + _terms():
         errs = {"local": [], "hosts": []}
         for part in errs:
             for row in doc.get(part, {}).get("rows", []):
                 job = _job(doc, part, row)
-                c = cluster_for(row, job.get("machine"))
+                c = cluster_for(row, job.get("machine"), calibration_of(job))
                 c = f(c, row, job.get("now") or {}) or c
                 t = pyxccl.sim.run(row["prim"], row["size"], c, [row["algorithm"]], inplace=False)[0].time
                 errs[part].append(abs(t - row["time"]) / row["time"])

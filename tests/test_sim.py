@@ -197,3 +197,19 @@ def test_cli_sweep_draws_a_png(capsys, tmp_path):
                      "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert capsys.readouterr().out.count("1 MiB") >= 2
+
+
+def test_calibration_measures_what_calls_see(pools):
+    """pyxccl.sim.calibrate on 2 local ranks: the segment's round and a single-copy read, the same on
+    every rank; a measured cluster takes them."""
+    import rankfns
+    got = pools(2).run(rankfns.calibrate, transport="shm")
+    assert got[0] == got[1]
+    fig = got[0]
+    assert 0 < fig["seg"] < 0.01
+    if fig["cma"] is not None:       # process_vm_readv allowed here
+        alpha, beta = fig["cma"]
+        assert alpha >= 0 and 1 / 200e9 < beta < 1 / 0.1e9
+    c = Cluster.measured(1, 2, calibration=fig)
+    assert c.seg.alpha == fig["seg"] and (c.cma is None) == (fig["cma"] is None)
+    assert run("allgather", 4 << 20, c, ["shm"])[0].time > 0

@@ -33,7 +33,7 @@ class ClusterNet(Net):
     def __init__(self, c: Cluster, sym=None):
         self.c, self.sym = c, sym
         self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
-        self.gamma, self.copy, self.mem, self.cache = c.gamma, c.copy, c.mem, c.cache
+        self.gamma, self.copy, self.mem, self.cache, self.cma = c.gamma, c.copy, c.mem, c.cache, c.cma
         self.seg = c.seg or DEFAULT_LINKS["seg"]
         self.stretch = _Same(max(1.0, c.per_host / c.cores) if c.cpu and c.cores else 1.0)
         self._inside, self._between = ("shm", "tcp") if c.cpu else ("intra", "inter")

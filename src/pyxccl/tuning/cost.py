@@ -69,6 +69,7 @@ class Machine:
     source: str = field(default="", compare=False)    # how the figures were got (probe.measure says)
     mem: float = 0.0             # seconds per byte read or written in memory, one process (0: not known)
     cache: int = 32 << 20        # bytes of the last-level cache
+    cma: Link | None = None      # a single-copy read from another process (None: priced as a copy)
 
     def link(self, klass: str) -> Link:
         """Measured figures of ``klass``, else the defaults."""
@@ -106,6 +107,7 @@ class Net:
     def __init__(self, machine: Machine, klass, stretch: list[float], hosts: list | None = None):
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
         self.gamma, self.copy, self.mem, self.cache = machine.gamma, machine.copy, machine.mem, machine.cache
+        self.cma = machine.cma
         self._links = machine.link
         self.seg = machine.link("seg")
         per = {h: hosts.count(h) for h in set(hosts)} if hosts is not None else None
@@ -141,6 +143,7 @@ class Timing(Semantics):
                  working_set: int = 0):
         n = len(scheds)
         self.index = {s.rank: i for i, s in enumerate(scheds)}
+        self.rank_of = [s.rank for s in scheds]
         self.itemsize, self.net, self.inplace = itemsize, net, inplace
         self.seg = scheds[0].segment if scheds else False
         self.half = net.seg.alpha / 2 if self.seg else 0.0
@@ -148,11 +151,12 @@ class Timing(Semantics):
         # the share of the call's bytes that live in memory, not in cache, and what a byte read or
         # written there costs each rank of the host
         self.memshare, self.membyte = 0.0, [0.0] * n
-        if net.cpu and net.mem and working_set:
-            for i, s in enumerate(scheds):
-                host = net.local(s.rank) * working_set
-                self.memshare = max(0.0, 1.0 - net.cache / host)
-                self.membyte[i] = net.mem * net.local(s.rank)
+        if net.cpu and net.mem and working_set and scheds:
+            # buffers streamed in turn through a cache smaller than they are all miss (least recently
+            # used goes first): beyond the cache, every byte comes from memory
+            self.memshare = 1.0 if net.local(scheds[0].rank) * working_set > net.cache else 0.0
+            self.membyte = [net.mem * net.local(s.rank) for s in scheds]
+        self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
         self.posted: set = set()                   # (rank, round) that posted a user buffer to read in place
         self.free: dict = {}                       # resource -> time it is free
         self.clock = [0.0] * n
@@ -183,10 +187,15 @@ class Timing(Semantics):
         return nbytes * (cpu * (1 - self.memshare) + self.memshare * max(cpu, touches * self.membyte[i]))
 
     def _work(self, i, o, src_user: bool) -> float:
-        """A local copy or reduction, or a Get."""
+        """A local copy or reduction, or a Get (``src_user``: of a buffer its owner posted, read in place
+        by a single copy from another process when it is not this rank's)."""
         dst = (o.dst if type(o) is Copy else o.buf) in _USER
         touches = src_user + dst * (2 if o.reduce else 1)
-        return self._cost(i, o.count * self.itemsize, self.net.gamma if o.reduce else self.net.copy, touches)
+        rate = self.net.gamma if o.reduce else self.net.copy
+        nbytes = o.count * self.itemsize
+        if type(o) is Get and src_user and self.cma is not None and o.peer != self.rank_of[i]:
+            return self.cma.alpha * self.stretch[i] + self._cost(i, nbytes, max(rate, self.cma.beta), touches)
+        return self._cost(i, nbytes, rate, touches)
 
     def begin(self, r, k):
         if k and any(p < k - 1 for p in self.published):
