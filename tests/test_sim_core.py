@@ -33,6 +33,9 @@ CLUSTERS = {
     "8x2-dma-ring": Cluster(8, 2, nics=1, topology="ring", **_DMA),
     "8x2-dma-nics2": Cluster(8, 2, nics=2, **_DMA),
     "8x2-cpu-ring": Cluster(8, 2, cores=1, topology="ring", **_CPU),
+    # the memory term: a call larger than the cache shares the host's memory bandwidth
+    "1x4-cpu-mem": Cluster(1, 4, cores=4, mem=1e-10, cache=1 << 20, **_CPU),
+    "4x2-cpu-mem": Cluster(4, 2, cores=1, mem=3e-10, cache=1 << 20, **_CPU),
 }
 
 
@@ -54,10 +57,17 @@ def _same(a, b):
     assert sb == sa
 
 
-def _check(scheds, net, inplace):
-    want = cost.run(scheds, 4, net, inplace)
-    _same(want, fast.run(scheds, 4, net, inplace))
-    _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net))      # the C core, surely
+def _check(scheds, net, inplace, working_set=0):
+    want = cost.run(scheds, 4, net, inplace, working_set)
+    _same(want, fast.run(scheds, 4, net, inplace, working_set))
+    _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net, working_set))   # the C core, surely
+
+
+def _working_set(prim, c, nbytes, inplace):
+    """What simulate.run gives the walk: the bytes of rank 0's buffers in the call."""
+    p = PRIMITIVES[prim]
+    nin, nout = p.buffers(0, p.sized(c.nranks, nbytes, 4))
+    return (nout if inplace else nin + nout) * 4
 
 
 @pytest.mark.parametrize("cname", list(CLUSTERS))
@@ -73,11 +83,12 @@ def test_c_core_equals_the_python_walk(prim, cname):
                 scheds = [build(r) for r in range(c.nranks)]
             except ValueError:          # the algorithm cannot run here (e.g. not a power of two)
                 continue
-            _check(scheds, ClusterNet(c), inplace)
+            ws = _working_set(prim, c, nbytes, inplace)
+            _check(scheds, ClusterNet(c), inplace, ws)
             walked += 1
             sym, reps = symmetric.find(build, c.hosts, c.per_host, c.topology == "ring")
             if sym is not None:
-                _check(reps, ClusterNet(c, sym), inplace)
+                _check(reps, ClusterNet(c, sym), inplace, ws)
                 folded += 1
     assert walked
     print(prim, cname, "walked", walked, "folded", folded)
@@ -85,11 +96,12 @@ def test_c_core_equals_the_python_walk(prim, cname):
 
 def test_c_core_on_large_messages_of_a_cpu_machine():
     """Messages above the socket buffer (the sender waits until the rest fits), stretched CPUs."""
-    for cname in ("2x2-cpu", "8x2-cpu-ring"):
+    for cname in ("2x2-cpu", "8x2-cpu-ring", "4x2-cpu-mem"):
         c = CLUSTERS[cname]
         for prim, name in (("broadcast", "binomial"), ("allreduce", "ring"), ("alltoall", "direct")):
             build = _builder(prim, name, c, 48 << 20)
-            _check([build(r) for r in range(c.nranks)], ClusterNet(c), prim == "allreduce")
+            ip = prim == "allreduce"
+            _check([build(r) for r in range(c.nranks)], ClusterNet(c), ip, _working_set(prim, c, 48 << 20, ip))
 
 
 def test_the_c_core_is_used():

@@ -173,5 +173,12 @@ def _sim(p: argparse.ArgumentParser):
     return report.main
 
 
+@command("plan", "estimate a training step's communication per rank: primitives, calls, bytes, time, share")
+def _plan(p: argparse.ArgumentParser):
+    from .plan.cli import add_arguments, main
+    add_arguments(p)
+    return main
+
+
 if __name__ == "__main__":      # after every @command, so all subcommands are registered
     sys.exit(main())

@@ -24,7 +24,11 @@ typedef struct {
     int cpu, overlap, shared, ring, fold;
     int64_t itemsize, sockbuf;
     double ia, ib, ea, eb, gamma, copy, stretch;
+    double memshare, membyte;       /* Timing.memshare, Timing.membyte[i] (the same for every rank) */
 } Params;
+
+/* Timing._cost: nbytes at rate (seconds per byte in cache), touches of them in user buffers */
+static inline double cost(const Params *P, int64_t nbytes, double rate, int touches);
 
 /* ---- channels: FIFO queues of messages per key, an open-addressing hash table ---- */
 
@@ -157,6 +161,12 @@ static Entry heap_pop(Entry *h, int64_t *len) {
 
 static inline double dmax(double a, double b) { return b > a ? b : a; }   /* Python's max(a, b) */
 
+static inline double cost(const Params *P, int64_t nbytes, double rate, int touches) {
+    double cpu = rate * P->stretch;
+    if (P->memshare == 0.0 || !touches) return (double)nbytes * cpu;
+    return (double)nbytes * (cpu * (1 - P->memshare) + P->memshare * dmax(cpu, (double)touches * P->membyte));
+}
+
 static inline int64_t chan_key(const Params *P, int64_t a, int64_t b) {
     if (P->fold == 0) return a * P->n + b;
     int64_t ra = a % P->p;
@@ -210,28 +220,29 @@ static int get_arr(PyObject *o, Arr *a, const char *name, Py_ssize_t itemsize) {
 #define MOVE(q) (movekind == 0 ? (q) : movekind == 1 ? ((q) + d) % P.n : ((q) ^ d))
 
 static PyObject *walk(PyObject *self, PyObject *args) {
-    PyObject *o[9];
+    PyObject *o[10];
     Params P;
     int movekind;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOO(LLLLiiiiiLLddddddd)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
-                          &o[7], &o[8], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared, &P.ring,
-                          &P.fold, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
-                          &P.stretch, &movekind))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiLLddddddddd)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
+                          &P.ring, &P.fold, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
+                          &P.stretch, &P.memshare, &P.membyte, &movekind))
         return NULL;
-    static const char *names[9] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
-                                   "move"};
-    static const Py_ssize_t sizes[9] = {1, 1, 8, 8, 8, 8, 8, 8, 8};
-    Arr A[9];
+    static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
+                                    "move", "touch"};
+    static const Py_ssize_t sizes[10] = {1, 1, 8, 8, 8, 8, 8, 8, 8, 1};
+    Arr A[10];
     int got = 0;
-    for (; got < 9; got++)
+    for (; got < 10; got++)
         if (get_arr(o[got], &A[got], names[got], sizes[got]) < 0) goto fail_buffers;
     const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
     const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
                   *ranks = A[6].b.buf, *tmpl = A[7].b.buf, *move = A[8].b.buf;
+    const int8_t *touch = A[9].b.buf;
     /* nt schedules of operations (templates); ns ranks walked, rank i running template tmpl[i] with every
      * peer moved by move[i] (movekind 0: not moved, 1: (q + d) mod n, 2: q ^ d) */
     int64_t nops = A[0].b.len, nsteps = A[4].b.len / 8 - 1, nt = A[5].b.len / 8 - 1, ns = A[6].b.len / 8;
-    if (A[1].b.len != nops || A[2].b.len / 8 != nops || A[3].b.len / 8 != nops || nsteps < 0 || nt < 0 ||
+    if (A[1].b.len != nops || A[9].b.len != nops || A[2].b.len / 8 != nops || A[3].b.len / 8 != nops || nsteps < 0 || nt < 0 ||
         A[7].b.len / 8 != ns || A[8].b.len / 8 != ns || rank_start[nt] != nsteps || step_start[nsteps] != nops ||
         P.n < 1 || P.p < 1 || P.hosts < 1 || P.nics < 1 || movekind < 0 || movekind > 2) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
@@ -309,7 +320,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             if (!begun[i]) {
                 int64_t j = a;
                 for (; j < b && kind[j] == 0; j++)          /* local copies */
-                    clock[i] += (double)(count[j] * P.itemsize) * (red[j] ? P.gamma : P.copy) * P.stretch;
+                    clock[i] += cost(&P, count[j] * P.itemsize, red[j] ? P.gamma : P.copy, touch[j]);
                 T[i] = recv_free[i] = out_done[i] = clock[i];
                 int64_t sends = j;
                 for (; j < b && kind[j] == 1; j++) {         /* sends */
@@ -337,7 +348,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                         for (int x = 0; x < nr; x++) freeat[res[x]] = arrive;
                         t = dmax(t, arrive - (double)(nb < P.sockbuf ? nb : P.sockbuf) * beta);
                     } else {
-                        t += (double)nb * beta * (inside ? f : 1.0);
+                        t += inside ? cost(&P, nb, beta, 1) : (double)nb * beta;
                         arrive = t;
                     }
                     T[i] = t;
@@ -371,7 +382,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     continue;
                 }
                 if (q / P.p == r / P.p)
-                    arrive = dmax(arrive, recv_free[i] + (double)nb * P.ib * P.stretch);
+                    arrive = dmax(arrive, recv_free[i] + cost(&P, nb, P.ib, 1 + (red[j] != 0)));
                 double done = dmax(recv_free[i], arrive) + extra;
                 recv_free[i] = done;
                 if (red[j]) done += (double)nb * P.gamma * P.stretch;
@@ -413,7 +424,7 @@ done:
     free(clock); free(T); free(recv_free); free(out_done); free(freeat); free(pc); free(taken); free(sent);
     free(where); free(res); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
-    for (int k = 0; k < 9; k++) PyBuffer_Release(&A[k].b);
+    for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);
     return result;
 bad_order:
     PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "

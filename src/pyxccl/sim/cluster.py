@@ -14,9 +14,9 @@ Two kinds of machine, one model (``model.py``):
   transfer at a time, first come first served (``model.py`` starts them in time order).
 - **CPU machines** (``Cluster.measured()``: this machine as pyxccl measured it). Per-message
   costs are software at both ends (half of ``alpha`` each), and shared-memory transfers are
-  copies by the processors, stretched when a host has more ranks than cores: the model of the
-  tuner (``tuning/cost.py``), which decides what runs, so that the simulator predicts what the
-  engine does.
+  copies by the processors, stretched when a host has more ranks than cores, and calls too large
+  for the cache share the host's memory bandwidth: the model of the tuner (``tuning/cost.py``),
+  which decides what runs, so that the simulator predicts what the engine does.
 """
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ class Cluster:
     intra_shared: bool = False       # one bus per host inside it (PCIe through one switch), not a port per rank
     cpu: bool = False                # a CPU machine (see the module's docstring)
     cores: int = 0                   # CPU machines: cores per host (more ranks than cores stretch CPU costs)
+    mem: float = 0.0                 # CPU machines: seconds per byte read or written in memory (0: unknown)
+    cache: int = 32 << 20            # ... and bytes of the last-level cache
+    cma: Link | None = None          # ... and a single-copy read from another process (None: as a copy)
     seg: Link | None = None          # CPU machines on one host: the shared segment's round ("seg")
     segment_bytes: int = 2 << 20     # ... and each rank's window of it
     single_copy: bool = True         # ... and whether single-copy reads work
@@ -79,30 +82,29 @@ class Cluster:
     def resized(self, hosts: int, per_host: int) -> "Cluster":
         return replace(self, hosts=hosts, per_host=per_host)
 
-    @property
-    def bottleneck(self) -> float:
-        """Bytes per second of the slowest link a rank's traffic may have to cross (one NIC's share
-        per rank between hosts; its port inside one)."""
-        if self.hosts == 1:
-            return 1 / self.intra.beta
-        share = max(1, self.per_host / self.nics)
-        return min(1 / self.intra.beta, 1 / (self.inter.beta * share))
-
     @classmethod
-    def measured(cls, hosts: int = 1, per_host: int = 2, inter: Link | None = None) -> "Cluster":
+    def measured(cls, hosts: int = 1, per_host: int = 2, inter: Link | None = None,
+                 calibration: dict | None = None) -> "Cluster":
         """This machine as pyxccl measured it (the tuner's file of link figures, else its defaults):
         shared memory inside a host, TCP between hosts (``inter``: e.g. a shaped link's figures;
-        default the measured or default "tcp")."""
+        default the measured or default "tcp"). ``calibration``: what ``sim.calibrate.measure`` found
+        (the segment's round as calls see it, single-copy reads), in place of the probe's figures."""
         from ..transport.topology import job_cpus
         from ..tuning import linkcache
+        from ..tuning.probe import last_level_cache
         from ..tuning.cost import DEFAULT_LINKS
         entry, why = linkcache.load(linkcache.cache_path(), linkcache.fingerprint())
         links = dict(entry.links) if entry else {}
         seg = links.get(f"seg:{per_host}")
-        return cls(hosts, per_host, intra=links.get("shm", DEFAULT_LINKS["shm"]),
-                   inter=inter or links.get("tcp", DEFAULT_LINKS["tcp"]), nics=1,
-                   gamma=entry.gamma if entry else 2e-10, copy=entry.copy if entry else 1.5e-10,
-                   reduce_overlap=False, cpu=True, cores=job_cpus(),
-                   seg=seg or (DEFAULT_LINKS["seg"] if hosts == 1 else None),
-                   name="measured", source=f"{linkcache.cache_path()}: {why or 'cached'}" if entry else
-                   "defaults of tuning/cost.py (nothing measured on this machine yet: run pyxccl info -n 2)")
+        c = cls(hosts, per_host, intra=links.get("shm", DEFAULT_LINKS["shm"]),
+                inter=inter or links.get("tcp", DEFAULT_LINKS["tcp"]), nics=1,
+                gamma=entry.gamma if entry else 2e-10, copy=entry.copy if entry else 1.5e-10,
+                reduce_overlap=False, cpu=True, cores=job_cpus(), mem=entry.mem if entry else 0.0,
+                cache=last_level_cache(), seg=seg or (DEFAULT_LINKS["seg"] if hosts == 1 else None),
+                name="measured", source=f"{linkcache.cache_path()}: {why or 'cached'}" if entry else
+                "defaults of tuning/cost.py (nothing measured on this machine yet: run pyxccl info -n 2)")
+        if calibration:
+            c = replace(c, seg=Link(calibration["seg"], 0.0) if hosts == 1 else c.seg,
+                        cma=Link(*calibration["cma"]) if calibration.get("cma") else None,
+                        source=c.source + "; calibrated")
+        return c

@@ -20,10 +20,12 @@ from operator import itemgetter
 import numpy as np
 
 from ..schedule import Copy, Recv, Schedule, Send
+from ..tuning.cost import _USER      # the call's buffers (in memory when the call is large)
 
 COPY, SEND, RECV = 0, 1, 2
 _KIND = {Copy: COPY, Send: SEND, Recv: RECV}
 _FIRST, _FOURTH, _LAST = itemgetter(0), itemgetter(3), itemgetter(-1)
+
 
 
 @dataclass
@@ -36,6 +38,8 @@ class Compact:
     rank_start: np.ndarray   # int64, schedules + 1
     ranks: np.ndarray        # int64 per schedule
     skip: np.ndarray | None = None   # bool per op: a Copy("in", o, "out", o) an in-place call leaves out
+    touch: np.ndarray | None = None  # int8 per op, copies: bytes in user buffers per byte (Timing._work's
+                                     # touches: the source's, and the destination's twice when it reduces)
 
     def inplace(self) -> "Compact":
         """These arrays for an in-place call: without the copies of a buffer onto itself."""
@@ -48,7 +52,7 @@ class Compact:
         step_start = np.zeros(len(self.step_start), np.int64)
         np.cumsum(lens, out=step_start[1:])
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
-                       self.rank_start, self.ranks)
+                       self.rank_start, self.ranks, None, self.touch[keep])
 
     @property
     def steps(self) -> int:
@@ -57,7 +61,7 @@ class Compact:
 
     def equal(self, other: "Compact") -> bool:
         return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in
-                   ("kind", "red", "peer", "count", "step_start", "rank_start", "ranks"))
+                   ("kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "touch"))
 
 
 def message_schedules(scheds) -> bool:
@@ -78,7 +82,8 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
     the receives, each kind in the order written; with ``inplace``, without the skipped copies."""
     nsteps = len(c.step_start) - 1
     lens = np.diff(c.step_start)
-    kind, red, peer, count, keep = c.kind, c.red, c.peer, c.count, None if c.skip is None else ~c.skip
+    kind, red, peer, count, touch = c.kind, c.red, c.peer, c.count, c.touch
+    keep = None if c.skip is None else ~c.skip
     step_of = None
     if len(kind) > 1:
         step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
@@ -86,6 +91,7 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
         if not (key[1:] >= key[:-1]).all():          # a step's ops are not yet in the walker's order
             order = np.argsort(key, kind="stable")
             kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
+            touch = touch[order]
             if keep is not None:
                 keep = keep[order]
     step_start = c.step_start
@@ -93,10 +99,12 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
         if step_of is None:
             step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
         kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
+        touch = touch[keep]
         step_start = np.zeros(nsteps + 1, np.int64)
         np.cumsum(np.bincount(step_of, minlength=nsteps), out=step_start[1:])
         keep = None
-    return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep)
+    return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep,
+                   touch)
 
 
 _KEPT = "_compact"
@@ -112,7 +120,8 @@ def _written(scheds: list[Schedule]) -> Compact:
             x, y = c.step_start[a], c.step_start[b]
             s.__dict__[_KEPT] = Compact(c.kind[x:y], c.red[x:y], c.peer[x:y], c.count[x:y],
                                         c.step_start[a:b + 1] - x, np.array([0, b - a], np.int64),
-                                        c.ranks[i:i + 1], None if c.skip is None else c.skip[x:y])
+                                        c.ranks[i:i + 1], None if c.skip is None else c.skip[x:y],
+                                        c.touch[x:y])
         if len(todo) == len(scheds):
             return c
         parts = [s.__dict__[_KEPT] for s in scheds]
@@ -127,8 +136,10 @@ def _written(scheds: list[Schedule]) -> Compact:
     skip = None
     if any(p.skip is not None for p in parts):
         skip = np.concatenate([np.zeros(len(p.kind), bool) if p.skip is None else p.skip for p in parts])
-    return Compact(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("kind", "red", "peer", "count")),
-                   step_start, rank_start, np.concatenate([p.ranks for p in parts]), skip)
+    kind, red, peer, count, touch = (np.concatenate([getattr(p, f) for p in parts])
+                                     for f in ("kind", "red", "peer", "count", "touch"))
+    return Compact(kind, red, peer, count, step_start, rank_start, np.concatenate([p.ranks for p in parts]), skip,
+                   touch)
 
 
 def _convert(scheds: list[Schedule]) -> Compact:
@@ -147,12 +158,14 @@ def _convert(scheds: list[Schedule]) -> Compact:
     red = np.fromiter(map(_LAST, flat), np.int64, m)          # Send: count, fixed below
     copies = np.flatnonzero(kind == COPY)
     skip = None
+    touch = np.zeros(m, np.int8)
     if len(copies):
         peers = list(map(_FIRST, flat))
         for j in copies.tolist():
             o = flat[j]
             peers[j] = 0
             count[j] = o.count
+            touch[j] = (o.src in _USER) + (o.dst in _USER) * (2 if o.reduce else 1)
             if o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
                 if skip is None:
                     skip = np.zeros(m, bool)
@@ -166,7 +179,7 @@ def _convert(scheds: list[Schedule]) -> Compact:
     rank_start = np.zeros(len(scheds) + 1, np.int64)
     np.cumsum(nsteps, out=rank_start[1:])
     ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
-    return Compact(kind, red.astype(np.int8), peer, count, step_start, rank_start, ranks, skip)
+    return Compact(kind, red.astype(np.int8), peer, count, step_start, rank_start, ranks, skip, touch)
 
 
 def _moved(peer: np.ndarray, kind: np.ndarray, sym_name: str, d, n: int) -> np.ndarray:
@@ -192,7 +205,8 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     rank_start = np.zeros(n + 1, np.int64)
     np.cumsum(np.tile(np.diff(reps.rank_start), hosts), out=rank_start[1:])
     return Compact(kind, np.tile(reps.red, hosts), peer, np.tile(reps.count, hosts), step_start, rank_start,
-                   np.arange(n, dtype=np.int64), None if reps.skip is None else np.tile(reps.skip, hosts))
+                   np.arange(n, dtype=np.int64), None if reps.skip is None else np.tile(reps.skip, hosts),
+                   np.tile(reps.touch, hosts))
 
 
 @dataclass

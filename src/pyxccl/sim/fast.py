@@ -41,15 +41,21 @@ def _fold(net) -> int | None:
     return None
 
 
-def _params(net, itemsize: int, fold: int) -> tuple:
+def _params(net, itemsize: int, fold: int, working_set: int) -> tuple:
+    """What the C core needs of ``net``; the memory term as ``Timing.__init__`` makes it (every rank of a
+    ClusterNet has per_host ranks on its host)."""
     c = net.c
+    memshare, membyte = 0.0, 0.0
+    if net.cpu and net.mem and working_set:
+        memshare = 1.0 if net.local(0) * working_set > net.cache else 0.0
+        membyte = net.mem * net.local(0)
     return (c.nranks, c.per_host, c.hosts, c.nics, int(bool(net.cpu)), int(bool(net.reduce_overlap)),
             int(bool(c.intra_shared)), int(c.topology == "ring"), fold, int(itemsize), SOCKET_BUFFER,
             float(c.intra.alpha), float(c.intra.beta), float(c.inter.alpha), float(c.inter.beta), float(net.gamma),
-            float(net.copy), float(net.stretch.v))
+            float(net.copy), float(net.stretch.v), float(memshare), float(membyte))
 
 
-def run_compact(comp, itemsize: int, net) -> tuple[Estimate, list[int]]:
+def run_compact(comp, itemsize: int, net, working_set: int = 0) -> tuple[Estimate, list[int]]:
     """The C core's walk of ``comp`` (a ``compact.Compact`` or ``compact.Derived``) on ``net`` (a
     ClusterNet); ValueError when it cannot."""
     fold = _fold(net)
@@ -63,23 +69,24 @@ def run_compact(comp, itemsize: int, net) -> tuple[Estimate, list[int]]:
         arrays, ranks, movekind = comp, comp.ranks, 0
         tmpl, move = np.arange(len(ranks), dtype=np.int64), np.zeros(len(ranks), np.int64)
     t, sent, messages, stuck = _simcore.walk(arrays.kind, arrays.red, arrays.peer, arrays.count, arrays.step_start,
-                                             arrays.rank_start, ranks, tmpl, move, _params(net, itemsize, fold),
-                                             movekind)
+                                             arrays.rank_start, ranks, tmpl, move, arrays.touch,
+                                             _params(net, itemsize, fold, working_set), movekind)
     return Estimate(t, comp.steps, sent, messages), stuck
 
 
-def run(scheds, itemsize: int, net, inplace: bool = False) -> tuple[Estimate, list[int]]:
-    """``tuning.cost.run``, in C when it can be; ``scheds`` may also be a ``compact.Compact``."""
+def run(scheds, itemsize: int, net, inplace: bool = False, working_set: int = 0) -> tuple[Estimate, list[int]]:
+    """``tuning.cost.run``, in C when it can be; ``scheds`` may also be a ``compact.Compact`` or
+    ``compact.Derived``."""
     if isinstance(scheds, (_compact.Compact, _compact.Derived)):
-        return run_compact(scheds.inplace() if inplace else scheds, itemsize, net)
+        return run_compact(scheds.inplace() if inplace else scheds, itemsize, net, working_set)
     if available() and scheds and _fold(net) is not None and _compact.message_schedules(scheds):
         n = net.c.nranks
         ranks = [s.rank for s in scheds]
         if all(0 <= r < n for r in ranks) and len(set(ranks)) == len(ranks):    # (Timing indexes ranks)
             comp = _compact.convert(scheds, inplace)
             if not len(comp.peer) or (comp.peer.min() >= 0 and comp.peer.max() < n):
-                return run_compact(comp, itemsize, net)
-    return cost.run(scheds, itemsize, net, inplace)
+                return run_compact(comp, itemsize, net, working_set)
+    return cost.run(scheds, itemsize, net, inplace, working_set)
 
 
 #: message level: every rank's schedule is derived from host 0's (not built) above this many operations

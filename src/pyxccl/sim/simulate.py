@@ -15,6 +15,7 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.shm import Window
 from ..primitives import PRIMITIVES
+from ..schedule import Send
 from ..tuning.cost import DEFAULT_LINKS, Link, Net
 from . import fast, symmetric
 from .fast import run as walk_model     # tuning.cost.run, in C where it applies (fast.py)
@@ -32,10 +33,13 @@ class ClusterNet(Net):
     def __init__(self, c: Cluster, sym=None):
         self.c, self.sym = c, sym
         self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
-        self.gamma, self.copy = c.gamma, c.copy
+        self.gamma, self.copy, self.mem, self.cache, self.cma = c.gamma, c.copy, c.mem, c.cache, c.cma
         self.seg = c.seg or DEFAULT_LINKS["seg"]
         self.stretch = _Same(max(1.0, c.per_host / c.cores) if c.cpu and c.cores else 1.0)
         self._inside, self._between = ("shm", "tcp") if c.cpu else ("intra", "inter")
+
+    def local(self, r: int) -> int:
+        return self.c.per_host
 
     def klass(self, a: int, b: int) -> str:
         p = self.c.per_host
@@ -144,7 +148,9 @@ def run(primitive: str, nbytes: int, cluster: Cluster, algos=None, *, dtype="flo
             if "cannot run" in str(e) or "not the same" in str(e):
                 continue
             raise
-        est, stuck = walk_model(scheds, dt.itemsize, net, inplace and prim.name == "allreduce")
+        ip = inplace and prim.name == "allreduce"
+        nin, nout = prim.buffers(0, args)
+        est, stuck = walk_model(scheds, dt.itemsize, net, ip, working_set=(nout if ip else nin + nout) * dt.itemsize)
         if stuck:
             raise RuntimeError(f"{primitive} {name}: ranks {stuck[:8]} could not finish (a deadlock in the "
                                f"schedules: pyxccl.checker.check says where)")
@@ -164,11 +170,27 @@ def _schedules(build, cluster: Cluster, mode: str, name: str):
         if mode == "symmetric" or big:
             sym, reps = symmetric.find(lambda r: first if r == 0 else build(r), cluster.hosts, cluster.per_host,
                                        cluster.topology == "ring")
+            if sym is not None and cluster.topology == "ring" and _far(reps, cluster):
+                sym, reps = None, ("messages cross several links of the ring of hosts: transfers that share "
+                                   "links take them one after another, so hosts do not run alike")
             if sym is not None:
                 return reps, ClusterNet(cluster, sym), True
             if mode == "symmetric":
                 raise ValueError(f"{name} cannot run in symmetric mode here: {reps}")
     return fast.message_level(lambda r: _try(build, r, name), cluster), ClusterNet(cluster), False
+
+
+def _far(reps, c: Cluster) -> bool:
+    """Does any message of ``reps`` go further than the next host on a ring of hosts?"""
+    for s in reps:
+        h = s.rank // c.per_host
+        for step in s.steps:
+            for o in step:
+                if type(o) is Send:
+                    d = (o.peer // c.per_host - h) % c.hosts
+                    if min(d, c.hosts - d) > 1:
+                        return True
+    return False
 
 
 def _try(build, r: int, name: str):

@@ -16,7 +16,11 @@ depends on the machine:
   a local copy ``bytes * copy``. Shared-memory transfers are copies by the processes
   themselves. On a host with more ranks than cores every CPU cost (per-message
   overheads, copies, reductions, shared-memory transfers) stretches by
-  ranks/cores. Messages between hosts cross their hosts' network links (see
+  ranks/cores. A call whose buffers do not fit the last-level cache (all of the
+  host's ranks' together) moves through memory, whose bandwidth the host's ranks
+  share: each byte an operation reads from or writes to a user buffer (not a
+  window of the segment, which stays in cache) costs ``mem`` times the ranks of
+  the host, when that is more than its rate in cache. Messages between hosts cross their hosts' network links (see
   ``Net``), and a sender waits only until what is left fits its socket buffer.
 - **DMA machines** (``sim.Cluster`` presets: GPUs, NICs): ``alpha`` is the latency
   end to end, paid once; sending takes no processor time, so a rank's transfers of a
@@ -41,6 +45,7 @@ from ..walk import Semantics, walk
 
 
 SOCKET_BUFFER = 4 << 20     # bytes a TCP send hands to the kernel before it waits for the wire
+_USER = ("in", "out", "tmp")    # buffers of the call (in memory when large); "win" is the segment's window
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class Machine:
     copy: float = 1.5e-10        # seconds per byte copied locally
     cores: int = 1
     source: str = field(default="", compare=False)    # how the figures were got (probe.measure says)
+    mem: float = 0.0             # seconds per byte read or written in memory, one process (0: not known)
+    cache: int = 32 << 20        # bytes of the last-level cache
+    cma: Link | None = None      # a single-copy read from another process (None: priced as a copy)
 
     def link(self, klass: str) -> Link:
         """Measured figures of ``klass``, else the defaults."""
@@ -69,11 +77,12 @@ class Machine:
 
     def to_json(self) -> dict:
         return {"links": {k: [v.alpha, v.beta] for k, v in self.links.items()}, "gamma": self.gamma,
-                "copy": self.copy, "cores": self.cores}
+                "copy": self.copy, "cores": self.cores, "mem": self.mem, "cache": self.cache}
 
     @classmethod
     def from_json(cls, d: dict) -> "Machine":
-        return cls({k: Link(*v) for k, v in d["links"].items()}, d["gamma"], d["copy"], d["cores"])
+        return cls({k: Link(*v) for k, v in d["links"].items()}, d["gamma"], d["copy"], d["cores"],
+                   mem=d.get("mem", 0.0), cache=d.get("cache", 32 << 20))
 
 
 @dataclass
@@ -97,9 +106,16 @@ class Net:
 
     def __init__(self, machine: Machine, klass, stretch: list[float], hosts: list | None = None):
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
-        self.gamma, self.copy = machine.gamma, machine.copy
+        self.gamma, self.copy, self.mem, self.cache = machine.gamma, machine.copy, machine.mem, machine.cache
+        self.cma = machine.cma
         self._links = machine.link
         self.seg = machine.link("seg")
+        per = {h: hosts.count(h) for h in set(hosts)} if hosts is not None else None
+        self._local = [per[h] for h in hosts] if per else None
+
+    def local(self, r: int) -> int:
+        """Ranks on ``r``'s host (they share its memory bandwidth)."""
+        return self._local[r] if self._local is not None else len(self.stretch)
 
     def link(self, kl: str) -> Link:
         return self._links(kl)
@@ -119,17 +135,29 @@ class Net:
 
 
 class Timing(Semantics):
-    timed = True
     """Time instead of data: each rank's clock, messages carrying their arrival time, windows the
     time they become readable, shared resources the time they are free."""
+    timed = True
 
-    def __init__(self, scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False):
+    def __init__(self, scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
+                 working_set: int = 0):
         n = len(scheds)
         self.index = {s.rank: i for i, s in enumerate(scheds)}
+        self.rank_of = [s.rank for s in scheds]
         self.itemsize, self.net, self.inplace = itemsize, net, inplace
         self.seg = scheds[0].segment if scheds else False
         self.half = net.seg.alpha / 2 if self.seg else 0.0
         self.stretch = [net.stretch[s.rank] for s in scheds]
+        # the share of the call's bytes that live in memory, not in cache, and what a byte read or
+        # written there costs each rank of the host
+        self.memshare, self.membyte = 0.0, [0.0] * n
+        if net.cpu and net.mem and working_set and scheds:
+            # buffers streamed in turn through a cache smaller than they are all miss (least recently
+            # used goes first): beyond the cache, every byte comes from memory
+            self.memshare = 1.0 if net.local(scheds[0].rank) * working_set > net.cache else 0.0
+            self.membyte = [net.mem * net.local(s.rank) for s in scheds]
+        self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
+        self.posted: set = set()                   # (rank, round) that posted a user buffer to read in place
         self.free: dict = {}                       # resource -> time it is free
         self.clock = [0.0] * n
         self.chan: dict = {}
@@ -150,8 +178,24 @@ class Timing(Semantics):
             self.cur[i] = k
             self.t[i] = self.recv_free[i] = self.out_done[i] = self.clock[i]
 
-    def _work(self, i, count, reduce) -> float:
-        return count * self.itemsize * (self.net.gamma if reduce else self.net.copy) * self.stretch[i]
+    def _cost(self, i, nbytes, rate, touches) -> float:
+        """``nbytes`` at ``rate`` (seconds per byte in cache) by rank index i, ``touches`` of them in user
+        buffers: their share in memory costs what the host's memory gives each rank, if that is more."""
+        cpu = rate * self.stretch[i]
+        if not self.memshare or not touches:
+            return nbytes * cpu
+        return nbytes * (cpu * (1 - self.memshare) + self.memshare * max(cpu, touches * self.membyte[i]))
+
+    def _work(self, i, o, src_user: bool) -> float:
+        """A local copy or reduction, or a Get (``src_user``: of a buffer its owner posted, read in place
+        by a single copy from another process when it is not this rank's)."""
+        dst = (o.dst if type(o) is Copy else o.buf) in _USER
+        touches = src_user + dst * (2 if o.reduce else 1)
+        rate = self.net.gamma if o.reduce else self.net.copy
+        nbytes = o.count * self.itemsize
+        if type(o) is Get and src_user and self.cma is not None and o.peer != self.rank_of[i]:
+            return self.cma.alpha * self.stretch[i] + self._cost(i, nbytes, max(rate, self.cma.beta), touches)
+        return self._cost(i, nbytes, rate, touches)
 
     def begin(self, r, k):
         if k and any(p < k - 1 for p in self.published):
@@ -166,10 +210,11 @@ class Timing(Semantics):
         i = self.index[r]
         if type(o) is Post:
             self.sent[i] += o.count * self.itemsize
+            self.posted.add((r, k))
             return
         if self.inplace and type(o) is Copy and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
             return      # the same buffer: the engine does not copy
-        self.clock[i] += self._work(i, o.count, o.reduce)
+        self.clock[i] += self._work(i, o, o.src in _USER if type(o) is Copy else (o.peer, k - 1) in self.posted)
         if type(o) is Copy and o.dst == "win":
             self.sent[i] += o.count * self.itemsize
 
@@ -199,7 +244,7 @@ class Timing(Semantics):
                 self.free[x] = arrive
             t = max(t, arrive - min(nb, SOCKET_BUFFER) * link.beta)
         else:
-            t += nb * link.beta * (f if kl == "shm" else 1.0)
+            t += self._cost(i, nb, link.beta, 1) if kl == "shm" else nb * link.beta
             arrive = t
         self.t[i] = t
         self.chan.setdefault(net.chan(r, o.peer), deque()).append((arrive, link.alpha / 2 * f))
@@ -226,7 +271,7 @@ class Timing(Semantics):
                 self.out_done[i] = max(self.out_done[i], done)
                 return True
             if net.klass(o.peer, r) == "shm":     # the receiver copies out of the ring itself, one at a time
-                arrive = max(arrive, self.recv_free[i] + nb * net.link("shm").beta * self.stretch[i])
+                arrive = max(arrive, self.recv_free[i] + self._cost(i, nb, net.link("shm").beta, 1 + o.reduce))
             done = max(self.recv_free[i], arrive) + extra       # receives are handled one by one
             self.recv_free[i] = done
             if o.reduce:
@@ -239,7 +284,7 @@ class Timing(Semantics):
         if p != i:
             self.clock[i] = max(self.clock[i], self.visible[(p, k)])
         if type(o) is Get:
-            self.clock[i] += self._work(i, o.count, o.reduce)
+            self.clock[i] += self._work(i, o, (o.peer, k) in self.posted)
         return True
 
     def end(self, r, k):
@@ -249,16 +294,18 @@ class Timing(Semantics):
             self.clock[i] = max(self.out_done[i], self.t[i])
 
 
-def run(scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False) -> tuple[Estimate, list[int]]:
-    """Walk ``scheds`` under the model on ``net``: (the estimate, the ranks that could not finish)."""
-    sem = Timing(scheds, itemsize, net, inplace)
+def run(scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
+        working_set: int = 0) -> tuple[Estimate, list[int]]:
+    """Walk ``scheds`` under the model on ``net``: (the estimate, the ranks that could not finish).
+    ``working_set``: bytes of a rank's buffers in the call (0: assume they stay in cache)."""
+    sem = Timing(scheds, itemsize, net, inplace, working_set)
     stuck = walk(scheds, sem)
     return Estimate(max(sem.clock, default=0.0), max((len(s.steps) for s in scheds), default=0),
                     max(sem.sent, default=0), sem.messages), stuck
 
 
 def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, stretch: list[float],
-             hosts: list | None = None) -> Estimate:
+             hosts: list | None = None, working_set: int = 0) -> Estimate:
     """Model the run of ``scheds`` (one per rank) through the walker.
 
     ``klass(a, b)`` is the link class between ranks a and b; ``stretch[r]`` the
@@ -270,4 +317,4 @@ def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, str
     ("seg" alpha) and the window becomes readable the other half later; copies
     and reductions from windows cost their per-byte rates.
     """
-    return run(scheds, itemsize, Net(machine, klass, stretch, hosts))[0]
+    return run(scheds, itemsize, Net(machine, klass, stretch, hosts), working_set=working_set)[0]

@@ -17,7 +17,10 @@ advisory lock (jobs on one host finishing their probes at once don't lose each o
 File layout (format 2)::
 
     {"format": 2, "entries": {"<digest of fingerprint>": {"fingerprint": {...}, "measured": <unix time>,
-        "links": {"shm": [alpha, beta], "tcp_local": [...], "seg:2": [...]}, "gamma": g, "copy": c}}}
+        "links": {"shm": [alpha, beta], "tcp_local": [...], "seg:2": [...]}, "gamma": g, "copy": c,
+        "mem": m}}}
+
+(``mem`` came later: an entry without it is completed at the next init.)
 
 ``seg:N`` is the round of the one-host segment with N ranks taking part (it depends on N).
 """
@@ -102,10 +105,11 @@ class Entry:
     gamma: float = 0.0
     copy: float = 0.0
     measured: float = 0.0
+    mem: float = 0.0            # seconds per byte read or written in memory (0: not measured yet)
 
     def to_json(self, fp: dict) -> dict:
         return {"fingerprint": fp, "measured": self.measured, "gamma": self.gamma, "copy": self.copy,
-                "links": {k: [v.alpha, v.beta] for k, v in sorted(self.links.items())}}
+                "mem": self.mem, "links": {k: [v.alpha, v.beta] for k, v in sorted(self.links.items())}}
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -147,7 +151,8 @@ def parse_entry(e, where: str) -> tuple[dict, Entry]:
                       _number(v[1], f"{where}.links[{k!r}] beta", 0.0, _MAX_PER_BYTE))
     return fp, Entry(out, _number(e["gamma"], f"{where}.gamma", 0.0, _MAX_PER_BYTE, lo_open=True),
                      _number(e["copy"], f"{where}.copy", 0.0, _MAX_PER_BYTE, lo_open=True),
-                     _number(e["measured"], f"{where}.measured", 0.0, 1e12))
+                     _number(e["measured"], f"{where}.measured", 0.0, 1e12),
+                     _number(e.get("mem", 0.0), f"{where}.mem", 0.0, _MAX_PER_BYTE))
 
 
 def parse(doc) -> tuple[dict, list[str], bool]:

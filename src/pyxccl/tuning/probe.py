@@ -51,6 +51,35 @@ def local_figures(clock=time.perf_counter) -> tuple[float, float]:
     return best_add / a.nbytes, best_copy / a.nbytes
 
 
+def last_level_cache() -> int:
+    """Bytes of the largest CPU cache (sysfs), 32 MiB when it cannot be read."""
+    best = 0
+    for idx in range(8):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{idx}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KkMmGg")
+        if digits.isdigit():
+            best = max(best, int(digits) * unit)
+    return best or 32 << 20
+
+
+def memory_figure(clock=time.perf_counter) -> float:
+    """Seconds per byte read or written in memory, by one process: a copy between buffers twice
+    the last-level cache (64 to 256 MiB each) reads and writes every byte once; the fastest of 3."""
+    nbytes = min(256 << 20, max(64 << 20, 2 * last_level_cache()))
+    a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
+    best = float("inf")
+    for _ in range(3):
+        t = clock()
+        np.copyto(a, b)
+        best = min(best, clock() - t)
+    return best / (2 * a.nbytes)
+
+
 def ping_alpha(comm, peer: int, lead: bool, shape: tuple[int, int], clock=time.perf_counter) -> float:
     """One-way latency of a small message to ``peer``: the fastest of ``shape`` = (batches, round trips)."""
     small, best = np.zeros(2, np.float32), float("inf")
@@ -154,6 +183,9 @@ def measure(comm, clock=time.perf_counter) -> Machine:
     if entry is None:
         gamma, copy = local_figures(clock) if comm.rank == 0 else (0.0, 0.0)
         entry = linkcache.Entry({}, gamma, copy, time.time())
+    fill_mem = entry.mem == 0.0         # an entry from before the memory figure: completed here
+    if fill_mem and comm.rank == 0:
+        entry.mem = memory_figure(clock)
     # The segment's round is timed before and after the other probes: a busy spell (the scheduler
     # keeping both ranks on one core for tens of ms) then has to last through all of them.
     rounds = [round_alpha(comm, PROBE_ROUNDS, clock)] if seg in missing else []
@@ -169,7 +201,7 @@ def measure(comm, clock=time.perf_counter) -> Machine:
         tcp = pingpong(comm, peers["tcp"] if comm.rank == 0 else 0, comm.rank == 0, clock)
     comm.barrier()
     entry, tcp = comm.broadcast_object((entry, tcp), root=0)
-    if missing and comm.rank == 0:
+    if (missing or fill_mem) and comm.rank == 0:
         linkcache.store(path, fp, entry)
     links = {k: v for k, v in entry.links.items() if not k.startswith("seg:")}
     if seg:
@@ -178,4 +210,5 @@ def measure(comm, clock=time.perf_counter) -> Machine:
         links["tcp"] = tcp
     if comm.rank == 0:
         log.info("link figures %s (%s)", why, path)
-    return Machine(links, entry.gamma, entry.copy, job_cpus(), source=why)
+    return Machine(links, entry.gamma, entry.copy, job_cpus(), source=why, mem=entry.mem,
+                   cache=last_level_cache())

@@ -40,6 +40,10 @@ class Tuner:
             scheds = [algo.schedule(r, self.n, hosts=self.hosts, window=window, **args) for r in range(self.n)]
         except ValueError:
             return None
+        # No working set: the tuner leaves out the memory term (cost.py). With it, the message path
+        # over shared memory looks cheaper than the segment for large calls, and on a host with more
+        # ranks than cores it is not: measured here, 4 ranks on 2 cores, a 64 MiB allgather takes
+        # 71 ms by recursive doubling and 22-30 ms on the segment (docs/sim.md, "Fidelity").
         return estimate(scheds, itemsize, self.machine, self.klass, self.stretch, self.hosts)
 
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:

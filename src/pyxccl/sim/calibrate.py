@@ -1,0 +1,75 @@
+"""Figures of this machine that the tuner's probe does not keep, for the simulator's measured cluster.
+
+The probe (``tuning/probe.py``) runs at every init and must be short and robust to a busy moment, so
+it keeps the fastest of a few batches. A prediction of what calls take needs what calls see:
+
+- the shared segment's round as a call sees it: the median of barrier calls on the segment, every
+  rank taking part (with more ranks than cores it is several times the fastest batch: 54 against
+  13 us for 4 ranks on 2 cores here);
+- a single-copy read of another process's buffer (process_vm_readv, the engine's ``Get`` of a
+  posted buffer): alpha and beta fitted through reads of 64 KiB and 1 MiB, every rank reading its
+  next rank's buffer at once (about 10 GB/s here, against 45 GB/s for a copy in cache).
+
+>>> # on every rank of a one-host job:
+>>> # figures = pyxccl.sim.calibrate.measure(comm)
+>>> # Cluster.measured(1, comm.size, calibration=figures)
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import statistics
+import time
+
+import numpy as np
+
+_SIZES = (64 << 10, 1 << 20)
+
+
+def _timed(comm, fn, reps: int) -> float:
+    """Median over ``reps`` calls of the slowest rank's time of ``fn`` (a barrier before each)."""
+    ts = []
+    for _ in range(reps):
+        comm.barrier()
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    out = np.array([statistics.median(ts)])
+    comm.allreduce(out, "max")
+    return float(out[0])
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def _single_copy(comm) -> list[float] | None:
+    """[alpha, beta] of a process_vm_readv read from the next rank, or None where the kernel refuses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    bufs = {nb: np.ones(nb // 4, np.float32) for nb in _SIZES}
+    pid, addrs = comm.allgather_object((os.getpid(), {nb: b.ctypes.data for nb, b in bufs.items()}))[
+        (comm.rank + 1) % comm.size]
+    times, ok = [], True
+    for nb in _SIZES:
+        dst = np.zeros(nb // 4, np.float32)
+        loc, rem = _IOVec(dst.ctypes.data, nb), _IOVec(addrs[nb], nb)
+
+        def read():
+            nonlocal ok
+            ok &= libc.process_vm_readv(pid, ctypes.byref(loc), 1, ctypes.byref(rem), 1, 0) == nb
+        times.append(_timed(comm, read, 30))
+    good = np.array([int(ok)])
+    comm.allreduce(good, "min")
+    comm.barrier()          # nobody frees a buffer another still reads
+    if not good[0]:
+        return None
+    beta = max(0.0, (times[1] - times[0]) / (_SIZES[1] - _SIZES[0]))
+    return [max(0.0, times[0] - beta * _SIZES[0]), beta]
+
+
+def measure(comm) -> dict:
+    """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None}."""
+    if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
+        raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
+    seg = _timed(comm, lambda: comm.barrier(algorithm="shm"), 60)
+    return {"seg": seg, "cma": _single_copy(comm)}

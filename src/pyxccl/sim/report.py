@@ -1,0 +1,136 @@
+"""``pyxccl sim``: simulate collectives on a modelled cluster and print (or plot) what they cost.
+
+    pyxccl sim allreduce --hosts 64 --per-host 8 --size 1GiB --algo ring,tree,hierarchical
+    pyxccl sim allgather --hosts 16 --per-host 8 --sweep 64K:1G --plot allgather.png
+    pyxccl sim alltoall --measured --hosts 1 --per-host 4 --size 4M
+"""
+from __future__ import annotations
+
+import json
+
+from ..bench.methodology import parse_size, sweep
+from . import simulate as simrun
+from .cluster import TOPOLOGIES, Cluster, Link
+
+
+def add_arguments(p) -> None:
+    p.add_argument("collective", help="allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, gather, "
+                   "scatter")
+    p.add_argument("--hosts", type=int, default=2, help="hosts (default 2)")
+    p.add_argument("--per-host", type=int, default=8, help="ranks per host (default 8)")
+    p.add_argument("--size", default="1G", help="bytes of the call, nccl-tests' way (default 1G; e.g. 64K, 1GiB)")
+    p.add_argument("--sweep", metavar="MIN:MAX", help="sizes from MIN to MAX, times 4 each row (e.g. 8:1G)")
+    p.add_argument("--algo", help="algorithms, comma-separated (default: every one that can run)")
+    p.add_argument("--hardware", help="a hardware preset or TOML file (pyxccl plan --list-hardware), e.g. dgx-a100; "
+                   "default: the link flags below")
+    p.add_argument("--measured", action="store_true",
+                   help="this machine's measured figures (shared memory inside a host, TCP between)")
+    p.add_argument("--intra-bw", type=float, default=300.0, help="GB/s of a rank's link inside a host (300)")
+    p.add_argument("--intra-lat", type=float, default=1.0, help="microseconds of latency inside a host (1)")
+    p.add_argument("--inter-bw", type=float, default=25.0, help="GB/s of one NIC (25: 200 Gb/s)")
+    p.add_argument("--inter-lat", type=float, default=5.0, help="microseconds of latency between hosts (5)")
+    p.add_argument("--nics", type=int, default=None, help="NICs per host (default: one per rank)")
+    p.add_argument("--topology", choices=TOPOLOGIES, default=None, help="between hosts (default fattree)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--mode", choices=simrun.MODES, default="auto",
+                   help="message: every rank; symmetric: one host's ranks, for schedules alike on every host; "
+                        "auto: message level while cheap")
+    p.add_argument("--json", help="write the rows to this file")
+    p.add_argument("--plot", help="with --sweep: draw busbw against size into this PNG")
+
+
+def cluster_of(a) -> Cluster:
+    if a.measured:
+        c = Cluster.measured(a.hosts, a.per_host)
+    elif a.hardware:
+        from ..plan import hardware
+        hw = hardware.load(a.hardware)
+        c = hw.cluster(a.hosts, a.per_host, nic_share=hw.nics)      # the job is alone: every NIC is its own
+    else:
+        c = Cluster(a.hosts, a.per_host, intra=Link(a.intra_lat * 1e-6, 1 / (a.intra_bw * 1e9)),
+                    inter=Link(a.inter_lat * 1e-6, 1 / (a.inter_bw * 1e9)), nics=a.nics or a.per_host,
+                    name="flags")
+    over = {k: v for k, v in (("nics", a.nics), ("topology", a.topology)) if v is not None}
+    if over:
+        from dataclasses import replace
+        c = replace(c, **over)
+    return c
+
+
+def describe(c: Cluster) -> str:
+    def link(x: Link) -> str:
+        return f"{1 / x.beta / 1e9:.4g} GB/s, {x.alpha * 1e6:.3g} us"
+    inter = f"; between hosts {c.nics} x ({link(c.inter)}), {c.topology}" if c.hosts > 1 else ""
+    return (f"{c.hosts} hosts x {c.per_host} ranks ({c.nranks}), {c.name or 'custom'}: inside a host "
+            f"{link(c.intra)}{' shared' if c.intra_shared else ''}{inter}" + (f" [{c.source}]" if c.source else ""))
+
+
+def _si(v: float, unit: str) -> str:
+    for scale, p in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if v >= scale:
+            return f"{v / scale:.3g} {p}{unit}"
+    return f"{v:.3g} {unit}"
+
+
+def _time(t: float) -> str:
+    for scale, u in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if t >= scale:
+            return f"{t / scale:.4g} {u}"
+    return f"{t * 1e9:.4g} ns"
+
+
+def _bytes(n: float) -> str:
+    for shift, u in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.4g} {u}"
+    return f"{int(n)} B"
+
+
+def main(a) -> int:
+    c = cluster_of(a)
+    sizes = [parse_size(a.size)] if not a.sweep else sweep(*(parse_size(x) for x in a.sweep.split(":")), 4)
+    algos = a.algo.split(",") if a.algo else None
+    print(f"# {a.collective} on {describe(c)}")
+    print(f"{'size':>10} {'algorithm':>20} {'time':>11} {'algbw':>12} {'busbw':>12} {'sent/rank':>11} "
+          f"{'messages':>12} {'mode':>9} {'wall':>7}")
+    rows = []
+    for nb in sizes:
+        res = simrun.run(a.collective, nb, c, algos, dtype=a.dtype, mode=a.mode)
+        best = min(res, key=lambda r: r.time).algorithm if res else None
+        for r in res:
+            rows.append(dict(size=nb, **r.to_json()))
+            print(f"{_bytes(nb):>10} {r.algorithm + (' *' if r.algorithm == best and len(res) > 1 else ''):>20} "
+                  f"{_time(r.time):>11} {_si(r.algbw, 'B/s'):>12} {_si(r.busbw, 'B/s'):>12} "
+                  f"{_bytes(r.bytes_sent):>11} {r.messages:>12} {r.mode:>9} {r.seconds:>6.1f}s")
+    if len(rows) > len(sizes):
+        print("# * the fastest: what the tuner would choose there")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"cluster": describe(c), "collective": a.collective, "rows": rows}, f, indent=1)
+    if a.plot:
+        plot(rows, a.plot, f"{a.collective}: {describe(c)}")
+        print(f"# wrote {a.plot}")
+    return 0
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """busbw against size, a line per algorithm."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'pyxccl[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for algo in sorted({r["algorithm"] for r in rows}):
+        pts = [(r["size"], r["busbw"] / 1e9) for r in rows if r["algorithm"] == algo]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=algo)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title, fontsize=8, wrap=True)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
