@@ -183,9 +183,10 @@ def test_symmetric_find_keeps_its_rules():
                 assert compact.same_moved(compact.convert(got, written=True), base, sym, h, 2) == old
 
 
+@pytest.mark.parametrize("cpu", [False, True])
 @pytest.mark.parametrize("name", ["ring", "hierarchical", "halving_doubling", "tree"])
-def test_simulate_message_level_derived_equals_python(name, monkeypatch):
-    c = Cluster(8, 4, nics=2, **_DMA)
+def test_simulate_message_level_derived_equals_python(name, cpu, monkeypatch):
+    c = Cluster(8, 4, cores=2, mem=2e-10, cache=1 << 20, **_CPU) if cpu else Cluster(8, 4, nics=2, **_DMA)
     monkeypatch.setattr(fast, "DERIVE_OPS", 0)
     got = sim_run("allreduce", 1 << 20, c, [name], mode="message")[0]
     monkeypatch.setenv("PYXCCL_SIMCORE", "0")
