@@ -213,3 +213,15 @@ def test_calibration_measures_what_calls_see(pools):
     c = Cluster.measured(1, 2, calibration=fig)
     assert c.seg.alpha == fig["seg"] and (c.cma is None) == (fig["cma"] is None)
     assert run("allgather", 4 << 20, c, ["shm"])[0].time > 0
+
+
+def test_docstring_examples_run():
+    """The examples in the simulator's and planner's docstrings are what they print."""
+    import doctest
+
+    import pyxccl.plan
+    import pyxccl.sim.cluster
+    import pyxccl.sim.simulate
+    for mod in (pyxccl.sim, pyxccl.sim.cluster, pyxccl.sim.simulate, pyxccl.plan):
+        res = doctest.testmod(mod)
+        assert res.failed == 0 and res.attempted > 0, mod.__name__
