@@ -30,6 +30,8 @@ class ClusterNet(Net):
     """The cost model's view of a ``Cluster`` (see cluster.py for what is shared); with ``sym``,
     of its folded form, where every host is host 0."""
 
+    timed = True        # steps started in time order: shared links taken first come, first served
+
     def __init__(self, c: Cluster, sym=None):
         self.c, self.sym = c, sym
         self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap

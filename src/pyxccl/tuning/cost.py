@@ -100,9 +100,16 @@ class Net:
 
     This one is the tuner's: a communicator's ranks on hosts (``hosts``, or None for one
     host), every transfer between hosts holding its source host's outgoing link and its
-    destination host's incoming one."""
+    destination host's incoming one.
+
+    ``timed``: steps are started in the order of time (the simulator's nets). The tuner's is
+    walked rank by rank, as before the simulator: started in time order, its estimates between
+    hosts changed choices for the worse where measured (2 hosts x 2, 1 Gbit/s: alltoall pairwise
+    instead of direct, 7-14% slower at 4-16 MiB; the model prices pairwise's steps too low).
+    On one host the two orders give the same estimates."""
     cpu = True
     reduce_overlap = False
+    timed = False
 
     def __init__(self, machine: Machine, klass, stretch: list[float], hosts: list | None = None):
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
@@ -137,7 +144,6 @@ class Net:
 class Timing(Semantics):
     """Time instead of data: each rank's clock, messages carrying their arrival time, windows the
     time they become readable, shared resources the time they are free."""
-    timed = True
 
     def __init__(self, scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
                  working_set: int = 0):
@@ -145,6 +151,7 @@ class Timing(Semantics):
         self.index = {s.rank: i for i, s in enumerate(scheds)}
         self.rank_of = [s.rank for s in scheds]
         self.itemsize, self.net, self.inplace = itemsize, net, inplace
+        self.timed = net.timed
         self.seg = scheds[0].segment if scheds else False
         self.half = net.seg.alpha / 2 if self.seg else 0.0
         self.stretch = [net.stretch[s.rank] for s in scheds]
