@@ -127,3 +127,28 @@ def test_many_small_collectives_leave_nothing_behind(pools, transport, n):
     """The mailbox drops a key's queues once they are empty: no entry per collective per peer."""
     grown = pools(n).run(rf.memory_growth, transport=transport)
     assert max(grown) < 64 << 10, f"memory held after 3000 more calls: {grown} bytes per rank"
+
+
+def test_a_read_of_a_buffer_its_owner_abandoned_names_the_lost_peer():
+    """A single-copy read fails because its owner left the call (its buffer freed), which it did
+    because a third rank was lost: the reader reports that loss once it learns of it, not a protocol
+    error naming the owner (seen in the fault matrix: 8 ranks, rank 4 killed during alltoall)."""
+    import threading
+    import types
+
+    from pyxccl._errors import PeerLostError, ProtocolError
+    from pyxccl.core.context import Context
+
+    read = ProtocolError("rank 6: alltoall: reading the buffer rank 3 posted failed ([Errno 14] Bad address)",
+                         rank=6, peer=3, op="alltoall")
+    read.abandoned = True
+    lost = PeerLostError("rank 6: rank 4 was lost", rank=6, peer=4)
+    ctx = types.SimpleNamespace(error=None, rank=6)
+    threading.Timer(0.05, lambda: setattr(ctx, "error", lost)).start()
+    entry = [1, 1, "alltoall", -1, 0.0, 0.0, 0.0, "started", None]
+    got = Context.failure(ctx, read, "alltoall", 1, 1, entry)
+    assert type(got) is PeerLostError and got.peer == 4, got
+    # a read past the end of a buffer (the ranks disagree on sizes) stays a protocol error naming its owner
+    other = ProtocolError("rank 6: reading past the end", rank=6, peer=3, op="alltoall")
+    got = Context.failure(types.SimpleNamespace(error=lost, rank=6), other, "alltoall", 2, 2, list(entry))
+    assert type(got) is ProtocolError and got.peer == 3, got

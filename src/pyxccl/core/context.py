@@ -235,7 +235,14 @@ class Context:
         ``err``, recorded in its flight-recorder ``entry``: after a lost peer, the first rank lost
         (not one that left after it); a collective's timeout names the rank another rank blamed
         first (its ABORT came), else the ones this rank finds (``blame``)."""
-        if isinstance(err, (PeerLostError, CommAbortedError)) and isinstance(self.error, PeerLostError):
+        if getattr(err, "abandoned", False):
+            # a rank freed a buffer others still read: it left the call, most likely because a peer
+            # was lost, which this rank learns within moments; that loss is the error to report
+            end = time.monotonic() + _BLAME_SECONDS
+            while not isinstance(self.error, PeerLostError) and time.monotonic() < end:
+                time.sleep(0.005)
+        if isinstance(self.error, PeerLostError) and (isinstance(err, (PeerLostError, CommAbortedError))
+                                                      or getattr(err, "abandoned", False)):
             err = self.error
         err = annotate(err, op, cseq or seq, self.rank)
         if cseq and isinstance(err, CommTimeoutError):

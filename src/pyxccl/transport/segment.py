@@ -189,8 +189,10 @@ class HostSegment:
             return e
         else:
             why = f"reading the buffer rank {p} posted failed ({err}); that rank freed or changed it during the call"
-        return ProtocolError(f"rank {self.rank}: {self._who()}: {why}", rank=self.rank, peer=p, op=self.op,
-                             seq=self.seq)
+        e = ProtocolError(f"rank {self.rank}: {self._who()}: {why}", rank=self.rank, peer=p, op=self.op,
+                          seq=self.seq)
+        e.abandoned = err is not None      # the owner left the call: perhaps for a cause this rank learns next
+        return e
 
     def timed_out(self, p: int) -> CommTimeoutError:
         return CommTimeoutError(f"rank {self.rank}: {self._who()} timed out waiting for rank {p}; that rank "
