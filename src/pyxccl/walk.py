@@ -109,30 +109,41 @@ def walk(scheds: list[Schedule], sem: Semantics) -> list[int]:
     steps = [phases(s) for s in scheds]
     if sem.timed:
         return _walk_timed(scheds, steps, sem)
-    pc = [0] * len(scheds)        # the step each rank is in
-    begun = [False] * len(scheds)  # the step's outgoing part is done; its incoming ones are being taken
-    taken = [0] * len(scheds)     # incoming operations of the step already complete
+    n = len(scheds)
+    pc, begun, taken = [0] * n, [False] * n, [0] * n   # per rank: its step, started?, incoming ops done
     progress = True
     while progress:
         progress = False
         for i, s in enumerate(scheds):
-            r, mine, seg = s.rank, steps[i], s.segment
-            while pc[i] < len(mine):
-                k = pc[i]
-                local, incoming, outgoing = mine[k]
-                if not begun[i]:
-                    if seg and not sem.begin(r, k):
-                        break
-                    _start(r, k, local, incoming, outgoing, seg, sem)
-                    begun[i], taken[i], progress = True, 0, True
-                while taken[i] < len(incoming) and sem.take(r, k, incoming[taken[i]]):
-                    taken[i] += 1
-                    progress = True
-                if taken[i] < len(incoming):
-                    break
-                sem.end(r, k)
-                pc[i], begun[i] = k + 1, False
+            progress |= _advance(i, s, steps[i], sem, pc, begun, taken)
     return [s.rank for i, s in enumerate(scheds) if pc[i] < len(steps[i])]
+
+
+def _advance(i: int, s: Schedule, mine, sem: Semantics, pc, begun, taken, started=None, ended=None) -> bool:
+    """Run rank ``i``'s steps (``mine``, its phases) as far as they go; True if anything moved.
+    ``started(outgoing)`` is told of each step's sends once they went out; ``ended()`` after each
+    step: True stops here (another rank goes first)."""
+    r, seg, moved = s.rank, s.segment, False
+    while pc[i] < len(mine):
+        k = pc[i]
+        local, incoming, outgoing = mine[k]
+        if not begun[i]:
+            if seg and not sem.begin(r, k):
+                return moved
+            _start(r, k, local, incoming, outgoing, seg, sem)
+            begun[i], taken[i], moved = True, 0, True
+            if started is not None:
+                started(outgoing)
+        while taken[i] < len(incoming) and sem.take(r, k, incoming[taken[i]]):
+            taken[i] += 1
+            moved = True
+        if taken[i] < len(incoming):
+            return moved
+        sem.end(r, k)
+        pc[i], begun[i] = k + 1, False
+        if ended is not None and ended():
+            return moved
+    return moved
 
 
 def _walk_timed(scheds: list[Schedule], steps, sem: Semantics) -> list[int]:
@@ -147,36 +158,28 @@ def _walk_timed(scheds: list[Schedule], steps, sem: Semantics) -> list[int]:
     heap = [(sem.now(s.rank), i) for i, s in enumerate(scheds)]
     heapq.heapify(heap)
     queued, parked = [True] * n, set()
+
+    def queue(j: int) -> None:
+        queued[j] = True
+        heapq.heappush(heap, (sem.now(scheds[j].rank), j))
+
+    def started(outgoing) -> None:      # wake the ranks these sends (or this round) may let go on
+        woken = parked if seg else {where.get(wake(o.peer), -1) for o in outgoing} & parked
+        for j in list(woken):
+            parked.discard(j)
+            if not queued[j]:
+                queue(j)
+
     while heap:
         _, i = heapq.heappop(heap)
         queued[i] = False
-        r, mine = scheds[i].rank, steps[i]
-        while pc[i] < len(mine):
-            k = pc[i]
-            local, incoming, outgoing = mine[k]
-            if not begun[i]:
-                if seg and not sem.begin(r, k):
-                    break
-                _start(r, k, local, incoming, outgoing, seg, sem)
-                begun[i], taken[i] = True, 0
-                woken = parked if seg else {where.get(wake(o.peer), -1) for o in outgoing} & parked
-                for j in list(woken):
-                    parked.discard(j)
-                    if not queued[j]:
-                        queued[j] = True
-                        heapq.heappush(heap, (sem.now(scheds[j].rank), j))
-            while taken[i] < len(incoming) and sem.take(r, k, incoming[taken[i]]):
-                taken[i] += 1
-            if taken[i] < len(incoming):
-                break
-            sem.end(r, k)
-            pc[i], begun[i] = k + 1, False
-            if heap and sem.now(r) > heap[0][0]:        # another rank's step comes first
-                queued[i] = True
-                heapq.heappush(heap, (sem.now(r), i))
-                break
-        else:
-            continue
-        if not queued[i]:
+
+        def ended(i=i) -> bool:         # another rank's step comes first: queue again behind it
+            if heap and sem.now(scheds[i].rank) > heap[0][0]:
+                queue(i)
+                return True
+            return False
+        _advance(i, scheds[i], steps[i], sem, pc, begun, taken, started, ended)
+        if pc[i] < len(steps[i]) and not queued[i]:
             parked.add(i)
     return [s.rank for i, s in enumerate(scheds) if pc[i] < len(steps[i])]
