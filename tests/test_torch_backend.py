@@ -9,14 +9,6 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def torch_pools(pools):
-    """Pools of 2 and 3 ranks with torch.distributed initialized (backend pyxccl, plus a Gloo group)."""
-    for n in (1, 2, 3, 4):
-        assert pools(n).run(tf.init_torch, free_port(), timeout=120) == [("pyxccl", n)] * n
-    return pools
-
-
 @pytest.mark.parametrize("n", (1, 2, 3, 4))
 def test_every_operation_matches_gloo(torch_pools, n):
     out = torch_pools(n).run(tf.parity, timeout=200)

@@ -35,6 +35,7 @@ from .plan import Planner
 from . import recorder
 from .quick import Quick
 from .recorder import Recorder, ended, started
+from .traffic import Traffic, schedule_io
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
 _BLAME_SECONDS = 2.0     # a timed-out rank's wait for the others' progress (oversubscribed ranks answer late)
@@ -69,6 +70,7 @@ class Context:
         self._scratch = np.empty(0, np.uint8)
         self._telling: threading.Thread | None = None
         self.recorder = Recorder()  # the flight recorder: the last operations, dumped on failure
+        self.traffic = Traffic()    # what moved, per operation (comm.traffic())
         recorder.register(self)
         mesh.attach(comm_id, self)
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
@@ -106,7 +108,7 @@ class Context:
     def use_segment(self, seg) -> None:
         """The one-host fast path from now on: its algorithms become candidates."""
         self.segment = seg
-        self.plans = Planner(self)
+        self.plans = Planner(self, self.plans.forced)
 
     def make_tuner(self) -> None:
         from ..tuning import Tuner
@@ -117,7 +119,7 @@ class Context:
         self.tuner = Tuner(self.size, self.hosts, lambda a, b: cls[a][b], self.mesh.machine,
                            [self.mesh.cores[w] for w in self.world_ranks],
                            segment=(seg.area, seg.cma) if seg is not None else None)
-        self.plans = Planner(self)      # choices made before the tuner are stale
+        self.plans = Planner(self, self.plans.forced)      # choices made before the tuner are stale
 
     def scratch(self, count: int, dt: np.dtype) -> np.ndarray:
         nbytes = count * dt.itemsize
@@ -376,8 +378,11 @@ class Context:
             self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes, what)
         record = (plan, name, size, thread, words)
 
+        io = schedule_io(s, plan.dtype.itemsize)
+
         def fn(work, seq, cseq, deadline):
             self.remember(cseq, record)
+            self.traffic.add(name, nbytes, *io)
             plan.run(s, bufs, cseq, words, name, deadline)
             return result
         return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=True, what=what)
@@ -406,6 +411,7 @@ class Context:
         key, dcode = (self.id, tag, 0), DTYPE_CODE[buf.dtype]
 
         def fn(work, seq, cseq, deadline):
+            self.traffic.add(name, buf.nbytes, buf.nbytes, 0)
             self.peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
         return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False,
                            what=(name, buf.dtype.name, buf.size, buf.nbytes, None), peer=dst)
@@ -413,6 +419,7 @@ class Context:
     def recv(self, name: str, buf: np.ndarray, src: int | None, tag: int, result, *, async_op: bool, timeout):
         def fn(work, seq, cseq, deadline):
             peer = None if src is None else self.world_ranks[src]
+            self.traffic.add(name, buf.nbytes, 0, buf.nbytes)
             req = RecvRequest(peer, (self.id, tag, 0), buf, None, name)
             work._recvs.append(req)
             work._cancel = self.mailbox.cancel

@@ -92,9 +92,10 @@ class Plan:
 class Planner:
     """The plans of one communicator, by call shape."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx, forced: dict | None = None):
         self.ctx = ctx
-        self.forced = _parse_algo_env(os.environ.get("PYXCCL_ALGO", ""))
+        # PYXCCL_ALGO as it was when the communicator was made (a later planner keeps it)
+        self.forced = _parse_algo_env(os.environ.get("PYXCCL_ALGO", "")) if forced is None else forced
         self._plans: dict[tuple, Plan] = {}
         self._made: OrderedDict = OrderedDict()     # (plan, schedule key) of the schedules made, oldest first
 

@@ -25,6 +25,7 @@ from ..primitives import PRIMITIVES
 from . import onehost
 from .onehost import _native
 from .recorder import ended
+from .traffic import schedule_io
 
 native_run = _native.run if _native is not None else None
 _KEPT = 256              # prepared call shapes per communicator
@@ -32,7 +33,7 @@ _KEPT = 256              # prepared call shapes per communicator
 
 class Prepared:
     __slots__ = ("plan", "name", "s", "prog", "words", "settings", "record", "timeout", "writes", "avg", "what",
-                 "inner", "block")
+                 "inner", "block", "io")
 
     def __init__(self, plan, name, s, size, thread, words, timeout, writes, what):
         seg = plan.ctx.segment
@@ -41,6 +42,7 @@ class Prepared:
         self.settings = plan.codes and (*seg.waits, *plan.codes)
         self.record = (plan, name, size, thread, words)
         self.what = what            # for the flight recorder
+        self.io = (what[3], *schedule_io(s, plan.dtype.itemsize))      # for the traffic counters
         self.avg = plan.avg
         # The in-place form the full path lets input and output overlap in (_checks.Check.apart); prepared
         # calls have equal blocks: the smaller buffer ("inner") is block number ``block`` of the larger.
@@ -111,6 +113,7 @@ class Quick:
         entry = ctx.recorder.begin(seq, cseq, p.what)
         try:
             ctx.remember(cseq, p.record)
+            ctx.traffic.add(p.name, *p.io)
             deadline = time.monotonic() + (ctx.timeout if p.timeout is None else p.timeout)
             if p.prog is None:
                 p.plan.run(p.s, _bufs(inp, out), cseq, p.words, p.name, deadline)
