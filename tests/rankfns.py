@@ -1295,3 +1295,42 @@ def longest_timeout(comm):
 def calibrate(comm):
     from pyxccl.sim import calibrate
     return calibrate.measure(comm)
+
+
+def traffic_of_every_algorithm(comm, count):
+    """Per (primitive, algorithm): what comm.traffic() counted for one call of ``count`` float32
+    elements per block (each called twice: the second runs prepared, and must be counted too)."""
+    from pyxccl import InvalidArgumentError
+    out = {}
+    calls = {
+        "allreduce": lambda a: comm.allreduce(np.ones(count * comm.size, np.float32), algorithm=a),
+        "allgather": lambda a: comm.allgather(np.ones(count, np.float32), np.empty(count * comm.size, np.float32),
+                                              algorithm=a),
+        "reduce_scatter": lambda a: comm.reduce_scatter(np.ones(count * comm.size, np.float32),
+                                                        np.empty(count, np.float32), algorithm=a),
+        "alltoall": lambda a: comm.alltoall(np.ones(count * comm.size, np.float32),
+                                            np.empty(count * comm.size, np.float32), algorithm=a),
+        "broadcast": lambda a: comm.broadcast(np.ones(count * comm.size, np.float32), 0, algorithm=a),
+    }
+    for prim, call in calls.items():
+        for algo in comm._ctx.plans.usable(prim):
+            before = comm.traffic().get(prim, dict(calls=0, bytes=0, sent=0, received=0))
+            try:
+                call(algo)
+            except InvalidArgumentError:        # an algorithm for other sizes (refused on every rank)
+                continue
+            call(algo)
+            after = comm.traffic()[prim]
+            out[(prim, algo)] = tuple(after[k] - before[k] for k in ("calls", "bytes", "sent", "received"))
+    y = np.ones(count, np.float32)
+    before = comm.traffic()
+    if comm.size > 1:
+        if comm.rank == 0:
+            comm.send(y, 1)
+        elif comm.rank == 1:
+            comm.recv(y, 0)
+    after = comm.traffic()
+    for op in ("send", "recv"):
+        b, a = before.get(op, dict(calls=0, bytes=0, sent=0, received=0)), after.get(op)
+        out[(op, None)] = tuple(a[k] - b[k] for k in ("calls", "bytes", "sent", "received")) if a else (0, 0, 0, 0)
+    return out
