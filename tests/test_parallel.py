@@ -32,5 +32,5 @@ def test_counters_read_what_the_ring_schedules_moved(torch_pools, tp):
         got = {op: (calls, b, s, rcv) for g, op, calls, b, s, rcv in rows}
         assert {g for g, *_ in rows} == {"dp"}
         assert got["all_reduce"] == (1, G, 2 * G * (N - 1) // N, 2 * G * (N - 1) // N)
-        assert got["all_gather"] == (1, G, G * (N - 1), G * (N - 1))
+        assert got["all_gather"] == (1, G * N, G * (N - 1), G * (N - 1))
         assert got["reduce_scatter"] == (1, G * N, G * (N - 1), G * (N - 1))

@@ -1,6 +1,8 @@
 """The communication of the parallel modules: torch.distributed calls on a :class:`Group`, counted.
 
-Each function records (group, primitive, payload bytes) in :data:`pyxccl.parallel.traffic.TRAFFIC`
+Each function records (group, primitive, bytes: the call's whole buffer, nccl-tests' convention, which
+``Communicator.traffic()`` and the planner (``pyxccl/plan/traffic.py``) use too: an allgather's gathered
+output, a reduce-scatter's and an all-to-all's input) in :data:`pyxccl.parallel.traffic.TRAFFIC`
 and makes the torch.distributed call on the group's process group, so the modules run on any
 backend (pyxccl, Gloo) and what they move is counted the same way on each.
 """
@@ -24,7 +26,7 @@ def all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM, async_op: bool = Fa
 
 def all_gather(out: torch.Tensor, t: torch.Tensor, group, async_op: bool = False):
     """``out`` (``group.size`` times ``t``'s elements) = every rank's ``t`` in rank order."""
-    TRAFFIC.record(group, "all_gather", _nbytes(t))
+    TRAFFIC.record(group, "all_gather", _nbytes(out))
     return dist.all_gather_into_tensor(out, t.contiguous(), group=group.pg, async_op=async_op)
 
 

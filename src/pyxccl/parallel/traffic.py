@@ -1,9 +1,9 @@
 """What the parallel modules moved, per rank and per step: calls and bytes per group and primitive.
 
 Every collective and send/recv of ``pyxccl.parallel`` goes through :mod:`pyxccl.parallel.ops`,
-which records the call here: ``calls`` and ``bytes`` (the payload: the tensor a rank gives
-the primitive, as the brief's formulas count it: B*S*H*itemsize per TP allreduce, G per DP
-allreduce). Where the group runs on pyxccl, ``sent`` and ``received`` come from the
+which records the call here: ``calls`` and ``bytes`` (the call's whole buffer, as the brief's
+formulas and the planner count it: B*S*H*itemsize per TP allreduce, G per DP allreduce, the
+gathered tensor of an allgather). Where the group runs on pyxccl, ``sent`` and ``received`` come from the
 communicator's own counters (``Communicator.traffic()``): what the schedules that ran moved,
 e.g. 2G(N-1)/N per rank for a ring allreduce. On another backend (Gloo) they are unknown (None).
 
