@@ -154,7 +154,8 @@ def _take(ctx) -> None:
         _nworlds += 1
         nth = _worlds[root] = _nworlds
     kind = "world" if ctx.parent is None else f"split of {ctx.parent.id:08x}"
-    _lanes.append({"name": f"comm {ctx.id:08x} ({kind}{f' #{nth}' if nth > 1 else ''}, {ctx.size} ranks)",
+    label = f" {ctx.label}" if ctx.label else ""
+    _lanes.append({"name": f"comm {ctx.id:08x}{label} ({kind}{f' #{nth}' if nth > 1 else ''}, {ctx.size} ranks)",
                    "order": (nth, ctx.parent is not None, len(_lanes)),          # worlds before their children
                    "world_ranks": list(ctx.world_ranks), "rank": ctx.rank,
                    "entries": [_rec.expand(e) for e in ctx.recorder.trace]})

@@ -71,6 +71,7 @@ class Context:
         self._telling: threading.Thread | None = None
         self.recorder = Recorder()  # the flight recorder: the last operations, dumped on failure
         self.traffic = Traffic()    # what moved, per operation (comm.traffic())
+        self.label = None           # what the user calls it (pyxccl.parallel: "tp", "dp", ...), for the timeline
         recorder.register(self)
         mesh.attach(comm_id, self)
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
