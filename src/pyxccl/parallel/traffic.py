@@ -20,7 +20,8 @@ from dataclasses import dataclass
 # pyxccl's operation names -> the torch.distributed names the parallel modules use
 _TORCH_NAME = {"allreduce": "all_reduce", "allgather": "all_gather", "allgatherv": "all_gather",
                "reduce_scatter": "reduce_scatter", "reduce_scatterv": "reduce_scatter", "alltoall": "all_to_all",
-               "alltoallv": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv"}
+               "alltoallv": "all_to_all", "broadcast": "broadcast", "send": "send", "recv": "recv",
+               "isend": "send", "irecv": "recv"}
 
 
 @dataclass
