@@ -1313,7 +1313,7 @@ def traffic_of_every_algorithm(comm, count):
         "broadcast": lambda a: comm.broadcast(np.ones(count * comm.size, np.float32), 0, algorithm=a),
     }
     for prim, call in calls.items():
-        for algo in comm._ctx.plans.usable(prim):
+        for algo in comm.algorithms(prim):
             before = comm.traffic().get(prim, dict(calls=0, bytes=0, sent=0, received=0))
             try:
                 call(algo)

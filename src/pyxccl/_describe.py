@@ -64,6 +64,32 @@ class Description:
         """The algorithm a ``primitive`` call of ``nbytes`` (nccl-tests' size) would run here."""
         return self._ctx.plans.choose(primitive, np.dtype(dtype), nbytes).name
 
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """What this rank's calls moved since the communicator was made, per operation: ``calls``,
+        ``bytes`` (payload), ``sent`` and ``received`` (what the schedules that ran sent and received;
+        see ``pyxccl/core/traffic.py``; a compressed call's encoded sizes), and ``wire``: the bytes its
+        sends handed to transports, per link class ("shm", "tcp_local", "tcp"). Take two and subtract
+        for a step's.
+
+        >>> comm.allreduce(np.ones(1 << 20, np.float32), algorithm="ring")    # doctest: +SKIP
+        >>> comm.traffic()["allreduce"]["sent"]          # 2 * 4 MiB * (n - 1) / n
+        """
+        return self._ctx.traffic.snapshot()
+
+    def compression_for(self, primitive: str, nbytes: int):
+        """The compressor ``compression="auto"`` picks for a float32 ``primitive`` of ``nbytes`` here
+        (None: the cost model says compressing costs more than it saves; see tuning/compression.py)."""
+        return self._ctx.plans.auto_compression(primitive, nbytes)
+
+    @property
+    def label(self) -> str | None:
+        """A name for this communicator in its timeline lane (``PYXCCL_TRACE``), e.g. "tp"."""
+        return self._ctx.label
+
+    @label.setter
+    def label(self, name: str | None) -> None:
+        self._ctx.label = name
+
     def flight_record(self) -> list[dict]:
         """This communicator's last operations, oldest first (the flight recorder: ``PYXCCL_RECORD``,
         default 2000, are kept): seq, coll_seq, op, dtype, count, bytes, algorithm, peer, issued,

@@ -12,6 +12,7 @@ import pickle
 
 import numpy as np
 
+from . import compressed
 from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
@@ -45,27 +46,31 @@ class Communicator(Description):
 
     # --- collectives --------------------------------------------------------------
     def _run(self, c: Check, prim: str, bufs: dict, args: dict, size, nbytes: int, *, op=None,
-             root=None, result=None, quick=None, writes=True):
+             root=None, result=None, quick=None, writes=True, codec=None, after=None):
         """Run a checked call: ``args`` for the builders, ``size`` for its fingerprint, ``nbytes`` for the
         choice of algorithm; ``c.how``: its (algorithm, async_op, timeout); ``quick``: the key its next
-        calls run prepared under (core/quick.py), ``writes``: it writes its output."""
+        calls run prepared under (core/quick.py), ``writes``: it writes its output; ``codec``, ``after``: see
+        compressed.py."""
         algorithm, async_op, timeout = c.how
         n_in, n_out = PRIMITIVES[prim].buffers(self.rank, args)
         for b, want in (("in", n_in), ("out", n_out)):
             if b in bufs and bufs[b].size != want:
                 c.size(bufs[b], want, "the output" if b == "out" else "the input")
         c.apart(bufs, PRIMITIVES[prim], args)
-        plan = self._ctx.plans.plan(prim, next(iter(bufs.values())).dtype, nbytes, op, root, algorithm, c.error)
+        plan = self._ctx.plans.plan(prim, next(iter(bufs.values())).dtype, nbytes, op, root, algorithm, c.error,
+                                    codec)
         key = tuple(args.values())          # hashable: counts lists become tuples
         if "count" not in args:
             key = tuple(v if type(v) is int else tuple(v) for v in key)
         return self._ctx.collective(c.op, plan, key, args, size, bufs, result=result, async_op=async_op,
-                                    timeout=timeout, quick=quick, writes=writes)
+                                    timeout=timeout, quick=quick, writes=writes, after=after)
 
+    @compressed.compressible
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None):
         """Reduce ``tensor`` over all ranks; every rank gets the result (in place, or in ``out``).
+        ``compression=``, ``key=`` (here, in reduce_scatter and in allgather): see compressed.py.
 
-        >>> comm.allreduce(grad, op=pyxccl.ReduceOp.AVG)   # doctest: +SKIP
+        >>> comm.allreduce(grad, compression="int8")       # doctest: +SKIP
         """
         dst = tensor if out is None else out
         sh = _shape(tensor)
@@ -113,6 +118,7 @@ class Communicator(Description):
                          buf.nbytes, op=c.op_for(op, buf.dtype), root=root,
                          result=out if out is not None and is_root else tensor, quick=q, writes=is_root)
 
+    @compressed.compressible
     def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None):
         """Concatenate every rank's ``sendbuf`` (in rank order) into ``recvbuf`` on every rank.
 
@@ -199,6 +205,7 @@ class Communicator(Description):
         return self._run(c, "scatter", bufs, dict(counts=counts, root=root), c.agreed(counts),
                          recv.nbytes * self.size, root=root, result=recvbuf, quick=quick)
 
+    @compressed.compressible
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                        timeout=None):
         """Reduce ``sendbuf`` (``size`` equal parts) over all ranks; rank i gets part i in ``recvbuf``."""
@@ -328,16 +335,6 @@ class Communicator(Description):
         infos = self.allgather_object((color, key), timeout=timeout)
         child = self._ctx.split(color, sorted((k, r) for r, (col, k) in enumerate(infos) if col == color))
         return None if child is None else _ready(Communicator(child))
-
-    def traffic(self) -> dict[str, dict[str, int]]:
-        """What this rank's calls moved since the communicator was made, per operation: ``calls``,
-        ``bytes`` (payload), ``sent`` and ``received`` (what the schedules that ran sent and received;
-        see ``pyxccl/core/traffic.py``). Take two and subtract for a step's.
-
-        >>> comm.allreduce(np.ones(1 << 20, np.float32), algorithm="ring")    # doctest: +SKIP
-        >>> comm.traffic()["allreduce"]["sent"]          # 2 * 4 MiB * (n - 1) / n
-        """
-        return self._ctx.traffic.snapshot()
 
     def dup(self) -> "Communicator":
         """A new communicator with the same ranks (collective), whose calls never mix with this one's."""

@@ -101,10 +101,15 @@ _UNCHECKED = (1 << _SIZE_BITS) - 1     # sizes only this rank knows (gatherv awa
 _DIGEST = 1 << (_SIZE_BITS - 1)        # the size is a digest of a list of counts
 
 
-def call_word(name: str, op, dtype: np.dtype, algorithm_id: int, root: int | None) -> int:
-    """The first fingerprint word: which call, op, dtype, algorithm and root."""
+def call_word(name: str, op, dtype: np.dtype, algorithm_id: int, root: int | None, codec: str | None = None) -> int:
+    """The first fingerprint word: which call, op, dtype, algorithm, root and compression (a compressor's
+    spec, as a digest in the top byte)."""
     return (_CALL_CODE[name] | _OP_CODE.get(op, 0) << 8 | DTYPE_CODE[dtype] << 16 | (algorithm_id & 0xFF) << 24
-            | ((0 if root is None else root + 1) & 0xFFFFFFFF) << 32)
+            | ((0 if root is None else root + 1) & 0xFFFFFF) << 32 | _codec_code(codec) << 56)
+
+
+def _codec_code(spec: str | None) -> int:
+    return 0 if spec is None else 0x80 | zlib.crc32(spec.encode()) & 0x7F
 
 
 def size_word(size, thread: int) -> int:
@@ -162,12 +167,14 @@ def describe_words(seq: int, w0: int, w1: int, algorithm_name) -> str:
     size = w1 & ((1 << _SIZE_BITS) - 1)
     parts.append("counts known to that rank only" if size == _UNCHECKED else
                  f"counts with digest {size & (_DIGEST - 1):08x}" if size & _DIGEST else f"{size} elements")
-    if w0 >> 32:
-        parts.append(f"root {(w0 >> 32) - 1}")
+    if w0 >> 32 & 0xFFFFFF:
+        parts.append(f"root {(w0 >> 32 & 0xFFFFFF) - 1}")
     op = _OP_OF.get((w0 >> 8) & 0xFF)
     if op is not None:
         parts.append(op.name)
     parts.append(f"algorithm {algorithm_name((w0 >> 24) & 0xFF)}")
+    if w0 >> 56:
+        parts.append(f"compressed (code {w0 >> 56 & 0x7F})")
     return f"{name} #{seq} ({', '.join(parts)})"
 
 
@@ -175,6 +182,6 @@ def differences(mine: tuple[int, int, int], theirs: tuple[int, int, int]) -> lis
     """What differs between two fingerprints (seq, w0, w1), in words."""
     (s0, a0, b0), (s1, a1, b1) = mine, theirs
     fields = [("sequence number", s0 != s1), ("call", (a0 ^ a1) & 0xFF), ("op", (a0 ^ a1) >> 8 & 0xFF),
-              ("dtype", (a0 ^ a1) >> 16 & 0xFF), ("algorithm", (a0 ^ a1) >> 24 & 0xFF), ("root", (a0 ^ a1) >> 32),
+              ("dtype", (a0 ^ a1) >> 16 & 0xFF), ("algorithm", (a0 ^ a1) >> 24 & 0xFF), ("root", (a0 ^ a1) >> 32 & 0xFFFFFF), ("compression", (a0 ^ a1) >> 56),
               ("count", (b0 ^ b1) & ((1 << _SIZE_BITS) - 1)), ("thread", (b0 ^ b1) >> _SIZE_BITS)]
     return [what for what, differs in fields if differs]

@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
     p.add_argument("--iters", type=int, default=None, help="timed iterations (default: by size, as the peers)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--check", action="store_true", help="exit non-zero if any result is wrong")
+    p.add_argument("--compression", default=None,
+                   help="compare compressors side by side, e.g. none,fp16,int8,topk:0.01 (allreduce, reduce_scatter, "
+                        "allgather; float32): time, bytes on the wire per rank and call, error")
     p.add_argument("--json", default=None, help="write the rows to this file")
     p.add_argument("--vs", default="", help="also run the sweep with these libraries: gloo,mpi,impi,deepspeed,"
                    "oneccl (see README.md, Benchmark, for installing them)")
@@ -59,6 +62,15 @@ def main(a) -> int:
             progress = bar.update
         except ImportError:
             pass
+    if a.compression:
+        from . import compressed
+        specs = [None if s in ("none", "") else s for s in a.compression.split(",")]
+        rows = compressed.run(comm, prims, sizes, specs, a.algo, a.iters, a.warmup)
+        if comm.rank == 0:
+            print(f"# pyxccl {pyxccl.__version__} bench --compression: {comm.size} ranks on "
+                  f"{len({t['host'] for t in comm.topology()})} host(s)\n{compressed.text(rows)}")
+        comm.close()
+        return 0
     rows = run_pyxccl(comm, prims, sizes, dtype=a.dtype, op=a.op, algo=a.algo, iters=a.iters, warmup=a.warmup,
                       progress=progress)
     wrong = 0

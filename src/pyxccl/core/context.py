@@ -106,6 +106,14 @@ class Context:
             return "shm"
         return "tcp_local" if self.hosts[a] == self.hosts[b] else "tcp"
 
+    def link_to(self, r: int) -> str:
+        """:meth:`link_class` from this rank to ``r`` (kept: every send asks)."""
+        links = self.__dict__.setdefault("_links", {})
+        c = links.get(r)
+        if c is None:
+            c = links[r] = self.link_class(self.rank, r)
+        return c
+
     def use_segment(self, seg) -> None:
         """The one-host fast path from now on: its algorithms become candidates."""
         self.segment = seg
@@ -362,10 +370,11 @@ class Context:
         return work.result()
 
     def collective(self, name: str, plan, key, args: dict, size, bufs: dict, *, result, async_op, timeout,
-                   quick=None, writes=True):
+                   quick=None, writes=True, after=None):
         """Run one collective with ``plan`` (builder arguments ``args``, their hashable ``key``);
         ``size``: what the fingerprint says of its counts; ``quick``: the key to keep a blocking call
-        under, prepared (``writes``: it writes its output array)."""
+        under, prepared (``writes``: it writes its output array); ``after()``: runs once the schedule
+        has, before the call is done (what a composed call does with what it gathered)."""
         try:
             s = plan.schedule(key, args)
         except ValueError as e:
@@ -379,12 +388,14 @@ class Context:
             self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes, what)
         record = (plan, name, size, thread, words)
 
-        io = schedule_io(s, plan.dtype.itemsize)
+        io = schedule_io(s, plan.dtype.itemsize, plan.codec, plan.compressed)
 
         def fn(work, seq, cseq, deadline):
             self.remember(cseq, record)
             self.traffic.add(name, nbytes, *io)
             plan.run(s, bufs, cseq, words, name, deadline)
+            if after is not None:
+                after()
             return result
         return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=True, what=what)
 
@@ -413,6 +424,7 @@ class Context:
 
         def fn(work, seq, cseq, deadline):
             self.traffic.add(name, buf.nbytes, buf.nbytes, 0)
+            self.traffic.wire(name, self.link_to(dst), buf.nbytes)
             self.peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
         return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False,
                            what=(name, buf.dtype.name, buf.size, buf.nbytes, None), peer=dst)

@@ -43,8 +43,9 @@ class _Messages(Semantics):
         self.reqs.append(req)
 
     def send(self, r, k, o):
-        self.ctx.peer(o.peer).send(self.key, self.dcode, self.bufs[o.buf][o.off:o.off + o.count].view(np.uint8),
-                                   self.deadline, self.call)
+        data = self.bufs[o.buf][o.off:o.off + o.count].view(np.uint8)
+        self.ctx.traffic.wire(self.op, self.ctx.link_to(o.peer), data.nbytes)
+        self.ctx.peer(o.peer).send(self.key, self.dcode, data, self.deadline, self.call)
 
     def take(self, r, k, o):
         req = self.reqs[self.next]
@@ -70,9 +71,63 @@ class _Messages(Semantics):
             self.ctx.untrack(req)
 
 
-def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline: float, dt) -> None:
-    """Run this rank's message schedule ``s`` of collective ``seq``; ``call``: its fingerprint words."""
-    sem = _Messages(ctx, bufs, reduce, seq, call, op, deadline, dt)
+class _Compressed(_Messages):
+    """Messages to the ranks in ``to`` travel encoded by ``codec`` (a pyxccl.compress Quantizer): the
+    receiver decodes into its float32 buffer, copying or adding (the reduction in float32, higher
+    precision than the code; the next hop encodes the partial sum again). A sender keeps what its peer
+    will see (it writes the decoded values back where it sent from, unless that is the user's input):
+    a rank that sends its part and keeps it then holds what the others got, so every rank ends with
+    the same result."""
+    __slots__ = ("codec", "to", "raws", "keep")
+    BYTES = DTYPE_CODE[np.dtype(np.uint8)]
+
+    def __init__(self, ctx, bufs, reduce, seq, call, op, deadline, dt, codec, to):
+        super().__init__(ctx, bufs, reduce, seq, call, op, deadline, dt)
+        self.codec, self.to, self.raws = codec, to, []
+        self.keep = "in" not in bufs or bufs["in"] is bufs["out"]
+
+    def post(self, r, k, o):
+        if o.peer not in self.to:
+            self.raws.append(None)
+            return super().post(r, k, o)
+        raw = np.empty(self.codec.nbytes(o.count), np.uint8)
+        req = RecvRequest(self.ctx.world_ranks[o.peer], self.key, raw, None, self.op, self.call)
+        self.ctx.track(req)
+        self.ctx.mailbox.post(req)
+        self.reqs.append(req)
+        self.raws.append(raw)
+
+    def send(self, r, k, o):
+        if o.peer not in self.to:
+            return super().send(r, k, o)
+        src = self.bufs[o.buf][o.off:o.off + o.count]
+        enc = np.empty(self.codec.nbytes(o.count), np.uint8)     # its own: the transport may still hold it
+        self.codec.encode(src, enc)
+        self.ctx.traffic.wire(self.op, self.ctx.link_to(o.peer), enc.nbytes)
+        self.ctx.peer(o.peer).send(self.key, self.BYTES, enc, self.deadline, self.call)
+        if self.keep or o.buf != "in":
+            self.codec.decode(enc, src, accumulate=False)
+
+    def take(self, r, k, o):
+        raw = self.raws[self.next]
+        super().take(r, k, o)
+        if raw is not None:
+            self.codec.decode(raw, self.bufs[o.buf][o.off:o.off + o.count], accumulate=o.reduce)
+        return True
+
+    def end(self, r, k):
+        super().end(r, k)
+        self.raws.clear()
+
+
+def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline: float, dt, codec=None,
+        compressed=()) -> None:
+    """Run this rank's message schedule ``s`` of collective ``seq``; ``call``: its fingerprint words;
+    ``codec``: messages to the ranks in ``compressed`` are encoded (see :class:`_Compressed`)."""
+    if codec is None:
+        sem = _Messages(ctx, bufs, reduce, seq, call, op, deadline, dt)
+    else:
+        sem = _Compressed(ctx, bufs, reduce, seq, call, op, deadline, dt, codec, compressed)
     ctx.mailbox.begin(ctx.id, seq, call)
     try:
         walk([s], sem)

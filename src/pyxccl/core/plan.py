@@ -33,8 +33,15 @@ def bucket(nbytes: int) -> int:
 class Plan:
     """One call shape, prepared."""
 
-    def __init__(self, ctx, primitive: str, algo: registry.Algorithm, dtype: np.dtype, op, root):
+    def __init__(self, ctx, primitive: str, algo: registry.Algorithm, dtype: np.dtype, op, root, codec=None):
         self.ctx, self.primitive, self.algo, self.dtype, self.op, self.root = ctx, primitive, algo, dtype, op, root
+        # compression (a pyxccl.compress Quantizer): every message of the schedule travels encoded,
+        # except inside a host in a hierarchical algorithm (the fast links there)
+        self.codec = codec
+        self.compressed = None if codec is None else frozenset(
+            r for r in range(ctx.size) if r != ctx.rank and (not algo.name.startswith("hierarchical")
+                                                            or ctx.hosts[r] != ctx.hosts[ctx.rank]))
+        self.label = algo.name if codec is None else f"{algo.name}+{codec.spec}"
         self.reduce = reducer(op) if op is not None else None
         self.avg = op is ReduceOp.AVG and (root is None or root == ctx.rank)     # divide where the sum lands
         self.execute = onehost.run if algo.segment else messages.run
@@ -62,7 +69,8 @@ class Plan:
         ``thread``: the issuing thread's digest, 0 when not checked)."""
         w0 = self._w0.get(name)
         if w0 is None:
-            w0 = self._w0[name] = call_word(name, self.op, self.dtype, self.algorithm_id, self.root)
+            w0 = self._w0[name] = call_word(name, self.op, self.dtype, self.algorithm_id, self.root,
+                                            self.codec and self.codec.spec)
         k = (key, size is None)
         w1 = self._sizes.get(k)
         if w1 is None:
@@ -73,13 +81,20 @@ class Plan:
 
     def call(self, name: str, size, thread: str) -> Call:
         """The description of a call of this plan (for errors)."""
-        return Call(name, self.dtype, size, self.root, self.op, self.algo.name, thread)
+        return Call(name, self.dtype, size, self.root, self.op, self.label, thread)
 
     def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float) -> None:
         if s.scratch:
             bufs["tmp"] = self.ctx.scratch(s.scratch, self.dtype)
         if self.codes is not None:          # natively: no numpy reductions, no error state to enter
             onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
+        elif self.codec is not None:
+            messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype, self.codec,
+                         self.compressed)
+            if self.primitive == "allreduce" and self.compressed:
+                # Some ranks hold a result they never sent (recursive doubling's folded ranks, a tree's
+                # root): quantized once more, every rank holds the same bits (the codecs are idempotent)
+                np.copyto(bufs["out"], self.codec.round_trip(bufs["out"]))
         elif self.reduce is None:
             self.execute(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype)
         else:
@@ -97,6 +112,7 @@ class Planner:
         # PYXCCL_ALGO as it was when the communicator was made (a later planner keeps it)
         self.forced = _parse_algo_env(os.environ.get("PYXCCL_ALGO", "")) if forced is None else forced
         self._plans: dict[tuple, Plan] = {}
+        self._auto: dict[tuple, object] = {}        # compression="auto"'s choices, per size bucket
         self._made: OrderedDict = OrderedDict()     # (plan, schedule key) of the schedules made, oldest first
 
     def made(self, plan: Plan, key) -> None:
@@ -107,18 +123,32 @@ class Planner:
             old._schedules.pop(k, None)
 
     def plan(self, primitive: str, dtype: np.dtype, nbytes: int, op=None, root=None, algorithm=None,
-             error=InvalidArgumentError) -> Plan:
-        key = (primitive, dtype, bucket(nbytes), op, root, algorithm)
+             error=InvalidArgumentError, codec=None) -> Plan:
+        key = (primitive, dtype, bucket(nbytes), op, root, algorithm, codec and codec.spec)
         p = self._plans.get(key)
         if p is None:
             self.ctx.usable(primitive)      # closed or failed: say so, not that the segment is gone
-            p = self._plans[key] = Plan(self.ctx, primitive, self.choose(primitive, dtype, nbytes, algorithm, error),
-                                        dtype, op, root)
+            algo = self.choose(primitive, dtype, nbytes, algorithm, error, compressed=codec is not None)
+            p = self._plans[key] = Plan(self.ctx, primitive, algo, dtype, op, root, codec)
         return p
 
     def choose(self, primitive: str, dtype: np.dtype, nbytes: int, algorithm=None,
-               error=InvalidArgumentError) -> registry.Algorithm:
-        """The algorithm for a call: asked for, else PYXCCL_ALGO's, else the tuner's, else the default."""
+               error=InvalidArgumentError, compressed: bool = False) -> registry.Algorithm:
+        """The algorithm for a call: asked for, else PYXCCL_ALGO's, else the tuner's, else the default.
+        A compressed call runs a message algorithm (compression is of messages): the one asked for,
+        else the hierarchical one across hosts (it compresses only there), else ring."""
+        if compressed:
+            name = algorithm or ("hierarchical" if len(set(self.ctx.hosts)) > 1
+                                 and "hierarchical" in registry.algorithms(primitive) else "ring")
+            try:
+                algo = registry.lookup(primitive, name)
+            except KeyError:
+                raise error(f"no algorithm {name!r} for {primitive}; known: "
+                            + ", ".join(registry.algorithms(primitive))) from None
+            if algo.segment:
+                raise error(f"algorithm {name!r} runs on the shared segment, where data moves by reads, not "
+                            f"messages: it cannot compress; ask for a message algorithm (ring, hierarchical, ...)")
+            return algo
         name = algorithm or self.forced.get(primitive)
         if algorithm is None and name is not None and self.ctx.segment is None \
                 and name in registry.algorithms(primitive) and registry.lookup(primitive, name).segment:
@@ -135,6 +165,14 @@ class Planner:
             raise error(f"algorithm {algo.name!r} runs on the shared segment of ranks that all share one host; "
                         f"this communicator has none (ranks on several hosts, PYXCCL_TRANSPORT=tcp, or one rank)")
         return algo
+
+    def auto_compression(self, primitive: str, nbytes: int):
+        """``compression="auto"``: the compressor the cost model says pays for this call, or None."""
+        key = (primitive, bucket(nbytes))
+        if key not in self._auto:
+            from ..tuning.compression import choose
+            self._auto[key] = choose(self.ctx, primitive, key[1])
+        return self._auto[key]
 
     def usable(self, primitive: str) -> list[str]:
         return [n for n in registry.algorithms(primitive)

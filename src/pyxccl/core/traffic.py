@@ -12,22 +12,25 @@ from __future__ import annotations
 
 from ..schedule import Get, Recv, Send
 
-def schedule_io(s, itemsize: int) -> tuple[int, int]:
-    """(sent, received) bytes of schedule ``s`` on its rank; kept on the schedule (schedules are
-    made once per call shape)."""
-    io = getattr(s, "_io", None)
+def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
+    """(sent, received) bytes of schedule ``s`` on its rank (messages to and from the ranks in
+    ``compressed`` encoded by ``codec``); kept on the schedule, per codec (builders may share schedules)."""
+    kept = s.__dict__.setdefault("_io", {})
+    io = kept.get(codec and codec.spec)
     if io is None:
+        def size(o):
+            return codec.nbytes(o.count) if codec is not None and o.peer in compressed else o.count * itemsize
         sent = recv = 0
         for step in s.steps:
             for o in step:
                 t = type(o)
                 if t is Send:
-                    sent += o.count
+                    sent += size(o)
                 elif t is Recv:
-                    recv += o.count
+                    recv += size(o)
                 elif t is Get and o.peer != s.rank:
-                    recv += o.count
-        io = s._io = (sent * itemsize, recv * itemsize)
+                    recv += o.count * itemsize
+        io = kept[codec and codec.spec] = (sent, recv)
     return io
 
 
@@ -36,6 +39,7 @@ class Traffic:
 
     def __init__(self):
         self._ops: dict[str, list[int]] = {}
+        self._wire: dict[str, dict[str, int]] = {}
 
     def add(self, op: str, nbytes: int, sent: int, received: int) -> None:
         c = self._ops.get(op)
@@ -46,5 +50,13 @@ class Traffic:
         c[2] += sent
         c[3] += received
 
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        return {op: dict(calls=c[0], bytes=c[1], sent=c[2], received=c[3]) for op, c in sorted(self._ops.items())}
+    def wire(self, op: str, link: str, nbytes: int) -> None:
+        """A send of ``op`` handed ``nbytes`` to a transport over a link of class ``link``."""
+        w = self._wire.get(op)
+        if w is None:
+            w = self._wire[op] = {}
+        w[link] = w.get(link, 0) + nbytes
+
+    def snapshot(self) -> dict[str, dict]:
+        return {op: dict(calls=c[0], bytes=c[1], sent=c[2], received=c[3], wire=dict(self._wire.get(op, {})))
+                for op, c in sorted(self._ops.items())}

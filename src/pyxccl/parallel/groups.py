@@ -76,7 +76,7 @@ class ParallelGroups:
                     mine = Group(name, ranks, ranks.index(me), pg)
                     comm = _communicator(pg)
                     if comm is not None:
-                        comm._ctx.label = name      # the timeline's lane says which group it is
+                        comm.label = name           # the timeline's lane says which group it is
             setattr(self, name, mine)
             TRAFFIC.watch(mine.pg)
 

@@ -1,0 +1,208 @@
+"""DDP communication hooks that average gradients with a ``pyxccl.compress`` compressor.
+
+>>> from pyxccl.compress import INT8, TopK                                  # doctest: +SKIP
+>>> from pyxccl.torch.hooks import CompressionState, compression_hook
+>>> ddp = DistributedDataParallel(model)                  # on a "pyxccl" (or "gloo") group
+>>> ddp.register_comm_hook(CompressionState(INT8()), compression_hook)
+>>> ddp.register_comm_hook(CompressionState("topk:0.01"), compression_hook)   # error feedback per bucket
+
+One hook for every compressor: ``CompressionState(FP16())``, ``BF16()``, ``INT8(block=256)``,
+``TopK(ratio, error_feedback=True, momentum=None)``, ``Threshold(tau, ...)`` or a spec string
+(``"fp16"``, ``"int8:block=128"``, ``"topk:0.01,momentum=0.9"``). The hook's future holds the
+bucket's gradients averaged over the group (what DDP expects), the same on every rank.
+
+- On a pyxccl group the compressed collective runs: ``comm.allreduce(bucket, op="avg",
+  compression=..., key="bucket<i>")`` (a quantizer encodes every message of the algorithm, a
+  sparsifier all-gathers the (index, value) pairs; see ``pyxccl/compressed.py``).
+- On any other group (Gloo) the hook does the same compression itself: each rank encodes its
+  bucket once, the encoded bytes are all-gathered (``all_gather_into_tensor`` of uint8; Threshold's
+  pair counts first, padded to the largest) and decoded and summed in rank order on every rank.
+  A quantizer's error is then one round trip per rank's contribution; the pyxccl ring re-quantizes
+  partial sums (up to about ``n - 1`` round trips), so the two agree within the compressor's bound.
+  Sparsifiers give the same bits on both (pairs summed in rank order, then divided by n).
+
+Error feedback (and DGC momentum) is kept per bucket in the compressor; when DDP rebuilds its
+buckets after the first iteration, what each parameter had not sent moves with it to its new
+bucket. With ``momentum=`` use plain SGD (the sent values carry the momentum).
+"""
+
+import numpy as np  # (no "from __future__ import annotations": DDP compares the hook's annotations as objects)
+import torch
+import torch.distributed as dist
+
+from ..compress import Quantizer, Sparsifier, parse
+
+__all__ = ["CompressionState", "compression_hook"]
+
+
+class CompressionState:
+    """The state of :func:`compression_hook`: the compressor (an object or a spec string; it keeps
+    the sparsifiers' residuals) and the process group (None: the default group)."""
+
+    def __init__(self, compressor, process_group=None):
+        codec = parse(compressor)
+        if codec is None or isinstance(codec, str):
+            raise ValueError(f"CompressionState needs a compressor (fp16, bf16, int8, topk:R, threshold:T), "
+                             f"got {compressor!r}; for no compression use DDP without a hook")
+        self.compressor = codec
+        self.process_group = process_group
+        self._layouts: dict[str, tuple] = {}     # key -> ((id(param), numel), ...) of the bucket
+        self._owner: dict[int, str] = {}         # id(param) -> the key whose residual holds its part
+        self._pieces: dict[int, tuple] = {}      # id(param) -> (residual, momentum) parts in transit
+
+    def __repr__(self) -> str:
+        return f"CompressionState({self.compressor!r})"
+
+    # --- error feedback across DDP's bucket rebuild ---------------------------------------
+    def key(self, bucket) -> str:
+        """The compressor key of ``bucket`` (``"bucket<i>"``). With error feedback, a bucket whose
+        parameters changed since the last call (DDP rebuilds buckets after the first iteration) gets
+        its parameters' residuals from wherever they were."""
+        key = f"bucket{bucket.index()}"
+        codec = self.compressor
+        if not (isinstance(codec, Sparsifier) and codec.error_feedback):
+            return key
+        layout = tuple((id(p), p.numel()) for p in bucket.parameters())
+        old = self._layouts.get(key)
+        if old == layout:
+            return key
+        if old is not None:
+            self._split(key)
+        for pid, _ in layout:                   # the keys holding these parameters' residuals
+            k = self._owner.get(pid)
+            if k is not None and self._layouts.get(k) != layout:
+                self._split(k)
+        self._join(key, layout)
+        return key
+
+    def _split(self, key) -> None:
+        """Cut ``key``'s residual (and momentum) into per-parameter pieces and drop the key."""
+        codec = self.compressor
+        res, mom = codec._res.pop(key, None), codec._mom.pop(key, None)
+        off = 0
+        for pid, n in self._layouts.pop(key):
+            self._owner.pop(pid, None)
+            if res is not None:
+                self._pieces[pid] = (res[off:off + n].copy(), None if mom is None else mom[off:off + n].copy())
+            off += n
+
+    def _join(self, key, layout) -> None:
+        codec = self.compressor
+        parts = [self._pieces.pop(pid, None) for pid, _ in layout]
+        if any(p is not None for p in parts):
+            total = sum(n for _, n in layout)
+            res = np.zeros(total, np.float32)
+            mom = np.zeros(total, np.float32) if codec.momentum is not None else None
+            off = 0
+            for (_, n), p in zip(layout, parts):
+                if p is not None:
+                    res[off:off + n] = p[0]
+                    if mom is not None and p[1] is not None:
+                        mom[off:off + n] = p[1]
+                off += n
+            codec._res[key] = res
+            if mom is not None:
+                codec._mom[key] = mom
+        self._layouts[key] = layout
+        for pid, _ in layout:
+            self._owner[pid] = key
+
+
+def _pyxccl_backend(group):
+    from . import ProcessGroupPyxccl
+    try:
+        b = group._get_backend(torch.device("cpu"))
+    except Exception:  # noqa: BLE001  (no CPU backend: not ours)
+        return None
+    return b if isinstance(b, ProcessGroupPyxccl) else None
+
+
+def _flat(buf: torch.Tensor) -> np.ndarray:
+    if buf.dtype != torch.float32 or not buf.is_contiguous() or buf.device.type != "cpu":
+        raise TypeError(f"compression_hook compresses contiguous float32 CPU gradients, got a {buf.dtype} "
+                        f"bucket on {buf.device}")
+    return buf.detach().view(-1).numpy()
+
+
+def compression_hook(state: CompressionState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: ``bucket.buffer()`` averaged over ``state.process_group`` with
+    ``state.compressor``, in place; a future of that tensor (errors are set on it)."""
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    buf = bucket.buffer()
+    key = state.key(bucket)
+    backend = _pyxccl_backend(group)
+    if backend is not None:
+        return _on_pyxccl(backend, state.compressor, buf, key)
+    return _on_any(group, state.compressor, buf, key)
+
+
+def _on_pyxccl(backend, codec, buf, key):
+    fut = torch.futures.Future()
+    try:
+        work = backend.comm.allreduce(_flat(buf), "avg", compression=codec, key=key, async_op=True)
+    except Exception as e:  # noqa: BLE001
+        fut.set_exception(e)
+        return fut
+
+    def settle(exc):
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(buf)
+
+    # complete off the communicator's worker: DDP's then() callbacks run on the completing thread
+    work.add_done_callback(lambda w: backend._completer.submit(settle, w.exception()))
+    return fut
+
+
+def _on_any(group, codec, buf, key):
+    """The compression in the hook, over the group's own all-gather (Gloo or any backend)."""
+    n = dist.get_world_size(group)
+    x = _flat(buf)
+    if isinstance(codec, Quantizer):
+        send = np.empty(codec.nbytes(x.size), np.uint8)
+        codec.encode(x, send)
+
+        def add(out, row):
+            codec.decode(row, out, accumulate=True)
+        return _gather_sum(group, n, buf, torch.from_numpy(send), [send.size] * n, add)
+    idx, val = codec.compress(x, key if codec.error_feedback else None)
+    if codec.k(x.size) is not None:
+        counts = [idx.size] * n
+    else:                                   # Threshold: every rank's pair count first
+        c = torch.empty(n, dtype=torch.int64)
+        dist.all_gather_into_tensor(c, torch.tensor([idx.size], dtype=torch.int64), group=group)
+        counts = c.tolist()
+    if n > 1 and sum(counts) >= x.size:     # the pairs would outweigh the dense tensor (as pyxccl decides)
+        x[:] = 0
+        codec.accumulate(x, idx, val)
+        work = dist.all_reduce(buf, group=group, async_op=True)
+        return work.get_future().then(lambda f: f.value()[0].div_(n))
+    width = 8 * max(counts)
+    send = np.zeros(width, np.uint8)
+    codec.pack(idx, val, send[:8 * idx.size])
+
+    def add_pairs(out, row, m):
+        codec.accumulate(out, *codec.unpack(row[:8 * m]))
+    return _gather_sum(group, n, buf, torch.from_numpy(send), counts, add_pairs, pairs=True)
+
+
+def _gather_sum(group, n, buf, send, counts, add, pairs=False):
+    """All-gather ``send`` (the same width on every rank); then, on every rank, ``buf = 0``, each
+    rank's row added in rank order, divided by n."""
+    gathered = torch.empty(n * send.numel(), dtype=torch.uint8)
+    work = dist.all_gather_into_tensor(gathered, send, group=group, async_op=True)
+
+    def after(f):
+        f.value()                            # raises the collective's error
+        rows = gathered.numpy().reshape(n, send.numel())
+        out = _flat(buf)
+        out[:] = 0
+        for r in range(n):
+            if pairs:
+                add(out, rows[r], counts[r])
+            else:
+                add(out, rows[r])
+        np.divide(out, np.float32(n), out=out)
+        return buf
+    return work.get_future().then(after)

@@ -1,0 +1,69 @@
+"""``compression="auto"``: compress only where the cost model says it pays.
+
+For a call of ``nbytes`` the model prices (on the communicator's own topology and link figures):
+
+- uncompressed: the tuner's best algorithm;
+- with each quantizer (FP16, INT8): the algorithm a compressed call runs (hierarchical across hosts,
+  else ring) with its messages ``ratio`` times as large, plus the CPU time of encoding and decoding
+  what the busiest rank sends (``bytes_sent / ratio`` each way, at this process's measured rate).
+
+The cheapest wins; on one host's shared memory (GB/s) the encoding costs more than the bytes it saves
+and nothing is compressed; across a slow link (1 Gbit/s) INT8 usually wins. Sparsifiers are never
+chosen: they change what is summed (they need a key and error feedback), so they are asked for by
+name. ``PYXCCL_DEBUG=INFO`` logs each decision with the estimates.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+log = logging.getLogger("pyxccl")
+_RATE: dict[str, float] = {}      # codec spec -> seconds per input byte, encode + decode, this process
+
+
+def codec_cost(codec) -> float:
+    """Seconds per float32 byte to encode and decode with ``codec`` (measured once on 4 MiB, best of 3)."""
+    rate = _RATE.get(codec.spec)
+    if rate is None:
+        x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+        enc, out = np.empty(codec.nbytes(x.size), np.uint8), np.zeros_like(x)
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            codec.encode(x, enc)
+            codec.decode(enc, out, accumulate=True)
+            best = min(best, time.perf_counter() - t)
+        rate = _RATE[codec.spec] = best / x.nbytes
+    return rate
+
+
+def choose(ctx, primitive: str, nbytes: int):
+    """The quantizer to use for ``primitive`` of ``nbytes`` (a size bucket) on ``ctx``'s communicator, or
+    None (the planner keeps the answer per bucket)."""
+    from ..compress import FP16, INT8
+    tuner, b = ctx.tuner, nbytes
+    if tuner is None or ctx.size < 2:
+        return None
+    costs = {name: est.time for name, est in tuner.table(primitive, b).items()}
+    best_plain = min(costs, key=costs.get)
+    options = {"none": costs[best_plain]}
+    algo = "hierarchical" if len(set(ctx.hosts)) > 1 and primitive != "allgather" else "ring"
+    if algo == "hierarchical" and tuner.model(primitive, algo, b) is None:
+        algo = "ring"
+    codecs = {}
+    for codec in (FP16(), INT8()):
+        est = tuner.model(primitive, algo, max(8, int(b * codec.nbytes(1 << 20) / (4 << 20))))
+        if est is None:
+            continue
+        ratio = codec.nbytes(1 << 20) / (4 << 20)
+        options[codec.spec] = est.time + 2 * est.bytes_sent / ratio * codec_cost(codec)
+        codecs[codec.spec] = codec
+    pick = min(options, key=options.get)
+    if log.isEnabledFor(logging.INFO):
+        alts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(options.items(), key=lambda kv: kv[1]))
+        log.info("compression=auto: %s %d B on %d ranks (%d hosts): %s (model: uncompressed by %s; %s; the "
+                 "compressed ones run %s, encoding included)", primitive, b, ctx.size, len(set(ctx.hosts)),
+                 pick, best_plain, alts, algo)
+    return codecs.get(pick)

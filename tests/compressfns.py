@@ -1,0 +1,137 @@
+"""Rank functions for the compressed collectives: against numpy within the stated bounds, and the counters."""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from pyxccl.compress import BF16, FP16, INT8, Threshold, TopK
+
+QUANTIZERS = {"fp16": FP16(), "bf16": BF16(), "int8": INT8()}
+UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+
+
+def inputs(n: int, count: int, seed: int = 0):
+    """Every rank's input (each rank can compute the others': the reference)."""
+    return [np.random.default_rng(seed * 100 + r).standard_normal(count).astype(np.float32) * (1 + r)
+            for r in range(n)]
+
+
+def bound(name: str, xs, hops: int) -> np.ndarray:
+    """What a quantized sum may be off by, per element: each of ``hops`` quantizations of a partial
+    sum (at most sum |x_r|) errs by its unit (fp16, bf16: relative; int8: half a step of the largest
+    block, bounded here by the largest element)."""
+    s = np.sum(np.abs(np.stack(xs)), axis=0, dtype=np.float64)
+    one = UNIT[name] * s if name in UNIT else np.full_like(s, s.max() / 254)
+    return hops * one + 1e-6 * s
+
+
+def check_quantized(comm, algorithms, count: int = 5000):
+    """allreduce (SUM, AVG), reduce_scatter and allgather with each quantizer and algorithm; every rank
+    the same allreduce result; returns the failures."""
+    n, r = comm.size, comm.rank
+    xs = inputs(n, count * n)
+    want = np.sum(np.stack(xs), axis=0, dtype=np.float64)
+    hops = 2 * n
+    fails = []
+    for name, q in QUANTIZERS.items():
+        for algo in algorithms:
+            what = f"{name} {algo}"
+            y = xs[r].copy()
+            comm.allreduce(y, compression=q, algorithm=algo)
+            if np.any(np.abs(y - want) > bound(name, xs, hops)):
+                fails.append(f"allreduce {what}: off by {np.max(np.abs(y - want))}")
+            same = comm.allgather(np.array([zlib.crc32(y.tobytes())], np.int64))     # bit-equal everywhere?
+            if len(set(same.tolist())) != 1:
+                fails.append(f"allreduce {what}: ranks differ")
+            out = np.empty_like(y)
+            comm.allreduce(xs[r], op="avg", out=out, compression=name, algorithm=algo, async_op=True).wait()
+            if np.any(np.abs(out - want / n) > bound(name, xs, hops) / n):
+                fails.append(f"allreduce avg async {what}: off by {np.max(np.abs(out - want / n))}")
+        for algo in ("ring", "direct"):
+            part = np.empty(count, np.float32)
+            comm.reduce_scatter(xs[r], part, compression=q, algorithm=algo)
+            mine = slice(r * count, (r + 1) * count)
+            if np.any(np.abs(part - want[mine]) > bound(name, xs, hops)[mine]):
+                fails.append(f"reduce_scatter {name} {algo}: off by {np.max(np.abs(part - want[mine]))}")
+            got = comm.allgather(xs[r][:count], compression=q, algorithm=algo)
+            ref = np.concatenate([q.round_trip(x[:count]) for x in xs])
+            if not np.allclose(got, ref, rtol=1e-6, atol=1e-6 * np.abs(ref).max()):
+                fails.append(f"allgather {name} {algo}: not every block as its round trip")
+    return fails
+
+
+def check_sparse(comm, steps: int = 3, count: int = 4000):
+    """TopK and Threshold: the result is the sum of every rank's compressed contribution (computed
+    here with a compressor of the same kind per rank), on every collective; error feedback conserves
+    the total over steps."""
+    n, r = comm.size, comm.rank
+    fails = []
+    for make in (lambda: TopK(0.01), lambda: TopK(0.3), lambda: Threshold(2.0), lambda: TopK(0.05, error_feedback=False)):
+        mine, refs = make(), [make() for _ in range(n)]
+        sent_total, in_total = np.zeros(count, np.float64), np.zeros(count, np.float64)
+        for step in range(steps):
+            xs = inputs(n, count, seed=step + 1)
+            want = np.zeros(count, np.float32)
+            for q, x in zip(refs, xs):
+                q.accumulate(want, *q.compress(x, "g"))
+            y = xs[r].copy()
+            comm.allreduce(y, compression=mine, key="g")
+            if not np.allclose(y, want, rtol=1e-5, atol=1e-6 * np.abs(want).max()):     # dense: another sum order
+                fails.append(f"allreduce {mine.spec} step {step}: off by {np.max(np.abs(y - want))}")
+            sent_total += y
+            in_total += np.sum(xs, axis=0)
+        if mine.error_feedback:
+            residuals = np.sum([q.residual("g") for q in refs], axis=0)
+            if not np.allclose(sent_total + residuals, in_total, rtol=1e-4, atol=1e-4):
+                fails.append(f"{mine.spec}: sent + residual != inputs")
+    xs = inputs(n, count * n, seed=9)
+    refs = [TopK(0.02) for _ in range(n)]
+    want = np.zeros(count * n, np.float32)
+    for q, x in zip(refs, xs):
+        q.accumulate(want, *q.compress(x, "rs"))
+    part = np.empty(count, np.float32)
+    comm.reduce_scatter(xs[r], part, compression=TopK(0.02), key="rs", async_op=True).wait()
+    if not np.allclose(part, want[r * count:(r + 1) * count], rtol=1e-5, atol=1e-6):
+        fails.append("reduce_scatter topk: wrong part")
+    got = comm.allgather(xs[r][:count], compression=TopK(0.02, error_feedback=False))
+    ref = np.concatenate([TopK.decompress(*TopK(0.02, error_feedback=False).compress(x[:count]), count) for x in xs])
+    if not np.array_equal(got, ref):
+        fails.append("allgather topk: blocks are not each rank's top-k")
+    return fails
+
+
+def wire_ratio(comm, count: int):
+    """Bytes on the wire of one float32 ring allreduce of ``count``: uncompressed, INT8, TopK(0.01),
+    read from comm.traffic() (the bytes each send handed to a transport)."""
+    x = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
+
+    def wire(**kw):
+        before = sum(comm.traffic().get("allreduce", {}).get("wire", {}).values())
+        comm.allreduce(x.copy(), algorithm="ring", **kw)
+        t = comm.traffic()["allreduce"]
+        return sum(t["wire"].values()) - before
+    plain = wire()
+    return plain, wire(compression=INT8()) / plain, wire(compression=TopK(0.01), key="x") / plain
+
+
+def disagree(comm, theirs):
+    """Rank 0 compresses with INT8, the others with ``theirs``: the error every rank gets (on a dup: the
+    pool's communicator stays usable)."""
+    x = np.ones(1000, np.float32)
+    c = comm.dup()
+    try:
+        c.allreduce(x, compression="int8" if comm.rank == 0 else theirs, algorithm="ring", timeout=20)
+    except Exception as e:      # noqa: BLE001  (the test looks at it)
+        return type(e).__name__, str(e)
+    finally:
+        c.close()
+    return None
+
+
+def auto_choice(comm, nbytes: int):
+    """What compression="auto" picks for an allreduce of ``nbytes`` here, and that the call runs."""
+    x = np.ones(nbytes // 4, np.float32)
+    codec = comm.compression_for("allreduce", x.nbytes)
+    comm.allreduce(x, compression="auto")
+    return (codec.spec if codec is not None else None), bool(np.all(x == comm.size))
