@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/multihost.py allreduce [--hosts 2 --per-host 2 --rate 1gbit]
     .venv/bin/python benchmarks/multihost.py p2p [--nsocks 1,2]     # unshaped, vs netbench.py
+    .venv/bin/python benchmarks/multihost.py compression [--rate 1gbit --specs none,int8,topk:0.01,auto]
 
 ``allreduce``: 64 MiB float32 allreduce over H hosts x L ranks, pyxccl's
 hierarchical algorithm vs its flat ring vs Gloo (torch.distributed, one run,
@@ -13,6 +14,11 @@ median over iterations; algbw = size / time, busbw = algbw x 2(n-1)/n.
 one way (time until the receiver has it all), pyxccl over TCP with each
 PYXCCL_NSOCKS, against netbench.py's one-stream bulk figure between the same
 hosts.
+
+``compression``: the same 64 MiB float32 allreduce uncompressed and with each compressor of
+``--specs`` (pyxccl bench --compression's table: time, bytes on the wire per rank, error), and
+what ``compression="auto"`` picks; then the same on one host (the ranks of host 0 alone), where
+auto must pick nothing.
 
 Hosts come from tests/netns.py (the scripts in tests/emuhosts); they are removed at
 the end, even on failure.
@@ -48,6 +54,18 @@ def _worker(a) -> None:
         comm.allreduce(dt, op="max")
         return float(dt[0])
 
+    if a.mode == "compression":
+        from pyxccl.bench import compressed
+        specs = [None if x == "none" else x for x in a.specs.split(",")]
+        rows = compressed.run(comm, ["allreduce"], [a.size], specs, iters=a.iters, warmup=a.warmup)
+        local = comm.split(comm.topology()[comm.rank]["host_index"], comm.rank)
+        one = compressed.run(local, ["allreduce"], [a.size], [None, "auto"], iters=a.iters, warmup=a.warmup)
+        if r == 0:
+            print(f"TABLE {comm.size} ranks on {len({t['host'] for t in comm.topology()})} hosts\n"
+                  f"{compressed.text(rows)}\nTABLE {local.size} ranks on host 0 alone\n{compressed.text(one)}")
+        local.close()
+        comm.close()
+        return
     if a.mode == "p2p":
         want = (np.arange(count) % 251).astype(np.float32)
         buf = want.copy() if r == 0 else np.zeros(count, np.float32)
@@ -126,7 +144,7 @@ def _netbench(hosts, mib: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=("allreduce", "p2p"))
+    ap.add_argument("mode", choices=("allreduce", "p2p", "compression"))
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--per-host", type=int, default=2)
     ap.add_argument("--rate", default="1gbit", help="tc rate per host link (allreduce mode); 0 = unshaped")
@@ -135,6 +153,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--nsocks", default="1,2,4", help="p2p mode: PYXCCL_NSOCKS values to try")
     ap.add_argument("--no-gloo", dest="gloo", action="store_false")
+    ap.add_argument("--specs", default="none,fp16,int8,topk:0.01,auto", help="compression mode: the compressors")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -145,7 +164,7 @@ def main() -> None:
     if why:
         sys.exit(f"multihost.py: {why}")
     worker = [str(Path(__file__).resolve()), a.mode, "--worker", "--size", str(a.size), "--iters", str(a.iters),
-              "--warmup", str(a.warmup)] + ([] if a.gloo else ["--no-gloo"])
+              "--warmup", str(a.warmup), "--specs", a.specs] + ([] if a.gloo else ["--no-gloo"])
     if a.mode == "p2p":
         with EmulatedHosts(2, prefix="pxb", subnet="10.79.0") as hosts:
             raw = statistics.median(_netbench(hosts, a.size // MiB) for _ in range(3))
@@ -159,7 +178,13 @@ def main() -> None:
         return
     rate = None if a.rate in ("0", "") else a.rate
     with EmulatedHosts(a.hosts, rate=rate, prefix="pxb", subnet="10.79.0") as hosts:
-        out = _run_job(hosts, a.per_host, worker, {}, 900)
+        out = _run_job(hosts, a.per_host, worker, {}, 1800)
+    if a.mode == "compression":
+        print(f"# allreduce {a.size // MiB} MiB float32, {a.hosts} hosts x {a.per_host} ranks, link {a.rate} per "
+              f"host, median of {a.iters}")
+        print("\n".join(line[4:] if line.startswith("[0] ") else line for line in out.splitlines()
+                        if "TABLE" in line or line.startswith("[0] ")).replace("TABLE", "#"))
+        return
     n = a.hosts * a.per_host
     link = _rate_bytes(a.rate)
     print(f"# allreduce {a.size // MiB} MiB float32, {a.hosts} hosts x {a.per_host} ranks, "

@@ -20,11 +20,17 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 class Quantizer(Compressor):
     """A stateless float32 codec applied to every message of a collective.
 
+    ``elementwise``: each value's code depends on that value alone (FP16, BF16), so decoding a
+    slice of any message gives the same values as decoding the whole; INT8's blocks depend on where
+    a message starts and ends.
+
     Subclasses define ``nbytes``, ``_encode`` and ``_decode``; the public
     methods check the arguments. ``rel_error_bound`` is the bound on
     ``|x - decode(encode(x))| / |x|`` where one exists (None for INT8, whose
     bound is absolute per block: see :class:`INT8`).
     """
+
+    elementwise = True
 
     rel_error_bound: float | None = None
 
@@ -167,6 +173,8 @@ class INT8(Quantizer):
     when the scale is subnormal (block max below 1.5e-36). Inputs must be finite: a block holding inf or NaN
     decodes to garbage.
     """
+
+    elementwise = False      # a message's blocks: re-slicing a value may change its scale
 
     name = "int8"
     rel_error_bound = None

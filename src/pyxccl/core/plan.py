@@ -89,11 +89,13 @@ class Plan:
         if self.codes is not None:          # natively: no numpy reductions, no error state to enter
             onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
         elif self.codec is not None:
-            messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype, self.codec,
-                         self.compressed)
-            if self.primitive == "allreduce" and self.compressed:
-                # Some ranks hold a result they never sent (recursive doubling's folded ranks, a tree's
-                # root): quantized once more, every rank holds the same bits (the codecs are idempotent)
+            settled = messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype,
+                                   self.codec, self.compressed)
+            if self.primitive == "allreduce" and self.compressed and not settled:
+                # Some of the result was summed here and never sent as the others saw it (recursive
+                # doubling, a tree's root), or (INT8) messages cut blocks differently from hop to hop:
+                # quantized once more, every rank holds the same bits (the codecs are idempotent).
+                # Ring and hierarchical end settled (INT8: when their chunks are whole blocks).
                 np.copyto(bufs["out"], self.codec.round_trip(bufs["out"]))
         elif self.reduce is None:
             self.execute(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype)

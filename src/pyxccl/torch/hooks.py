@@ -15,7 +15,7 @@ bucket's gradients averaged over the group (what DDP expects), the same on every
   compression=..., key="bucket<i>")`` (a quantizer encodes every message of the algorithm, a
   sparsifier all-gathers the (index, value) pairs; see ``pyxccl/compressed.py``).
 - On any other group (Gloo) the hook does the same compression itself: each rank encodes its
-  bucket once, the encoded bytes are all-gathered (``all_gather_into_tensor`` of uint8; Threshold's
+  bucket once, the encoded bytes are all-gathered (``all_gather_single`` of uint8; Threshold's
   pair counts first, padded to the largest) and decoded and summed in rank order on every rank.
   A quantizer's error is then one round trip per rank's contribution; the pyxccl ring re-quantizes
   partial sums (up to about ``n - 1`` round trips), so the two agree within the compressor's bound.
@@ -33,6 +33,9 @@ import torch.distributed as dist
 from ..compress import Quantizer, Sparsifier, parse
 
 __all__ = ["CompressionState", "compression_hook"]
+
+# torch 2.13 names all_gather_into_tensor all_gather_single (the old name warns)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class CompressionState:
@@ -171,13 +174,18 @@ def _on_any(group, codec, buf, key):
         counts = [idx.size] * n
     else:                                   # Threshold: every rank's pair count first
         c = torch.empty(n, dtype=torch.int64)
-        dist.all_gather_into_tensor(c, torch.tensor([idx.size], dtype=torch.int64), group=group)
+        _all_gather(c, torch.tensor([idx.size], dtype=torch.int64), group=group)
         counts = c.tolist()
     if n > 1 and sum(counts) >= x.size:     # the pairs would outweigh the dense tensor (as pyxccl decides)
         x[:] = 0
         codec.accumulate(x, idx, val)
         work = dist.all_reduce(buf, group=group, async_op=True)
         return work.get_future().then(lambda f: f.value()[0].div_(n))
+    if max(counts) == 0:                    # Threshold: nothing above tau anywhere
+        buf.zero_()
+        done = torch.futures.Future()
+        done.set_result(buf)
+        return done
     width = 8 * max(counts)
     send = np.zeros(width, np.uint8)
     codec.pack(idx, val, send[:8 * idx.size])
@@ -191,7 +199,7 @@ def _gather_sum(group, n, buf, send, counts, add, pairs=False):
     """All-gather ``send`` (the same width on every rank); then, on every rank, ``buf = 0``, each
     rank's row added in rank order, divided by n."""
     gathered = torch.empty(n * send.numel(), dtype=torch.uint8)
-    work = dist.all_gather_into_tensor(gathered, send, group=group, async_op=True)
+    work = _all_gather(gathered, send, group=group, async_op=True)
 
     def after(f):
         f.value()                            # raises the collective's error
