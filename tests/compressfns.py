@@ -5,7 +5,9 @@ import zlib
 
 import numpy as np
 
+from pyxccl import InvalidArgumentError
 from pyxccl.compress import BF16, FP16, INT8, Threshold, TopK
+from pyxccl.core.plan import SETTLED
 
 QUANTIZERS = {"fp16": FP16(), "bf16": BF16(), "int8": INT8()}
 UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -28,8 +30,7 @@ def bound(name: str, xs, hops: int) -> np.ndarray:
 
 def check_quantized(comm, algorithms, counts=(5000, 1024)):
     """allreduce (SUM, AVG), reduce_scatter and allgather with each quantizer and algorithm; every rank
-    the same allreduce result; returns the failures. 1024 per rank: ring's chunks are whole INT8 blocks
-    (the result is settled without a last round trip)."""
+    the same allreduce result; returns the failures. 1024 per rank: chunks of whole INT8 blocks."""
     return [f for count in counts for f in _check_quantized(comm, algorithms, count)]
 
 
@@ -43,6 +44,13 @@ def _check_quantized(comm, algorithms, count):
         for algo in algorithms:
             what = f"{name} {algo}"
             y = xs[r].copy()
+            if name == "int8" and algo not in SETTLED:     # refused: INT8's blocks need ring or hierarchical
+                try:
+                    comm.allreduce(y, compression=q, algorithm=algo)
+                    fails.append(f"allreduce {what}: not refused")
+                except InvalidArgumentError:
+                    pass
+                continue
             comm.allreduce(y, compression=q, algorithm=algo)
             if np.any(np.abs(y - want) > bound(name, xs, hops)):
                 fails.append(f"allreduce {what}: off by {np.max(np.abs(y - want))}")
@@ -140,3 +148,26 @@ def auto_choice(comm, nbytes: int):
     codec = comm.compression_for("allreduce", x.nbytes)
     comm.allreduce(x, compression="auto")
     return (codec.spec if codec is not None else None), bool(np.all(x == comm.size))
+
+
+def check_hosts(comm, count: int = 1 << 18):
+    """Across hosts: the quantized and sparse checks, and hierarchical compresses only between hosts
+    (its bytes to other hosts shrink by the code's ratio, those inside a host do not)."""
+    fails = check_quantized(comm, ["ring", "hierarchical", "tree"]) + check_sparse(comm)
+    x = np.ones(count * comm.size, np.float32)
+
+    def links(**kw):
+        before = comm.traffic().get("allreduce", {}).get("wire", {})
+        comm.allreduce(x.copy(), algorithm="hierarchical", **kw)
+        after = comm.traffic()["allreduce"]["wire"]
+        return {k: v - before.get(k, 0) for k, v in after.items()}
+    plain, int8 = links(), links(compression=INT8())
+    crossed = comm.allgather(np.array([plain.get("tcp", 0)], np.int64))
+    if not crossed.any():
+        fails.append(f"compressed hierarchical: no rank sent bytes between hosts ({plain})")
+    if plain.get("tcp", 0) and not 0.25 <= int8.get("tcp", 0) / plain["tcp"] <= 0.27:
+        fails.append(f"compressed hierarchical: between hosts {int8.get('tcp')} of {plain['tcp']} bytes")
+    for k in ("shm", "tcp_local"):
+        if int8.get(k, 0) != plain.get(k, 0):
+            fails.append(f"compressed hierarchical: {k} {int8.get(k)} bytes, uncompressed {plain.get(k)}")
+    return fails

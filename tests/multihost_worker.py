@@ -20,6 +20,7 @@ import traceback
 import numpy as np
 
 import pyxccl
+import compressfns as cf
 import rankfns as rf
 from pyxccl.algorithms.registry import algorithms
 from pyxccl.ops import ReduceOp
@@ -106,6 +107,7 @@ def checks():
     for p in HIERARCHICAL:
         if "hierarchical" in algorithms(p):
             yield [f"hierarchical_{p}"], lambda c, p=p: check_hierarchical(c, p)
+    yield ["compressed"], cf.check_hosts
 
 
 def _filed(text: str, primitives: list[str]) -> str:

@@ -157,6 +157,12 @@ def test_hierarchical(job, primitive):
     job.assert_ok(f"hierarchical_{primitive}")
 
 
+def test_compressed_collectives_across_hosts(job):
+    """Quantized and sparse collectives within their bounds, every rank the same bits; hierarchical
+    compresses only the bytes between hosts (tests/compressfns.py)."""
+    job.assert_ok("compressed")
+
+
 def test_nothing_is_left_running(job, hosts):
     assert job.seconds < JOB_SECONDS
     deadline = time.monotonic() + 5

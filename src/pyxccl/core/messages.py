@@ -78,43 +78,18 @@ class _Compressed(_Messages):
     will see (it writes the decoded values back where it sent from, unless that is the user's input):
     a rank that sends its part and keeps it then holds what the others got, so every rank ends with
     the same result."""
-    __slots__ = ("codec", "to", "raws", "keep", "same", "unit", "aligned")
+    __slots__ = ("codec", "to", "raws", "keep")
     BYTES = DTYPE_CODE[np.dtype(np.uint8)]
 
     def __init__(self, ctx, bufs, reduce, seq, call, op, deadline, dt, codec, to):
         super().__init__(ctx, bufs, reduce, seq, call, op, deadline, dt)
         self.codec, self.to, self.raws = codec, to, []
         self.keep = "in" not in bufs or bufs["in"] is bufs["out"]
-        # where "out" holds what its peers hold: sent (and kept as they saw it) or received as sent, and
-        # not changed since (a reducing receive or a local copy changes it)
-        self.same = np.zeros(bufs["out"].size, np.bool_) if "out" in bufs else None
-        # A block code (INT8) re-quantizes a value the same way only where the messages cut the vector
-        # at the same block boundaries: ring's and hierarchical's chunks do when they are whole blocks
-        self.unit, self.aligned = (1 if codec.elementwise else codec.block), True
-
-    def _cut(self, o) -> None:
-        end = o.off + o.count
-        if o.off % self.unit or (o.count % self.unit and end != self.bufs[o.buf].size):
-            self.aligned = False
-
-    def _mark(self, o, settled: bool) -> None:
-        if self.same is not None and (o.buf == "out" or (o.buf == "in" and self.keep)):
-            self.same[o.off:o.off + o.count] = settled
-
-    def settled(self) -> bool:
-        """Every element of "out" is what the ranks it came from or went to hold."""
-        return self.aligned and self.same is not None and bool(self.same.all())
-
-    def local(self, r, k, o):
-        super().local(r, k, o)
-        if self.same is not None and (o.dst == "out" or (o.dst == "in" and self.keep)):
-            self.same[o.dst_off:o.dst_off + o.count] = False
 
     def post(self, r, k, o):
         if o.peer not in self.to:
             self.raws.append(None)
             return super().post(r, k, o)
-        self._cut(o)
         raw = np.empty(self.codec.nbytes(o.count), np.uint8)
         req = RecvRequest(self.ctx.world_ranks[o.peer], self.key, raw, None, self.op, self.call)
         self.ctx.track(req)
@@ -125,7 +100,6 @@ class _Compressed(_Messages):
     def send(self, r, k, o):
         if o.peer not in self.to:
             return super().send(r, k, o)     # as is: what this rank holds, whatever it is
-        self._cut(o)
         src = self.bufs[o.buf][o.off:o.off + o.count]
         enc = np.empty(self.codec.nbytes(o.count), np.uint8)     # its own: the transport may still hold it
         self.codec.encode(src, enc)
@@ -133,14 +107,12 @@ class _Compressed(_Messages):
         self.ctx.peer(o.peer).send(self.key, self.BYTES, enc, self.deadline, self.call)
         if self.keep or o.buf != "in":
             self.codec.decode(enc, src, accumulate=False)
-            self._mark(o, True)
 
     def take(self, r, k, o):
         raw = self.raws[self.next]
         super().take(r, k, o)
         if raw is not None:
             self.codec.decode(raw, self.bufs[o.buf][o.off:o.off + o.count], accumulate=o.reduce)
-        self._mark(o, not o.reduce)          # a copy of the sender's value, or a new sum
         return True
 
     def end(self, r, k):
@@ -149,10 +121,9 @@ class _Compressed(_Messages):
 
 
 def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline: float, dt, codec=None,
-        compressed=()) -> bool:
+        compressed=()) -> None:
     """Run this rank's message schedule ``s`` of collective ``seq``; ``call``: its fingerprint words;
-    ``codec``: messages to the ranks in ``compressed`` are encoded (see :class:`_Compressed`). Returns
-    whether every element of the output is settled (see :meth:`_Compressed.settled`; True uncompressed)."""
+    ``codec``: messages to the ranks in ``compressed`` are encoded (see :class:`_Compressed`)."""
     if codec is None:
         sem = _Messages(ctx, bufs, reduce, seq, call, op, deadline, dt)
     else:
@@ -164,4 +135,3 @@ def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline:
         sem.cancel()
         raise
     ctx.mailbox.finish(ctx.id, seq)       # a message for this call from now on is a disagreement
-    return codec is None or sem.settled()

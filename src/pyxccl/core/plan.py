@@ -21,6 +21,10 @@ from ..ops import ReduceOp, reducer
 from ..primitives import Call, call_word, size_word
 from . import messages, onehost
 
+# Compressed, these algorithms end with every rank holding copies of one quantized value (each part is
+# quantized by the rank that owns it, kept as sent, and passed on as is): no last round trip, and the
+# only ones for a code with blocks (INT8), whose values change when another message cuts them anew
+SETTLED = ("ring", "hierarchical")
 _SCHEDULES_PER_PLAN = 16
 _SCHEDULES = 256          # per communicator, over all its plans: calls of ever new sizes turn them over
 
@@ -89,13 +93,12 @@ class Plan:
         if self.codes is not None:          # natively: no numpy reductions, no error state to enter
             onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
         elif self.codec is not None:
-            settled = messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype,
-                                   self.codec, self.compressed)
-            if self.primitive == "allreduce" and self.compressed and not settled:
-                # Some of the result was summed here and never sent as the others saw it (recursive
-                # doubling, a tree's root), or (INT8) messages cut blocks differently from hop to hop:
-                # quantized once more, every rank holds the same bits (the codecs are idempotent).
-                # Ring and hierarchical end settled (INT8: when their chunks are whole blocks).
+            messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype, self.codec,
+                         self.compressed)
+            if self.primitive == "allreduce" and self.algo.name not in SETTLED:
+                # A rank may hold a sum it never sent as the others saw it (recursive doubling, a tree's
+                # root): every rank quantizes its result once more and holds the same bits (an
+                # elementwise code is idempotent: v and its round trip end equal)
                 np.copyto(bufs["out"], self.codec.round_trip(bufs["out"]))
         elif self.reduce is None:
             self.execute(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype)
@@ -130,16 +133,16 @@ class Planner:
         p = self._plans.get(key)
         if p is None:
             self.ctx.usable(primitive)      # closed or failed: say so, not that the segment is gone
-            algo = self.choose(primitive, dtype, nbytes, algorithm, error, compressed=codec is not None)
+            algo = self.choose(primitive, dtype, nbytes, algorithm, error, codec=codec)
             p = self._plans[key] = Plan(self.ctx, primitive, algo, dtype, op, root, codec)
         return p
 
     def choose(self, primitive: str, dtype: np.dtype, nbytes: int, algorithm=None,
-               error=InvalidArgumentError, compressed: bool = False) -> registry.Algorithm:
+               error=InvalidArgumentError, codec=None) -> registry.Algorithm:
         """The algorithm for a call: asked for, else PYXCCL_ALGO's, else the tuner's, else the default.
         A compressed call runs a message algorithm (compression is of messages): the one asked for,
         else the hierarchical one across hosts (it compresses only there), else ring."""
-        if compressed:
+        if codec is not None:
             name = algorithm or ("hierarchical" if len(set(self.ctx.hosts)) > 1
                                  and "hierarchical" in registry.algorithms(primitive) else "ring")
             try:
@@ -150,6 +153,10 @@ class Planner:
             if algo.segment:
                 raise error(f"algorithm {name!r} runs on the shared segment, where data moves by reads, not "
                             f"messages: it cannot compress; ask for a message algorithm (ring, hierarchical, ...)")
+            if not codec.elementwise and name not in SETTLED and primitive == "allreduce":
+                raise error(f"{codec.spec} quantizes blocks of each message; {name!r} cuts the vector anew from hop "
+                            f"to hop and the ranks would end with different bits: use {' or '.join(SETTLED)}, or "
+                            f"fp16/bf16")
             return algo
         name = algorithm or self.forced.get(primitive)
         if algorithm is None and name is not None and self.ctx.segment is None \
