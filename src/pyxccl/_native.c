@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <math.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdint.h>
@@ -333,7 +334,74 @@ static PyObject *overlap(PyObject *self, PyObject *args) {
     return PyBool_FromLong(hit);
 }
 
+/* candidates(acc, x, t, out) -> count: acc += x (x None: acc as is, not written), and the indices i
+ * with |acc[i]| >= t, in order, into out (int32) while they fit; the count may exceed len(out), then
+ * out is incomplete. One pass instead of numpy's add, abs, compare and nonzero (compress/_sparse.py). */
+static PyObject *candidates(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *acc_o, *x_o, *out_o;
+    float t;
+    if (!PyArg_ParseTuple(args, "OOfO", &acc_o, &x_o, &t, &out_o)) return NULL;
+    int add = x_o != Py_None;
+    Py_buffer va, vx, vo;
+    if (PyObject_GetBuffer(acc_o, &va, PyBUF_C_CONTIGUOUS | (add ? PyBUF_WRITABLE : 0)) < 0) return NULL;
+    if (add && PyObject_GetBuffer(x_o, &vx, PyBUF_C_CONTIGUOUS) < 0) { PyBuffer_Release(&va); return NULL; }
+    if (PyObject_GetBuffer(out_o, &vo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&va);
+        if (add) PyBuffer_Release(&vx);
+        return NULL;
+    }
+    Py_ssize_t n = va.len / 4, cap = vo.len / 4, count = 0;
+    if (add && vx.len != va.len) {
+        PyBuffer_Release(&va); PyBuffer_Release(&vx); PyBuffer_Release(&vo);
+        PyErr_SetString(PyExc_ValueError, "candidates: acc and x differ in size");
+        return NULL;
+    }
+    float *a = va.buf;
+    const float *x = add ? vx.buf : NULL;
+    int32_t *o = vo.buf;
+    Py_BEGIN_ALLOW_THREADS
+    /* |v| >= t on the bits: for t >= 0 the magnitudes order as their bit patterns (sign cleared), an
+     * integer compare the compiler vectorizes; NaN's pattern is above every finite one's */
+    int32_t tb;
+    memcpy(&tb, &t, 4);
+    const int32_t *ab = (const int32_t *)a;
+    for (Py_ssize_t i = 0; i < n; i += 4096) {        /* blocks: the add vectorizes, then the gather */
+        Py_ssize_t e = i + 4096 < n ? i + 4096 : n, j = i;
+        if (add)
+            for (Py_ssize_t q = i; q < e; q++) a[q] += x[q];
+        for (; j + 16 <= e; j += 16) {                  /* few pass: test 16 at once, look closer if any */
+            int32_t any = 0;
+            for (int u = 0; u < 16; u++) any |= (ab[j + u] & 0x7fffffff) >= tb;
+            if (!any) continue;
+            if (count + 16 <= cap) {                    /* branchless: no mispredicted jumps */
+                for (int u = 0; u < 16; u++) {
+                    o[count] = (int32_t)(j + u);
+                    count += (ab[j + u] & 0x7fffffff) >= tb;
+                }
+            } else {
+                for (int u = 0; u < 16; u++)
+                    if ((ab[j + u] & 0x7fffffff) >= tb) {
+                        if (count < cap) o[count] = (int32_t)(j + u);
+                        count++;
+                    }
+            }
+        }
+        for (; j < e; j++)
+            if ((ab[j] & 0x7fffffff) >= tb) {
+                if (count < cap) o[count] = (int32_t)j;
+                count++;
+            }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&va);
+    if (add) PyBuffer_Release(&vx);
+    PyBuffer_Release(&vo);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
+    {"candidates", candidates, METH_VARARGS, "candidates(acc, x, t, out) -> count: acc += x; indices of |acc| >= t"},
     {"overlap", overlap, METH_VARARGS, "overlap(a, b) -> bool: do two contiguous buffers share memory?"},
     {"run", run, METH_VARARGS, "Run a compiled segment program from instruction pc (see core/onehost.py)."},
     {"can_reduce", can_reduce, METH_VARARGS, "can_reduce(dtype_code, op_code) -> bool"},

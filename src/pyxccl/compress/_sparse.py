@@ -8,6 +8,11 @@ import numpy as np
 
 from ._base import Compressor, check_f32, check_u8, err
 
+try:        # the optional compiled helper: one pass for add, abs, compare and gather (setup.py)
+    from .._native import candidates as _candidates_native
+except ImportError:          # pragma: no cover  (no C compiler where it was installed)
+    _candidates_native = None
+
 __all__ = ["Sparsifier", "TopK", "Threshold", "pack", "unpack", "accumulate", "decompress"]
 
 _I32_MAX = 2 ** 31 - 1
@@ -114,8 +119,21 @@ class Sparsifier(Compressor):
         """Pairs sent for ``count`` elements (None: depends on the data)."""
         return None
 
-    def _select(self, acc: np.ndarray) -> np.ndarray:
+    def _select(self, acc: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
+        """The indices to send of ``acc`` (after ``acc += add``, which this does: fused where it can)."""
         raise NotImplementedError
+
+    @staticmethod
+    def _pass(acc, add, t: float, cap: int):
+        """``acc += add`` and the indices of |acc| >= t (None if more than ``cap``), in one pass."""
+        if _candidates_native is not None and acc.flags.c_contiguous and (add is None or add.flags.c_contiguous):
+            out = np.empty(cap, np.int32)
+            count = _candidates_native(acc, add, t, out)
+            return out[:count] if count <= cap else None
+        if add is not None:
+            acc += add
+        idx = np.flatnonzero(np.abs(acc) >= np.float32(t)).astype(np.int32)
+        return idx if idx.size <= cap else None
 
     def _state(self, store: dict, key, n: int) -> np.ndarray:
         a = store.get(key)
@@ -137,14 +155,13 @@ class Sparsifier(Compressor):
             return idx, x[idx]
         if self.momentum is None:
             acc = self._state(self._res, key, n)
-            acc += x
+            idx = self._select(acc, x)              # acc += x, then select
         else:
             u = self._state(self._mom, key, n)
             acc = self._state(self._res, key, n)
             u *= np.float32(self.momentum)
             u += x
-            acc += u
-        idx = self._select(acc)
+            idx = self._select(acc, u)
         val = acc[idx]
         acc[idx] = 0
         if self.momentum is not None:
@@ -216,14 +233,15 @@ class TopK(Sparsifier):
         # ceil with a 1e-9 relative slack, so that 0.07 * 100 = 7.000000000000001 gives 7
         return min(count, max(1, math.ceil(r - 1e-9 * r)))
 
-    def _select(self, acc):
+    def _select(self, acc, add=None):
         n = acc.size
         k = self.k(n)
         if k >= n:
+            if add is not None:
+                acc += add
             return np.arange(n, dtype=np.int32)
-        a = np.abs(acc)
-        cand = self._candidates(a, k)
-        sub = a if cand is None else a[cand]
+        cand = self._candidates(acc, add, k)      # acc += add done
+        sub = np.abs(acc if cand is None else acc[cand])
         t = np.partition(sub, sub.size - k)[sub.size - k]      # the k-th largest magnitude
         gt = np.flatnonzero(sub > t)
         eq = np.flatnonzero(sub == t)[: k - gt.size]           # ties: lowest indices first
@@ -234,20 +252,22 @@ class TopK(Sparsifier):
             gt.sort()
         return (gt if cand is None else cand[gt]).astype(np.int32)
 
-    @staticmethod
-    def _candidates(a, k: int):
-        """Indices of a superset of the k largest of ``a`` (DGC's sampled threshold: a fixed-stride
-        sample says which magnitude about 2k entries reach), or None to take all. Selecting among
-        them gives exactly the k largest, at a pass over ``a`` instead of a partition of all of it."""
-        n = a.size
+    def _candidates(self, acc, add, k: int):
+        """``acc += add`` and the indices (ascending) of a superset of its k largest magnitudes, or None
+        to take all (DGC's sampled threshold: a fixed-stride sample says which magnitude about 1.3k
+        entries reach). Selecting among them gives exactly the k largest, at one pass over ``acc``
+        instead of a partition of all of it."""
+        n = acc.size
         if n < 1 << 16:
+            if add is not None:
+                acc += add
             return None
         step = max(1, n // (1 << 14))
-        sample = a[::step]
-        m = min(sample.size - 1, int(2 * k * sample.size / n) + 8)    # about 2k above the estimate
+        sample = np.abs(acc[::step] if add is None else acc[::step] + add[::step])
+        m = min(sample.size - 1, int(1.3 * k * sample.size / n) + 8)   # about 1.3k: > 3 sigma above k
         t0 = np.partition(sample, sample.size - 1 - m)[sample.size - 1 - m]
-        cand = np.flatnonzero(a >= t0)
-        return cand if k <= cand.size <= n // 4 else None        # too few (a bad sample) or no gain
+        cand = self._pass(acc, add, float(t0), n // 4)
+        return cand if cand is not None and cand.size >= k else None     # a bad sample: take all
 
 
 class Threshold(Sparsifier):
@@ -266,5 +286,5 @@ class Threshold(Sparsifier):
     def spec(self) -> str:
         return f"threshold:{self.tau!r}" + self._opts()
 
-    def _select(self, acc):
-        return np.flatnonzero(np.abs(acc) >= np.float32(self.tau)).astype(np.int32)
+    def _select(self, acc, add=None):
+        return self._pass(acc, add, self.tau, acc.size)
