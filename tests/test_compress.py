@@ -499,3 +499,31 @@ def test_parse_special_and_bad():
             parse(bad)
     with pytest.raises(InvalidArgumentError):
         parse(3)
+
+
+@pytest.mark.parametrize("native", (True, False))
+@pytest.mark.parametrize("ef", (True, False))
+def test_topk_on_large_tensors_keeps_exactly_the_largest(monkeypatch, native, ef):
+    """Past 64 Ki elements TopK selects among candidates above a sampled threshold (one native pass,
+    or numpy's): still exactly the k largest magnitudes (ties to the lower index), and error feedback
+    still keeps the rest."""
+    from pyxccl.compress import _sparse
+    if not native:
+        monkeypatch.setattr(_sparse, "_candidates_native", None)
+    elif _sparse._candidates_native is None:
+        pytest.skip("pyxccl._native was not built")
+    rng = np.random.default_rng(5)
+    q = TopK(0.01, error_feedback=ef)
+    total, sent = np.zeros(1 << 18), np.zeros(1 << 18)
+    for step in range(3):
+        x = (rng.standard_normal(1 << 18) * rng.choice([1e-3, 1.0, 50.0], 1 << 18)).astype(np.float32)
+        x[::1000] = 7.0                                       # ties at many places
+        acc = x + (q.residual("t") if ef and q.residual("t") is not None else 0)
+        idx, val = q.compress(x, "t")
+        k = q.k(x.size)
+        want = np.sort(np.argsort(-np.abs(acc), kind="stable")[:k])
+        assert np.array_equal(idx, want) and np.array_equal(val, acc[want].astype(np.float32))
+        total += x
+        sent[idx] += val
+    if ef:
+        np.testing.assert_allclose(sent + q.residual("t"), total, rtol=1e-5, atol=1e-5)

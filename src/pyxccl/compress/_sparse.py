@@ -3,6 +3,7 @@ and keep the rest in a residual that is added back at the next step."""
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -11,6 +12,8 @@ from ._base import Compressor, check_f32, check_u8, err
 try:        # the optional compiled helper: one pass for add, abs, compare and gather (setup.py)
     from .._native import candidates as _candidates_native
 except ImportError:          # pragma: no cover  (no C compiler where it was installed)
+    _candidates_native = None
+if os.environ.get("PYXCCL_NATIVE", "1") == "0":      # as the segment executor: the numpy path only
     _candidates_native = None
 
 __all__ = ["Sparsifier", "TopK", "Threshold", "pack", "unpack", "accumulate", "decompress"]
