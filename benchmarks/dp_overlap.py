@@ -1,6 +1,6 @@
 """Data parallel across emulated hosts: bucketed allreduce during backward vs one blocking allreduce after.
 
-    .venv/bin/python benchmarks/dp_overlap.py [--hosts 2 --per-host 1 --rate 1gbit --layers 12 --batch 256]
+    .venv/bin/python benchmarks/dp_overlap.py [--hosts 2 --per-host 1 --rate 1gbit --layers 12 --batch 768]
 
 One training step (forward, backward, gradient averaging, SGD step) of an MLP of ``layers`` Linear(1024,
 1024) layers, through pyxccl.parallel.data.GradientReducer on the pyxccl torch backend, over hosts made
@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--rate", default="1gbit", help="tc rate per host link; 0 = unshaped")
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=768, help="per rank: backward about as long as the allreduce")
     ap.add_argument("--bucket-mb", type=lambda v: [float(x) for x in v.split(",")], default=[25.0, 5.0],
                     help="bucket caps to compare, MiB (25: DDP's default)")
     ap.add_argument("--iters", type=int, default=5)

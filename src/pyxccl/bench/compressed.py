@@ -77,12 +77,16 @@ def run(comm, prims, sizes, specs, algo=None, iters=None, warmup=None) -> list[d
                 comm.allreduce(err, "max")
                 if spec is None:
                     plain = wire
-                ran = algo or comm.algorithm_for(prim, case.nbytes, case.ref.dtype) if spec is None else (
-                    "pairs allgather" if spec.startswith(("topk", "threshold")) else algo or "ring/hierarchical")
-                label = spec or "none"
+                label, chosen = spec or "none", None
                 if spec == "auto":          # say what it chose
                     chosen = comm.compression_for(prim, case.nbytes)
                     label = f"auto:{chosen.spec if chosen else 'none'}"
+                if spec is None or (spec == "auto" and chosen is None):
+                    ran = algo or comm.algorithm_for(prim, case.nbytes, case.ref.dtype)
+                elif spec.startswith(("topk", "threshold")):
+                    ran = "pairs allgather"
+                else:
+                    ran = algo or "ring/hierarchical"
                 rows.append(dict(M.summarize(times, case.nbytes, prim, comm.size), op=prim, size=case.nbytes,
                                  compression=label, algorithm=ran, wire=wire,
                                  ratio=wire / plain if plain else None, error=float(err[0])))
