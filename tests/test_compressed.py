@@ -47,3 +47,24 @@ def test_auto_compresses_nothing_on_one_host(pools, transport, n):
     """Shared memory and local TCP move GB/s: encoding costs more than it saves (the cost model says)."""
     for spec, ok in pools(n).run(cf.auto_choice, 64 << 20, transport=transport, timeout=120):
         assert spec is None and ok
+
+
+def test_auto_compresses_across_a_slow_link_and_not_on_shared_memory():
+    """The cost model's choice (tuning/compression.py) on modelled machines: 2 hosts x 2 ranks with a
+    1 Gbit/s link between them pick INT8 for 64 MiB; the same ranks on one host pick nothing; and
+    small calls, where a message's latency dominates, nothing either."""
+    from types import SimpleNamespace
+    from pyxccl.tuning import Tuner
+    from pyxccl.tuning.compression import choose
+    from pyxccl.tuning.cost import Link, Machine
+    machine = Machine({"shm": Link(20e-6, 1 / 4e9), "tcp": Link(60e-6, 1 / 1.25e8)}, cores=2)
+
+    def ctx(hosts):
+        def klass(a, b):
+            return "shm" if hosts[a] == hosts[b] else "tcp"
+        return SimpleNamespace(size=len(hosts), hosts=hosts,
+                               tuner=Tuner(len(hosts), hosts, klass, machine, [2] * len(hosts)))
+    across, one = ctx([0, 0, 1, 1]), ctx([0, 0, 0, 0])
+    assert choose(across, "allreduce", 64 << 20).spec.startswith("int8")
+    assert choose(one, "allreduce", 64 << 20) is None
+    assert choose(across, "allreduce", 1 << 10) is None

@@ -5,7 +5,7 @@ For a call of ``nbytes`` the model prices (on the communicator's own topology an
 - uncompressed: the tuner's best algorithm;
 - with each quantizer (FP16, INT8): the algorithm a compressed call runs (hierarchical across hosts,
   else ring) with its messages ``ratio`` times as large, plus the CPU time of encoding and decoding
-  what the busiest rank sends (``bytes_sent / ratio`` each way, at this process's measured rate).
+  what the busiest rank sends (``bytes_sent / ratio`` each way, priced in local copies: ``COPIES``).
 
 The cheapest wins; on one host's shared memory (GB/s) the encoding costs more than the bytes it saves
 and nothing is compressed; across a slow link (1 Gbit/s) INT8 usually wins. Sparsifiers are never
@@ -15,28 +15,19 @@ name. ``PYXCCL_DEBUG=INFO`` logs each decision with the estimates.
 from __future__ import annotations
 
 import logging
-import time
-
-import numpy as np
 
 log = logging.getLogger("pyxccl")
-_RATE: dict[str, float] = {}      # codec spec -> seconds per input byte, encode + decode, this process
+
+# Encoding and decoding (adding) one float32 byte costs this many local copies of a byte: measured
+# here (16 MiB, numpy; 2026-11-25). Priced in copies, with the machine's copy figure, which every rank
+# agrees on (tuning/probe.py): a rate each process timed for itself could differ by rank, and ranks
+# that chose differently would fail the call (the compressor is part of the fingerprint).
+COPIES = {"fp16": 20.0, "bf16": 5.0, "int8": 11.0}
 
 
-def codec_cost(codec) -> float:
-    """Seconds per float32 byte to encode and decode with ``codec`` (measured once on 4 MiB, best of 3)."""
-    rate = _RATE.get(codec.spec)
-    if rate is None:
-        x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
-        enc, out = np.empty(codec.nbytes(x.size), np.uint8), np.zeros_like(x)
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            codec.encode(x, enc)
-            codec.decode(enc, out, accumulate=True)
-            best = min(best, time.perf_counter() - t)
-        rate = _RATE[codec.spec] = best / x.nbytes
-    return rate
+def codec_cost(codec, machine) -> float:
+    """Seconds per float32 byte to encode and decode with ``codec`` on ``machine``."""
+    return COPIES.get(codec.name, 20.0) * machine.copy
 
 
 def choose(ctx, primitive: str, nbytes: int):
@@ -58,7 +49,7 @@ def choose(ctx, primitive: str, nbytes: int):
         if est is None:
             continue
         ratio = codec.nbytes(1 << 20) / (4 << 20)
-        options[codec.spec] = est.time + 2 * est.bytes_sent / ratio * codec_cost(codec)
+        options[codec.spec] = est.time + 2 * est.bytes_sent / ratio * codec_cost(codec, tuner.machine)
         codecs[codec.spec] = codec
     pick = min(options, key=options.get)
     if log.isEnabledFor(logging.INFO):
