@@ -30,6 +30,7 @@ import numpy as np  # (no "from __future__ import annotations": DDP compares the
 import torch
 import torch.distributed as dist
 
+from .._errors import InvalidArgumentError
 from ..compress import Quantizer, Sparsifier, parse
 
 __all__ = ["CompressionState", "compression_hook"]
@@ -45,8 +46,9 @@ class CompressionState:
     def __init__(self, compressor, process_group=None):
         codec = parse(compressor)
         if codec is None or isinstance(codec, str):
-            raise ValueError(f"CompressionState needs a compressor (fp16, bf16, int8, topk:R, threshold:T), "
-                             f"got {compressor!r}; for no compression use DDP without a hook")
+            raise InvalidArgumentError(f"CompressionState needs a compressor (fp16, bf16, int8, topk:R, "
+                                       f"threshold:T), got {compressor!r}; for no compression use DDP without a hook",
+                                       op="CompressionState")
         self.compressor = codec
         self.process_group = process_group
         self._layouts: dict[str, tuple] = {}     # key -> ((id(param), numel), ...) of the bucket
@@ -122,8 +124,9 @@ def _pyxccl_backend(group):
 
 def _flat(buf: torch.Tensor) -> np.ndarray:
     if buf.dtype != torch.float32 or not buf.is_contiguous() or buf.device.type != "cpu":
-        raise TypeError(f"compression_hook compresses contiguous float32 CPU gradients, got a {buf.dtype} "
-                        f"bucket on {buf.device}")
+        raise InvalidArgumentError(f"compression_hook compresses contiguous float32 CPU gradients, got a "
+                                   f"{buf.dtype} bucket on {buf.device}: train in float32 on the CPU, or register "
+                                   f"no hook", op="compression_hook")
     return buf.detach().view(-1).numpy()
 
 
