@@ -8,14 +8,13 @@ itself (primitive, buffers, counts, root, op; the rules are those of
 """
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 
 from . import compressed
 from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
+from ._objects import ObjectCollectives
 from .core.context import Context
 from .core.onehost import attach_segment
 from .ops import ReduceOp
@@ -26,7 +25,7 @@ def default_timeout() -> float:
     return env_timeout("PYXCCL_TIMEOUT", 300.0)
 
 
-class Communicator(Description):
+class Communicator(Description, ObjectCollectives):
     """A group of ranks that run collectives together (made by :func:`pyxccl.init` or :meth:`split`).
 
     >>> comm = pyxccl.init()                      # doctest: +SKIP
@@ -65,13 +64,15 @@ class Communicator(Description):
         return self._ctx.collective(c.op, plan, key, args, size, bufs, result=result, async_op=async_op,
                                     timeout=timeout, quick=quick, writes=writes, after=after)
 
-    @compressed.compressible
-    def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None):
+    def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
+                  compression=None, key=None):
         """Reduce ``tensor`` over all ranks; every rank gets the result (in place, or in ``out``).
         ``compression=``, ``key=`` (here, in reduce_scatter and in allgather): see compressed.py.
 
         >>> comm.allreduce(grad, compression="int8")       # doctest: +SKIP
         """
+        if compression is not None:
+            return compressed.allreduce(self, tensor, op, out, async_op, algorithm, timeout, compression, key)
         dst = tensor if out is None else out
         sh = _shape(tensor)
         q = sh and (out is None or _shape(out)) and ("allreduce", sh, out is None or _shape(out), op, algorithm,
@@ -118,12 +119,14 @@ class Communicator(Description):
                          buf.nbytes, op=c.op_for(op, buf.dtype), root=root,
                          result=out if out is not None and is_root else tensor, quick=q, writes=is_root)
 
-    @compressed.compressible
-    def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None):
+    def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None, compression=None,
+                  key=None):
         """Concatenate every rank's ``sendbuf`` (in rank order) into ``recvbuf`` on every rank.
 
         ``recvbuf`` needs ``size * len(sendbuf)`` elements; None allocates and returns a numpy array.
         """
+        if compression is not None:
+            return compressed.allgather(self, sendbuf, recvbuf, async_op, algorithm, timeout, compression, key)
         q = _shape(sendbuf) and _shape(recvbuf) and ("allgather", _shape(sendbuf), _shape(recvbuf), algorithm, timeout)
         if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
             return recvbuf
@@ -205,10 +208,12 @@ class Communicator(Description):
         return self._run(c, "scatter", bufs, dict(counts=counts, root=root), c.agreed(counts),
                          recv.nbytes * self.size, root=root, result=recvbuf, quick=quick)
 
-    @compressed.compressible
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
-                       timeout=None):
+                       timeout=None, compression=None, key=None):
         """Reduce ``sendbuf`` (``size`` equal parts) over all ranks; rank i gets part i in ``recvbuf``."""
+        if compression is not None:
+            return compressed.reduce_scatter(self, sendbuf, recvbuf, op, async_op, algorithm, timeout, compression,
+                                             key)
         q = _shape(sendbuf) and _shape(recvbuf) and ("reduce_scatter", _shape(sendbuf), _shape(recvbuf), op,
                                                      algorithm, timeout)
         if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
@@ -296,31 +301,6 @@ class Communicator(Description):
         c = Check(self, name)
         return self._ctx.recv(name, c.array(tensor, "tensor", writable=True), None if src is None else
                               c.rank(src, "src"), c.tag(tag), tensor, async_op=async_op, timeout=c.timeout(timeout))
-
-    # --- Python objects ------------------------------------------------------------
-    def broadcast_object(self, obj=None, root: int = 0, *, timeout=None):
-        """Return rank ``root``'s ``obj`` (pickled) on every rank.
-
-        Unpickling runs code chosen by the sender: use it within one trusted job only.
-        """
-        c = Check(self, "broadcast_object")
-        root, _ = c.rank(root, "root"), c.timeout(timeout)
-        data = c.pickled(obj) if self.rank == root else b""
-        n = np.array([len(data)], np.int64)
-        self.broadcast(n, root, timeout=timeout)
-        buf = np.frombuffer(bytearray(data), np.uint8) if self.rank == root else np.empty(int(n[0]), np.uint8)
-        self.broadcast(buf, root, timeout=timeout)
-        return obj if self.rank == root else pickle.loads(buf.tobytes())
-
-    def allgather_object(self, obj, *, timeout=None) -> list:
-        """Return the list of every rank's ``obj`` (pickled), in rank order."""
-        c = Check(self, "allgather_object")
-        c.timeout(timeout)
-        data = np.frombuffer(c.pickled(obj), np.uint8)
-        sizes = self.allgather(np.array([data.size], np.int64), timeout=timeout)
-        out = self.allgatherv(data, None, [int(s) for s in sizes], timeout=timeout)
-        off = np.concatenate([[0], np.cumsum(sizes)])
-        return [pickle.loads(out[off[i]:off[i + 1]].tobytes()) for i in range(self.size)]
 
     # --- sub-communicators ------------------------------------------------------------
     def split(self, color, key: int = 0, *, timeout=None) -> "Communicator | None":

@@ -23,24 +23,11 @@ counts differ by rank, first all-gathers the counts, blocking).
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ._checks import Check
 from .compress import Quantizer, Sparsifier, parse
 from .ops import ReduceOp
-
-
-def compressible(method):
-    """Give a Communicator method ``compression=`` and ``key=``: None runs the method itself, anything
-    else this module's function of the same name (same arguments)."""
-    @functools.wraps(method)
-    def call(self, *args, compression=None, key=None, **kw):
-        if compression is None:
-            return method(self, *args, **kw)
-        return _COMPRESSED[method.__name__](self, *args, compression=compression, key=key, **kw)
-    return call
 
 
 def _codec(comm, c: Check, compression, buf: np.ndarray, op=None):
@@ -93,8 +80,7 @@ def _gather_pairs(comm, c: Check, codec: Sparsifier, idx, val, counts, add, resu
                      result=result, after=after)
 
 
-def allreduce(comm, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
-              compression, key=None):
+def allreduce(comm, tensor, op, out, async_op, algorithm, timeout, compression, key):
     c = Check(comm, "allreduce", (algorithm, async_op, timeout))
     buf = c.array(tensor, "tensor", writable=out is None)
     dst = buf if out is None else c.same_dtype(buf, c.array(out, "out", writable=True), "out")
@@ -123,8 +109,7 @@ def allreduce(comm, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algori
     return _gather_pairs(comm, c, codec, idx, val, counts, add, result)
 
 
-def reduce_scatter(comm, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None, timeout=None,
-                   compression, key=None):
+def reduce_scatter(comm, sendbuf, recvbuf, op, async_op, algorithm, timeout, compression, key):
     c = Check(comm, "reduce_scatter", (algorithm, async_op, timeout))
     recv = c.array(recvbuf, "recvbuf", writable=True)
     send = c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf")
@@ -148,7 +133,7 @@ def reduce_scatter(comm, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, a
     return _gather_pairs(comm, c, codec, idx, val, _pair_counts(comm, codec, len(idx), send.size), add, recvbuf)
 
 
-def allgather(comm, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None, compression, key=None):
+def allgather(comm, sendbuf, recvbuf, async_op, algorithm, timeout, compression, key):
     c = Check(comm, "allgather", (algorithm, async_op, timeout))
     send = c.array(sendbuf, "sendbuf", writable=False)
     codec = _codec(comm, c, compression, send)
@@ -168,5 +153,3 @@ def allgather(comm, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, ti
         codec.accumulate(recv[r * send.size:(r + 1) * send.size], i, v)
     return _gather_pairs(comm, c, codec, idx, val, _pair_counts(comm, codec, len(idx), send.size), add, recvbuf)
 
-
-_COMPRESSED = {"allreduce": allreduce, "reduce_scatter": reduce_scatter, "allgather": allgather}
