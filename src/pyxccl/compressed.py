@@ -103,7 +103,7 @@ def allreduce(comm, tensor, op, out, async_op, algorithm, timeout, compression, 
                          op=op, result=result)
 
     def add(r, i, v):                       # every rank adds in rank order: the same bits everywhere
-        dst[i] += v                         # (one rank's indices are distinct: no np.add.at needed)
+        codec.accumulate(dst, i, v)         # np.add.at: one pass, where dst[i] += v gathers and scatters
         if r == comm.size - 1 and op is ReduceOp.AVG:
             np.divide(dst, comm.size, out=dst)
     return _gather_pairs(comm, c, codec, idx, val, counts, add, result)

@@ -122,8 +122,9 @@ class Sparsifier(Compressor):
         """Pairs sent for ``count`` elements (None: depends on the data)."""
         return None
 
-    def _select(self, acc: np.ndarray, add: np.ndarray | None = None) -> np.ndarray:
-        """The indices to send of ``acc`` (after ``acc += add``, which this does: fused where it can)."""
+    def _select(self, acc: np.ndarray, add: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The indices to send of ``acc`` and their values (after ``acc += add``, which this does: fused
+        where it can)."""
         raise NotImplementedError
 
     @staticmethod
@@ -154,18 +155,16 @@ class Sparsifier(Compressor):
         if n > _I32_MAX:
             raise err(f"{self.name}: {n} elements do not fit int32 indices")
         if not self.error_feedback:
-            idx = self._select(x)
-            return idx, x[idx]
+            return self._select(x)
         if self.momentum is None:
             acc = self._state(self._res, key, n)
-            idx = self._select(acc, x)              # acc += x, then select
+            idx, val = self._select(acc, x)         # acc += x, then select
         else:
             u = self._state(self._mom, key, n)
             acc = self._state(self._res, key, n)
             u *= np.float32(self.momentum)
             u += x
-            idx = self._select(acc, u)
-        val = acc[idx]
+            idx, val = self._select(acc, u)
         acc[idx] = 0
         if self.momentum is not None:
             u[idx] = 0
@@ -242,9 +241,10 @@ class TopK(Sparsifier):
         if k >= n:
             if add is not None:
                 acc += add
-            return np.arange(n, dtype=np.int32)
+            return np.arange(n, dtype=np.int32), acc.copy()
         cand = self._candidates(acc, add, k)      # acc += add done
-        sub = np.abs(acc if cand is None else acc[cand])
+        vals = acc if cand is None else acc[cand]   # gathered once: the values sent come from here
+        sub = np.abs(vals)
         t = np.partition(sub, sub.size - k)[sub.size - k]      # the k-th largest magnitude
         gt = np.flatnonzero(sub > t)
         eq = np.flatnonzero(sub == t)[: k - gt.size]           # ties: lowest indices first
@@ -253,7 +253,7 @@ class TopK(Sparsifier):
         if eq.size:
             gt = np.concatenate((gt, eq))
             gt.sort()
-        return (gt if cand is None else cand[gt]).astype(np.int32)
+        return (gt if cand is None else cand[gt]).astype(np.int32), vals[gt]
 
     def _candidates(self, acc, add, k: int):
         """``acc += add`` and the indices (ascending) of a superset of its k largest magnitudes, or None
@@ -290,4 +290,5 @@ class Threshold(Sparsifier):
         return f"threshold:{self.tau!r}" + self._opts()
 
     def _select(self, acc, add=None):
-        return self._pass(acc, add, self.tau, acc.size)
+        idx = self._pass(acc, add, self.tau, acc.size)
+        return idx, acc[idx]
