@@ -286,3 +286,20 @@ def test_written_at_exit_when_the_job_never_closes(tmp_path):
         got = {(lanes[e["tid"]], e["name"], e.get("args", {}).get("bytes"))
                for e in doc["traceEvents"] if e["ph"] == "X"}
         assert {("MainThread", "last", None), (names[1], "allreduce", 40), (names[2], "allgather", 24)} <= got
+
+
+def _labelled(comm):
+    """A sub-communicator named as pyxccl.parallel names its groups, one allreduce on it."""
+    sub = comm.split(0, comm.rank)
+    sub.label = "dp"
+    sub.allreduce(np.ones(8, np.float32))
+    sub.close()
+    return sub.label
+
+
+def test_a_labelled_communicator_has_its_name_on_its_lane(tmp_path):
+    with RankPool(2, env={"PYXCCL_TRACE": str(tmp_path), "PYXCCL_TUNE": "0"}) as pool:
+        assert pool.run(_labelled) == ["dp", "dp"]
+    for r in range(2):
+        lanes = sorted(_lanes(_load(tmp_path / f"trace-rank{r}.json")).values())
+        assert any(" dp (split of " in name for name in lanes), lanes
