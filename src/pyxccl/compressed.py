@@ -59,7 +59,7 @@ def _pair_counts(comm, codec: Sparsifier, pairs: int, count: int) -> list[int]:
     return [int(x) for x in comm.allgather(np.array([pairs], np.int64))]
 
 
-def _dense_wins(counts: list[int], count: int) -> bool:
+def dense_wins(counts: list[int], count: int) -> bool:
     """All-gathering the pairs moves about 8 * sum(counts) * (n-1)/n bytes a rank, a ring allreduce of
     the densified tensor 8 * count * (n-1)/n: dense when the pairs are as many as the elements."""
     return len(counts) > 1 and sum(counts) >= count
@@ -97,7 +97,7 @@ def allreduce(comm, tensor, op, out, async_op, algorithm, timeout, compression, 
     idx, val = _sparsify(c, codec, buf, key)
     counts = _pair_counts(comm, codec, len(idx), dst.size)
     dst[:] = 0
-    if _dense_wins(counts, dst.size):
+    if dense_wins(counts, dst.size):
         codec.accumulate(dst, idx, val)
         return comm._run(c, "allreduce", {"in": dst, "out": dst}, dict(count=dst.size), dst.size, dst.nbytes,
                          op=op, result=result)

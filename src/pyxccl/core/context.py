@@ -72,6 +72,7 @@ class Context:
         self.recorder = Recorder()  # the flight recorder: the last operations, dumped on failure
         self.traffic = Traffic()    # what moved, per operation (comm.traffic())
         self.label = None           # what the user calls it (pyxccl.parallel: "tp", "dp", ...), for the timeline
+        self._links: dict[int, str] = {}    # rank -> link class, for the wire counters
         recorder.register(self)
         mesh.attach(comm_id, self)
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
@@ -108,10 +109,9 @@ class Context:
 
     def link_to(self, r: int) -> str:
         """:meth:`link_class` from this rank to ``r`` (kept: every send asks)."""
-        links = self.__dict__.setdefault("_links", {})
-        c = links.get(r)
+        c = self._links.get(r)
         if c is None:
-            c = links[r] = self.link_class(self.rank, r)
+            c = self._links[r] = self.link_class(self.rank, r)
         return c
 
     def use_segment(self, seg) -> None:

@@ -36,16 +36,20 @@ class _Messages(Semantics):
         copy(self.bufs, o, self.reduce)
 
     def post(self, r, k, o):
-        req = RecvRequest(self.ctx.world_ranks[o.peer], self.key, self.bufs[o.buf][o.off:o.off + o.count],
-                          self.reduce if o.reduce else None, self.op, self.call)
+        self._expect(o.peer, self.bufs[o.buf][o.off:o.off + o.count], self.reduce if o.reduce else None)
+
+    def _expect(self, peer: int, dst: np.ndarray, reduce) -> None:
+        req = RecvRequest(self.ctx.world_ranks[peer], self.key, dst, reduce, self.op, self.call)
         self.ctx.track(req)
         self.ctx.mailbox.post(req)
         self.reqs.append(req)
 
     def send(self, r, k, o):
-        data = self.bufs[o.buf][o.off:o.off + o.count].view(np.uint8)
-        self.ctx.traffic.wire(self.op, self.ctx.link_to(o.peer), data.nbytes)
-        self.ctx.peer(o.peer).send(self.key, self.dcode, data, self.deadline, self.call)
+        self._put(o.peer, self.dcode, self.bufs[o.buf][o.off:o.off + o.count].view(np.uint8))
+
+    def _put(self, peer: int, code: int, data: np.ndarray) -> None:
+        self.ctx.traffic.wire(self.op, self.ctx.link_to(peer), data.nbytes)
+        self.ctx.peer(peer).send(self.key, code, data, self.deadline, self.call)
 
     def take(self, r, k, o):
         req = self.reqs[self.next]
@@ -91,10 +95,7 @@ class _Compressed(_Messages):
             self.raws.append(None)
             return super().post(r, k, o)
         raw = np.empty(self.codec.nbytes(o.count), np.uint8)
-        req = RecvRequest(self.ctx.world_ranks[o.peer], self.key, raw, None, self.op, self.call)
-        self.ctx.track(req)
-        self.ctx.mailbox.post(req)
-        self.reqs.append(req)
+        self._expect(o.peer, raw, None)
         self.raws.append(raw)
 
     def send(self, r, k, o):
@@ -103,8 +104,7 @@ class _Compressed(_Messages):
         src = self.bufs[o.buf][o.off:o.off + o.count]
         enc = np.empty(self.codec.nbytes(o.count), np.uint8)     # its own: the transport may still hold it
         self.codec.encode(src, enc)
-        self.ctx.traffic.wire(self.op, self.ctx.link_to(o.peer), enc.nbytes)
-        self.ctx.peer(o.peer).send(self.key, self.BYTES, enc, self.deadline, self.call)
+        self._put(o.peer, self.BYTES, enc)
         if self.keep or o.buf != "in":
             self.codec.decode(enc, src, accumulate=False)
 

@@ -29,6 +29,13 @@ _SCHEDULES_PER_PLAN = 16
 _SCHEDULES = 256          # per communicator, over all its plans: calls of ever new sizes turn them over
 
 
+def compressed_algorithm(ctx, primitive: str) -> str:
+    """What a compressed call runs unless asked otherwise: hierarchical across hosts (it compresses
+    only there), else ring."""
+    return "hierarchical" if len(set(ctx.hosts)) > 1 and "hierarchical" in registry.algorithms(primitive) \
+        else "ring"
+
+
 def bucket(nbytes: int) -> int:
     """The power of two a size is chosen for (at least 8 bytes)."""
     return 1 << max(3, (max(1, nbytes) - 1).bit_length())
@@ -143,33 +150,27 @@ class Planner:
         A compressed call runs a message algorithm (compression is of messages): the one asked for,
         else the hierarchical one across hosts (it compresses only there), else ring."""
         if codec is not None:
-            name = algorithm or ("hierarchical" if len(set(self.ctx.hosts)) > 1
-                                 and "hierarchical" in registry.algorithms(primitive) else "ring")
-            try:
-                algo = registry.lookup(primitive, name)
-            except KeyError:
-                raise error(f"no algorithm {name!r} for {primitive}; known: "
-                            + ", ".join(registry.algorithms(primitive))) from None
-            if algo.segment:
-                raise error(f"algorithm {name!r} runs on the shared segment, where data moves by reads, not "
-                            f"messages: it cannot compress; ask for a message algorithm (ring, hierarchical, ...)")
-            if not codec.elementwise and name not in SETTLED and primitive == "allreduce":
-                raise error(f"{codec.spec} quantizes blocks of each message; {name!r} cuts the vector anew from hop "
-                            f"to hop and the ranks would end with different bits: use {' or '.join(SETTLED)}, or "
-                            f"fp16/bf16")
-            return algo
-        name = algorithm or self.forced.get(primitive)
-        if algorithm is None and name is not None and self.ctx.segment is None \
-                and name in registry.algorithms(primitive) and registry.lookup(primitive, name).segment:
-            name = None      # PYXCCL_ALGO asks for the segment where there is none (yet): choose as usual
-        tuner = self.ctx.tuner
-        if name is None and tuner is not None:
-            name = tuner.choose(primitive, bucket(nbytes), dtype.itemsize)
+            name = algorithm or compressed_algorithm(self.ctx, primitive)
+        else:
+            name = algorithm or self.forced.get(primitive)
+            if algorithm is None and name is not None and self.ctx.segment is None \
+                    and name in registry.algorithms(primitive) and registry.lookup(primitive, name).segment:
+                name = None      # PYXCCL_ALGO asks for the segment where there is none (yet): choose as usual
+            tuner = self.ctx.tuner
+            if name is None and tuner is not None:
+                name = tuner.choose(primitive, bucket(nbytes), dtype.itemsize)
         try:
             algo = registry.lookup(primitive, name)
         except KeyError:
             raise error(f"no algorithm {name!r} for {primitive}; known: "
                         + ", ".join(registry.algorithms(primitive))) from None
+        if codec is not None and algo.segment:
+            raise error(f"algorithm {name!r} runs on the shared segment, where data moves by reads, not "
+                        f"messages: it cannot compress; ask for a message algorithm (ring, hierarchical, ...)")
+        if codec is not None and not codec.elementwise and name not in SETTLED and primitive == "allreduce":
+            raise error(f"{codec.spec} quantizes blocks of each message; {name!r} cuts the vector anew from hop "
+                        f"to hop and the ranks would end with different bits: use {' or '.join(SETTLED)}, or "
+                        f"fp16/bf16")
         if algo.segment and self.ctx.segment is None:
             raise error(f"algorithm {algo.name!r} runs on the shared segment of ranks that all share one host; "
                         f"this communicator has none (ranks on several hosts, PYXCCL_TRANSPORT=tcp, or one rank)")

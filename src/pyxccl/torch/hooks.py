@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from .._errors import InvalidArgumentError
 from ..compress import Quantizer, Sparsifier, parse
+from ..compressed import dense_wins
 
 __all__ = ["CompressionState", "compression_hook"]
 
@@ -179,7 +180,7 @@ def _on_any(group, codec, buf, key):
         c = torch.empty(n, dtype=torch.int64)
         _all_gather(c, torch.tensor([idx.size], dtype=torch.int64), group=group)
         counts = c.tolist()
-    if n > 1 and sum(counts) >= x.size:     # the pairs would outweigh the dense tensor (as pyxccl decides)
+    if dense_wins(counts, x.size):          # the pairs would outweigh the dense tensor (pyxccl's own rule)
         x[:] = 0
         codec.accumulate(x, idx, val)
         work = dist.all_reduce(buf, group=group, async_op=True)

@@ -34,22 +34,20 @@ def choose(ctx, primitive: str, nbytes: int):
     """The quantizer to use for ``primitive`` of ``nbytes`` (a size bucket) on ``ctx``'s communicator, or
     None (the planner keeps the answer per bucket)."""
     from ..compress import FP16, INT8
+    from ..core.plan import compressed_algorithm
     tuner, b = ctx.tuner, nbytes
     if tuner is None or ctx.size < 2:
         return None
     costs = {name: est.time for name, est in tuner.table(primitive, b).items()}
     best_plain = min(costs, key=costs.get)
     options = {"none": costs[best_plain]}
-    algo = "hierarchical" if len(set(ctx.hosts)) > 1 and primitive != "allgather" else "ring"
-    if algo == "hierarchical" and tuner.model(primitive, algo, b) is None:
-        algo = "ring"
+    algo = compressed_algorithm(ctx, primitive)
     codecs = {}
     for codec in (FP16(), INT8()):
-        est = tuner.model(primitive, algo, max(8, int(b * codec.nbytes(1 << 20) / (4 << 20))))
+        est = tuner.model(primitive, algo, max(8, int(b * codec.ratio)))
         if est is None:
             continue
-        ratio = codec.nbytes(1 << 20) / (4 << 20)
-        options[codec.spec] = est.time + 2 * est.bytes_sent / ratio * codec_cost(codec, tuner.machine)
+        options[codec.spec] = est.time + 2 * est.bytes_sent / codec.ratio * codec_cost(codec, tuner.machine)
         codecs[codec.spec] = codec
     pick = min(options, key=options.get)
     if log.isEnabledFor(logging.INFO):
