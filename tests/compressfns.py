@@ -114,6 +114,34 @@ def check_sparse(comm, steps: int = 3, count: int = 4000):
     return fails
 
 
+def spec_keeps_state(comm, steps: int = 3, count: int = 4000):
+    """A spec string names one compressor per communicator: step after step, the same results, bit for
+    bit, as one compressor object passed each time (TopK's and Threshold's residuals per key, INT8's
+    random stream); a dup starts afresh."""
+    fails = []
+    c = comm.dup()
+    for spec, obj in (("topk:0.01", TopK(0.01)), ("threshold:2.0", Threshold(2.0)),
+                      ("int8:stochastic=1,seed=5", INT8(stochastic=True, seed=5))):
+        for step in range(steps):
+            x = inputs(comm.size, count, seed=step + 1)[comm.rank]
+            by_spec, by_obj = x.copy(), x.copy()
+            c.allreduce(by_spec, compression=spec, key="w")
+            c.allreduce(by_obj, compression=obj, key="w")
+            if not np.array_equal(by_spec, by_obj):
+                fails.append(f"{spec} step {step}: the spec string lost the compressor's state")
+    d = c.dup()
+    first = inputs(comm.size, count, seed=1)[comm.rank].copy()
+    d.allreduce(first, compression="topk:0.01", key="w")
+    again = inputs(comm.size, count, seed=1)[comm.rank].copy()
+    c2 = comm.dup()
+    c2.allreduce(again, compression="topk:0.01", key="w")
+    if not np.array_equal(first, again):
+        fails.append("a dup's first topk call saw another communicator's residual")
+    for x in (c2, d, c):
+        x.close()
+    return fails
+
+
 def wire_ratio(comm, count: int):
     """Bytes on the wire of one float32 ring allreduce of ``count``: uncompressed, INT8, TopK(0.01),
     read from comm.traffic() (the bytes each send handed to a transport)."""

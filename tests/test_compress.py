@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 from pyxccl._errors import InvalidArgumentError
 from pyxccl.compress import (BF16, FP16, INT8, Compressor, Quantizer, Sparsifier, Threshold, TopK,
-                             accumulate, decompress, pack, parse, unpack)
+                             accumulate, decompress, nbytes, pack, parse, sum_packed, unpack)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -230,7 +230,7 @@ def test_ratio_and_names():
     assert FP16().ratio == BF16().ratio == 0.5
     q = INT8(block=128)
     assert abs(q.ratio - q.nbytes(128 * 10 ** 6) / (4 * 128 * 10 ** 6)) < 1e-12
-    assert TopK(0.01).ratio == 0.02 and Threshold(1e-3).ratio is None
+    assert TopK(0.01).ratio == 0.015 and Threshold(1e-3).ratio is None
     assert (TopK(0.1).name, Threshold(1.0).name) == ("topk", "threshold")
     assert FP16().rel_error_bound == 2 ** -11 and BF16().rel_error_bound == 2 ** -8
 
@@ -427,34 +427,97 @@ def test_sparsifier_refuses_other_dtypes():
 @FAST
 @given(x=arrays(max_size=300), data=st.data())
 def test_pack_unpack_round_trip(x, data):
-    idx = np.sort(np.array(data.draw(st.lists(st.integers(0, 2 ** 31 - 1), min_size=x.size,
-                                              max_size=x.size, unique=True)), np.int64)).astype(np.int32)
-    wire = pack(idx, x)
-    assert wire.dtype == np.uint8 and wire.size == 8 * x.size
-    assert wire[: 4 * x.size].tobytes() == idx.astype("<i4").tobytes()
-    assert wire[4 * x.size:].tobytes() == x.astype("<f4").tobytes()
-    i2, v2 = unpack(wire)
+    count = data.draw(st.integers(max(1, x.size), 2 ** 31 - 1))
+    idx = np.sort(np.array(data.draw(st.lists(st.integers(0, count - 1), min_size=x.size, max_size=x.size,
+                                              unique=True)), np.int64)).astype(np.int32)
+    wire = pack(idx, x, count)
+    blocks = -(-count // 65536)
+    n = x.size                 # the layout: values, pairs per 65,536-block, low 16 bits, padding to 4
+    assert wire.dtype == np.uint8 and wire.size == nbytes(n, count) == 6 * n + 2 * (n % 2) + 4 * blocks
+    assert wire[: 4 * n].tobytes() == x.astype("<f4").tobytes()
+    per = np.zeros(blocks, np.int64)
+    np.add.at(per, idx // 65536, 1)
+    assert wire[4 * n: 4 * (n + blocks)].tobytes() == per.astype("<u4").tobytes()
+    assert wire[4 * (n + blocks):].tobytes() == (idx % 65536).astype("<u2").tobytes() + b"\0\0" * (n % 2)
+    i2, v2 = unpack(wire, count)
     assert i2.dtype == np.int32 and v2.dtype == np.float32
     assert np.array_equal(i2, idx) and np.array_equal(v2, x)
-    i3, v3 = Sparsifier.unpack(Sparsifier.pack(idx, x))
+    i3, v3 = Sparsifier.unpack(Sparsifier.pack(idx, x, count), count)
     assert np.array_equal(i3, idx) and np.array_equal(v3, x)
 
 
-def test_unpack_rejects_partial_pairs():
-    with pytest.raises(InvalidArgumentError):
-        unpack(np.zeros(12, np.uint8))
+def test_pack_refuses_unsorted_or_out_of_range_indices():
+    for idx in ([3, 1], [0, 10], [-1, 2]):
+        with pytest.raises(InvalidArgumentError, match="ascending"):
+            pack(np.array(idx, np.int32), f32([1, 2]), 10)
 
 
-def test_accumulate_sums_repeated_indices():
+def test_unpack_rejects_partial_pairs_and_wrong_counts():
+    with pytest.raises(InvalidArgumentError, match="6-byte"):
+        unpack(np.zeros(4 + 7, np.uint8), 100)
+    with pytest.raises(InvalidArgumentError, match="block counts"):
+        unpack(np.zeros(4 + 12, np.uint8), 100)         # two pairs, counted as none
+    wire = pack(np.array([1, 70000], np.int32), f32([1, 2]), 100000)
+    with pytest.raises(InvalidArgumentError, match="6-byte"):
+        unpack(wire, 200000)                    # read as another tensor's size: a block more
+
+
+@pytest.mark.parametrize("native", (True, False))
+def test_accumulate_sums_repeated_indices(monkeypatch, native):
+    from pyxccl.compress import _sparse
+    if native and _sparse._scatter_add_native is None:
+        pytest.skip("pyxccl._native was not built")
+    if not native:
+        monkeypatch.setattr(_sparse, "_scatter_add_native", None)
     out = np.arange(6, dtype=np.float32)
     idx = np.array([5, 1, 1, 0, 5, 1], np.int32)
     val = f32([1, 2, 3, 4, 5, 6])
     accumulate(out, idx, val)
     assert out.tolist() == [4, 12, 2, 3, 4, 11]
     assert decompress(idx, val, 6).tolist() == [4, 11, 0, 0, 0, 6]
+    assert decompress(idx.astype(np.int64), val.astype(np.float64), 6).tolist() == [4, 11, 0, 0, 0, 6]
     for bad in ([-1], [6]):
         with pytest.raises(InvalidArgumentError):
             accumulate(out, np.array(bad), f32([1]))
+    rng = np.random.default_rng(3)             # many repeats, in the order given: as np.add.at, bit for bit
+    idx, val = rng.integers(0, 50, 5000).astype(np.int32), rng.standard_normal(5000).astype(np.float32)
+    expect = np.zeros(50, np.float32)
+    for i, v in zip(idx.tolist(), val.tolist()):
+        expect[i] += np.float32(v)
+    assert np.array_equal(decompress(idx, val, 50), expect)
+
+
+@pytest.mark.parametrize("native", (True, False))
+@pytest.mark.parametrize("count", (1, 1000, 65536, 3 * 65536 + 17))
+def test_sum_packed_is_zeroing_then_adding_each_wire_in_order(monkeypatch, native, count):
+    from pyxccl.compress import _sparse
+    if native and _sparse._sum_pairs_native is None:
+        pytest.skip("pyxccl._native was not built")
+    if not native:
+        monkeypatch.setattr(_sparse, "_sum_pairs_native", None)
+    rng = np.random.default_rng(count)
+    wires, expect = [], np.zeros(count, np.float32)
+    for m in (0, 1, 7, count // 3, count):       # odd sizes (padding), empty, dense; many shared indices
+        idx = np.sort(rng.choice(count, min(m, count), replace=False)).astype(np.int32)
+        val = (rng.standard_normal(idx.size) * 10.0 ** rng.integers(-3, 4, idx.size)).astype(np.float32)
+        wires.append(pack(idx, val, count))
+        accumulate(expect, idx, val)             # the order sum_packed must keep, bit for bit
+    out = np.full(count, np.nan, np.float32)     # every element written
+    sum_packed(out, wires)
+    assert np.array_equal(out, expect)
+
+
+@pytest.mark.parametrize("native", (True, False))
+def test_sum_packed_refuses_bad_wires(monkeypatch, native):
+    from pyxccl.compress import _sparse
+    if not native:
+        monkeypatch.setattr(_sparse, "_sum_pairs_native", None)
+    past = pack(np.array([3], np.int32), f32([1]), 10)
+    past[8:10] = [12, 0]                         # low bits of index 12: past a 10-element tensor's end
+    for bad, match in ((past, "range|past the end"), (np.zeros(5, np.uint8), "6-byte"),
+                       (np.array([0, 0, 0, 0, 1, 0, 0, 0], np.uint8), "block counts")):
+        with pytest.raises(InvalidArgumentError, match=match):
+            sum_packed(np.zeros(10, np.float32), [pack(np.array([1], np.int32), f32([1]), 10), bad])
 
 
 def test_sparse_round_trip_through_the_wire():
@@ -462,7 +525,7 @@ def test_sparse_round_trip_through_the_wire():
     s = TopK(0.01, error_feedback=False)
     out = np.zeros(x.size, np.float32)
     for _ in range(3):                           # three ranks' contributions summed
-        s.accumulate(out, *s.unpack(s.pack(*s.compress(x))))
+        s.accumulate(out, *s.unpack(s.pack(*s.compress(x), x.size), x.size))
     idx = reference_topk(x, s.k(x.size))
     expect = np.zeros_like(x)
     expect[idx] = 3 * x[idx]

@@ -62,7 +62,7 @@ class Communicator(Description, ObjectCollectives):
         if "count" not in args:
             key = tuple(v if type(v) is int else tuple(v) for v in key)
         return self._ctx.collective(c.op, plan, key, args, size, bufs, result=result, async_op=async_op,
-                                    timeout=timeout, quick=quick, writes=writes, after=after)
+                                    timeout=timeout, quick=quick, writes=writes, after=after, codec=codec)
 
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
                   compression=None, key=None):

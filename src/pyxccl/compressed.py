@@ -10,10 +10,11 @@ Two ways, by the kind of compressor (``pyxccl.compress``):
   uncompressed: compression is for the slow link. Every rank ends with the same result (a sender
   keeps what its peer saw).
 - A **sparsifier** (TopK, Threshold, with error feedback kept per ``key``) compresses this rank's
-  tensor once; the (index, value) pairs of every rank are all-gathered (8 bytes a pair; one
-  collective, of the tuner's choice) and summed in rank order on every rank. When the pairs would
-  move more than a dense ring allreduce (k above count/n: the union is dense), the contribution is
-  densified and all-reduced instead.
+  tensor once; the (index, value) pairs of every rank are all-gathered (6 bytes a pair: the value and
+  the index's low 16 bits, with a pair count per 65,536 elements; one collective, of the tuner's
+  choice) and summed in rank order on every rank. When the pairs would move more than a dense ring
+  allreduce (k above 4/3 count/n: the union is dense), the contribution is densified and all-reduced
+  instead.
 
 Each is one call of the communicator, in issue order, ``async_op`` included (Threshold, whose pair
 counts differ by rank, first all-gathers the counts, blocking).
@@ -23,15 +24,31 @@ counts differ by rank, first all-gathers the counts, blocking).
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ._checks import Check
-from .compress import Quantizer, Sparsifier, parse
+from .compress import Quantizer, Sparsifier, nbytes, parse
 from .ops import ReduceOp
 
 
+# A spec string names one compressor per communicator: its state (TopK's residuals per key, INT8's
+# random stream) carries over from call to call, as it does for a compressor object passed each time.
+_PARSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parsed(comm, compression):
+    if not isinstance(compression, str):
+        return parse(compression)
+    known = _PARSED.setdefault(comm, {})
+    if compression not in known:
+        known[compression] = parse(compression)
+    return known[compression]
+
+
 def _codec(comm, c: Check, compression, buf: np.ndarray, op=None):
-    codec = parse(compression)
+    codec = _parsed(comm, compression)
     if isinstance(codec, str):              # "auto": the cost model decides (None: not worth it here)
         codec = comm.compression_for(c.op, buf.nbytes)
     if codec is None:
@@ -60,24 +77,20 @@ def _pair_counts(comm, codec: Sparsifier, pairs: int, count: int) -> list[int]:
 
 
 def dense_wins(counts: list[int], count: int) -> bool:
-    """All-gathering the pairs moves about 8 * sum(counts) * (n-1)/n bytes a rank, a ring allreduce of
-    the densified tensor 8 * count * (n-1)/n: dense when the pairs are as many as the elements."""
-    return len(counts) > 1 and sum(counts) >= count
+    """All-gathering the pairs moves about ``sum(nbytes) * (n-1)/n`` bytes a rank (6 a pair), a ring
+    allreduce of the densified tensor ``8 * count * (n-1)/n``: dense when the pairs weigh as much."""
+    return len(counts) > 1 and sum(nbytes(m, count) for m in counts) >= 8 * count
 
 
-def _gather_pairs(comm, c: Check, codec: Sparsifier, idx, val, counts, add, result):
-    """All-gather every rank's (idx, val) pairs, then ``add(rank, idx, val)`` for each rank in rank order."""
-    packed = codec.pack(idx, val)
-    gathered = np.empty(8 * sum(counts), np.uint8)
-
-    def after():
-        o = 0
-        for r, m in enumerate(counts):
-            add(r, *codec.unpack(gathered[o:o + 8 * m]))
-            o += 8 * m
-    nb = [8 * m for m in counts]
+def _gather_pairs(comm, c: Check, codec: Sparsifier, idx, val, count, counts, add, result):
+    """All-gather every rank's (idx, val) pairs of a ``count``-element tensor, then ``add(wires)``: the
+    packed pairs of each rank, in rank order."""
+    nb = [nbytes(m, count) for m in counts]
+    packed = codec.pack(idx, val, count)
+    gathered = np.empty(sum(nb), np.uint8)
+    ends = np.cumsum(nb).tolist()
     return comm._run(c, "allgather", {"in": packed, "out": gathered}, dict(counts=nb), nb, gathered.nbytes,
-                     result=result, after=after)
+                     result=result, after=lambda: add(np.split(gathered, ends[:-1])))
 
 
 def allreduce(comm, tensor, op, out, async_op, algorithm, timeout, compression, key):
@@ -96,17 +109,17 @@ def allreduce(comm, tensor, op, out, async_op, algorithm, timeout, compression, 
                          op=op, result=result, codec=codec)
     idx, val = _sparsify(c, codec, buf, key)
     counts = _pair_counts(comm, codec, len(idx), dst.size)
-    dst[:] = 0
     if dense_wins(counts, dst.size):
+        dst[:] = 0
         codec.accumulate(dst, idx, val)
         return comm._run(c, "allreduce", {"in": dst, "out": dst}, dict(count=dst.size), dst.size, dst.nbytes,
                          op=op, result=result)
 
-    def add(r, i, v):                       # every rank adds in rank order: the same bits everywhere
-        codec.accumulate(dst, i, v)         # np.add.at: one pass, where dst[i] += v gathers and scatters
-        if r == comm.size - 1 and op is ReduceOp.AVG:
+    def add(wires):                         # every rank sums in rank order: the same bits everywhere
+        codec.sum_packed(dst, wires)
+        if op is ReduceOp.AVG:
             np.divide(dst, comm.size, out=dst)
-    return _gather_pairs(comm, c, codec, idx, val, counts, add, result)
+    return _gather_pairs(comm, c, codec, idx, val, dst.size, counts, add, result)
 
 
 def reduce_scatter(comm, sendbuf, recvbuf, op, async_op, algorithm, timeout, compression, key):
@@ -123,14 +136,17 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, async_op, algorithm, timeout, com
                          op=op, result=recvbuf, codec=codec)
     idx, val = _sparsify(c, codec, send, key)
     lo, hi = comm.rank * recv.size, (comm.rank + 1) * recv.size
-    recv[:] = 0
 
-    def add(r, i, v):                       # only the pairs of this rank's part
-        a, b = np.searchsorted(i, (lo, hi))      # indices come sorted
-        codec.accumulate(recv, i[a:b] - lo, v[a:b])
-        if r == comm.size - 1 and op is ReduceOp.AVG:
+    def add(wires):                         # only the pairs of this rank's part
+        recv[:] = 0
+        for w in wires:
+            i, v = codec.unpack(w, send.size)
+            a, b = np.searchsorted(i, (lo, hi))      # indices come sorted
+            codec.accumulate(recv, i[a:b] - lo, v[a:b])
+        if op is ReduceOp.AVG:
             np.divide(recv, comm.size, out=recv)
-    return _gather_pairs(comm, c, codec, idx, val, _pair_counts(comm, codec, len(idx), send.size), add, recvbuf)
+    return _gather_pairs(comm, c, codec, idx, val, send.size, _pair_counts(comm, codec, len(idx), send.size), add,
+                         recvbuf)
 
 
 def allgather(comm, sendbuf, recvbuf, async_op, algorithm, timeout, compression, key):
@@ -147,9 +163,10 @@ def allgather(comm, sendbuf, recvbuf, async_op, algorithm, timeout, compression,
         return comm._run(c, "allgather", {"in": codec.round_trip(send), "out": recv}, dict(counts=counts), counts,
                          recv.nbytes, result=recvbuf, codec=codec)
     idx, val = _sparsify(c, codec, send, key)
-    recv[:] = 0
 
-    def add(r, i, v):
-        codec.accumulate(recv[r * send.size:(r + 1) * send.size], i, v)
-    return _gather_pairs(comm, c, codec, idx, val, _pair_counts(comm, codec, len(idx), send.size), add, recvbuf)
+    def add(wires):
+        for r, w in enumerate(wires):
+            codec.sum_packed(recv[r * send.size:(r + 1) * send.size], [w])
+    return _gather_pairs(comm, c, codec, idx, val, send.size, _pair_counts(comm, codec, len(idx), send.size), add,
+                         recvbuf)
 

@@ -23,7 +23,9 @@ Sparsifiers (stateful per key, error feedback):
 with ``acc = x + residual[key]`` and ``residual[key] = acc`` minus what was
 sent; with ``momentum=m`` (DGC): ``u = m*u + x; v += u``, select from ``v``,
 zero the sent entries of ``u`` and ``v`` (use plain SGD then). Pairs travel as
-``pack(idx, val)``: int32 indices, then float32 values.
+``pack(idx, val, count)``: ``nbytes(len(idx), count)`` bytes = the float32
+values, a uint32 pair count per block of 65,536 elements, the uint16 low bits
+of each index (6 bytes a pair); ``sum_packed(out, wires)`` sums several.
 
 ``parse(spec)`` turns ``"fp16"``, ``"bf16"``, ``"int8"``,
 ``"int8:block=128,stochastic=1,seed=0"``, ``"topk:0.01"``,
@@ -43,19 +45,19 @@ Example::
 
     s = parse("topk:0.01")
     idx, val = s.compress(x, key="layer1")   # 10 pairs; the rest stays in s.residual("layer1")
-    wire = s.pack(idx, val)
-    dense = s.decompress(*s.unpack(wire), x.size)
+    wire = s.pack(idx, val, x.size)          # 64 bytes: 10 x 6 + one block's count
+    dense = s.decompress(*s.unpack(wire, x.size), x.size)
 """
 from __future__ import annotations
 
 from ._base import Compressor
 from ._quant import BF16, FP16, FP16_MAX, INT8, Quantizer
-from ._sparse import Sparsifier, Threshold, TopK, accumulate, decompress, pack, unpack
+from ._sparse import Sparsifier, Threshold, TopK, accumulate, decompress, nbytes, pack, sum_packed, unpack
 from .._errors import InvalidArgumentError
 
 __all__ = [
     "Compressor", "Quantizer", "FP16", "BF16", "INT8", "FP16_MAX",
-    "Sparsifier", "TopK", "Threshold", "pack", "unpack", "accumulate", "decompress",
+    "Sparsifier", "TopK", "Threshold", "pack", "unpack", "nbytes", "accumulate", "sum_packed", "decompress",
     "parse", "InvalidArgumentError",
 ]
 

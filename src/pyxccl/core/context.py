@@ -370,11 +370,12 @@ class Context:
         return work.result()
 
     def collective(self, name: str, plan, key, args: dict, size, bufs: dict, *, result, async_op, timeout,
-                   quick=None, writes=True, after=None):
+                   quick=None, writes=True, after=None, codec=None):
         """Run one collective with ``plan`` (builder arguments ``args``, their hashable ``key``);
         ``size``: what the fingerprint says of its counts; ``quick``: the key to keep a blocking call
         under, prepared (``writes``: it writes its output array); ``after()``: runs once the schedule
-        has, before the call is done (what a composed call does with what it gathered)."""
+        has, before the call is done (what a composed call does with what it gathered); ``codec``: the
+        call's compressor (compressed.py)."""
         try:
             s = plan.schedule(key, args)
         except ValueError as e:
@@ -393,7 +394,7 @@ class Context:
         def fn(work, seq, cseq, deadline):
             self.remember(cseq, record)
             self.traffic.add(name, nbytes, *io)
-            plan.run(s, bufs, cseq, words, name, deadline)
+            plan.run(s, bufs, cseq, words, name, deadline, codec)
             if after is not None:
                 after()
             return result

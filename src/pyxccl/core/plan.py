@@ -94,19 +94,22 @@ class Plan:
         """The description of a call of this plan (for errors)."""
         return Call(name, self.dtype, size, self.root, self.op, self.label, thread)
 
-    def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float) -> None:
+    def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float, codec=None) -> None:
+        """Run schedule ``s``; ``codec``: the call's own compressor (the plan's has the same spec, but a
+        compressor may carry state: INT8's random stream)."""
+        codec = self.codec if codec is None else codec
         if s.scratch:
             bufs["tmp"] = self.ctx.scratch(s.scratch, self.dtype)
         if self.codes is not None:          # natively: no numpy reductions, no error state to enter
             onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
-        elif self.codec is not None:
-            messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype, self.codec,
+        elif codec is not None:
+            messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype, codec,
                          self.compressed)
             if self.primitive == "allreduce" and self.algo.name not in SETTLED:
                 # A rank may hold a sum it never sent as the others saw it (recursive doubling, a tree's
                 # root): every rank quantizes its result once more and holds the same bits (an
                 # elementwise code is idempotent: v and its round trip end equal)
-                np.copyto(bufs["out"], self.codec.round_trip(bufs["out"]))
+                np.copyto(bufs["out"], codec.round_trip(bufs["out"]))
         elif self.reduce is None:
             self.execute(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype)
         else:

@@ -190,12 +190,12 @@ def _on_any(group, codec, buf, key):
         done = torch.futures.Future()
         done.set_result(buf)
         return done
-    width = 8 * max(counts)
+    width = codec.nbytes(max(counts), x.size)
     send = np.zeros(width, np.uint8)
-    codec.pack(idx, val, send[:8 * idx.size])
+    codec.pack(idx, val, x.size, send[:codec.nbytes(idx.size, x.size)])
 
     def add_pairs(out, row, m):
-        codec.accumulate(out, *codec.unpack(row[:8 * m]))
+        codec.accumulate(out, *codec.unpack(row[:codec.nbytes(m, x.size)], x.size))
     return _gather_sum(group, n, buf, torch.from_numpy(send), counts, add_pairs, pairs=True)
 
 
