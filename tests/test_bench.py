@@ -40,6 +40,31 @@ def test_bench_check_every_primitive(tmp_path, n):
     assert "Avg bus bandwidth" in p.stdout
 
 
+@pytest.mark.timeout(120)
+def test_bench_compression_table():
+    """`pyxccl bench --compression`: a row per compressor and primitive, the bytes on the wire as the
+    counters have them (TopK's: exactly its packed pairs), the error within each code's reach."""
+    from pyxccl.compress import TopK, nbytes
+    p = subprocess.run([sys.executable, "-m", "pyxccl", "bench", "-n", "2", "allreduce,reduce_scatter,allgather",
+                        "-b", "1M", "-e", "1M", "--algo", "ring", "--iters", "2", "--warmup", "1",
+                        "--compression", "none,int8,topk:0.1"], capture_output=True, text=True, timeout=110)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows, op = {}, None
+    for line in p.stdout.splitlines():
+        f = line.split()[1:]                    # after the rank's "[0]"
+        if f[:1] == ["#"] and f[1:2] in (["allreduce"], ["reduce_scatter"], ["allgather"]):
+            op = f[1]
+        elif len(f) >= 9 and f[0] == "1048576":     # the algorithm may be two words: from the right
+            rows[op, f[1]] = dict(wire=int(f[-3]), ratio=float(f[-2]) if f[-2] != "-" else None, err=float(f[-1]))
+    assert len(rows) == 9, p.stdout
+    for op in ("allreduce", "reduce_scatter", "allgather"):
+        count = (1 << 18) // (2 if op == "allgather" else 1)      # what each rank sparsifies
+        assert rows[op, "none"]["ratio"] == 1.0 and rows[op, "none"]["err"] < 1e-6
+        assert 0.25 < rows[op, "int8"]["ratio"] <= 0.27 and rows[op, "int8"]["err"] < 1e-2
+        assert rows[op, "topk:0.1"]["wire"] == nbytes(TopK(0.1).k(count), count)   # 2 ranks: its pairs, once
+        assert 0.2 < rows[op, "topk:0.1"]["err"] < 1        # a first call: most entries are not sent
+
+
 def test_bench_check_catches_wrong_results():
     """--check is not decorative: a broken collective makes it fail."""
     from pyxccl.bench import runner

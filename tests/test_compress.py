@@ -341,6 +341,31 @@ def test_threshold_selects_at_or_above_tau():
     assert Threshold(5.0, error_feedback=False).compress(x)[0].size == 0
 
 
+@pytest.mark.parametrize("native", (True, False))
+@pytest.mark.parametrize("tau", (0.0, 1.0, 2.5))
+def test_threshold_on_large_tensors_against_numpy(monkeypatch, native, tau):
+    """The native pass (32 at a time, then a tail: an odd size) against numpy: the residual added,
+    every |acc| >= tau (equal ones, -0.0 and tau 0 included), values as acc holds them."""
+    from pyxccl.compress import _sparse
+    if not native:
+        monkeypatch.setattr(_sparse, "_candidates_native", None)
+    elif _sparse._candidates_native is None:
+        pytest.skip("the native helpers are off (PYXCCL_NATIVE=0) or were not built")
+    rng = np.random.default_rng(11)
+    q = Threshold(tau)
+    residual = np.zeros(100_003, np.float32)
+    for _ in range(3):
+        x = rng.standard_normal(residual.size).astype(np.float32)
+        x[::97], x[5::101], x[-3:] = tau, -tau, [-0.0, tau, -tau]
+        acc = residual + x
+        idx, val = q.compress(x, "t")
+        want = np.flatnonzero(np.abs(acc) >= tau)
+        assert np.array_equal(idx, want) and np.array_equal(val, acc[want])
+        residual = acc.copy()
+        residual[want] = 0
+        assert np.array_equal(q.residual("t"), residual)
+
+
 SPARSIFIERS = [lambda m: TopK(0.05, momentum=m), lambda m: TopK(0.3, momentum=m),
                lambda m: Threshold(1.5, momentum=m)]
 
@@ -466,7 +491,7 @@ def test_unpack_rejects_partial_pairs_and_wrong_counts():
 def test_accumulate_sums_repeated_indices(monkeypatch, native):
     from pyxccl.compress import _sparse
     if native and _sparse._scatter_add_native is None:
-        pytest.skip("pyxccl._native was not built")
+        pytest.skip("the native helpers are off (PYXCCL_NATIVE=0) or were not built")
     if not native:
         monkeypatch.setattr(_sparse, "_scatter_add_native", None)
     out = np.arange(6, dtype=np.float32)
@@ -492,7 +517,7 @@ def test_accumulate_sums_repeated_indices(monkeypatch, native):
 def test_sum_packed_is_zeroing_then_adding_each_wire_in_order(monkeypatch, native, count):
     from pyxccl.compress import _sparse
     if native and _sparse._sum_pairs_native is None:
-        pytest.skip("pyxccl._native was not built")
+        pytest.skip("the native helpers are off (PYXCCL_NATIVE=0) or were not built")
     if not native:
         monkeypatch.setattr(_sparse, "_sum_pairs_native", None)
     rng = np.random.default_rng(count)
@@ -574,7 +599,7 @@ def test_topk_on_large_tensors_keeps_exactly_the_largest(monkeypatch, native, ef
     if not native:
         monkeypatch.setattr(_sparse, "_candidates_native", None)
     elif _sparse._candidates_native is None:
-        pytest.skip("pyxccl._native was not built")
+        pytest.skip("the native helpers are off (PYXCCL_NATIVE=0) or were not built")
     rng = np.random.default_rng(5)
     q = TopK(0.01, error_feedback=ef)
     total, sent = np.zeros(1 << 18), np.zeros(1 << 18)

@@ -29,12 +29,13 @@ import weakref
 import numpy as np
 
 from ._checks import Check
-from .compress import Quantizer, Sparsifier, nbytes, parse
+from .compress import Compressor, Quantizer, Sparsifier, nbytes, parse
 from .ops import ReduceOp
 
 
-# A spec string names one compressor per communicator: its state (TopK's residuals per key, INT8's
-# random stream) carries over from call to call, as it does for a compressor object passed each time.
+# A spec string names one compressor per communicator ("topk:0.01" and "TopK:0.010" the same): its
+# state (TopK's residuals per key, INT8's random stream) carries over from call to call, as it does
+# for a compressor object passed each time.
 _PARSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -42,9 +43,13 @@ def _parsed(comm, compression):
     if not isinstance(compression, str):
         return parse(compression)
     known = _PARSED.setdefault(comm, {})
-    if compression not in known:
-        known[compression] = parse(compression)
-    return known[compression]
+    codec = known.get(compression)
+    if codec is None:
+        codec = parse(compression)
+        if isinstance(codec, Compressor):
+            codec = known.setdefault(codec.spec, codec)
+        known[compression] = codec
+    return codec
 
 
 def _codec(comm, c: Check, compression, buf: np.ndarray, op=None):

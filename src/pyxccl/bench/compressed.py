@@ -3,9 +3,9 @@
 Time as methodology.py says (barrier, one call, max over ranks, median), float32 SUM. Besides the
 time: the bytes this rank handed to transports per call (``comm.traffic()``'s ``wire``, measured at
 the sends, of one call), their ratio to the uncompressed call's, and the largest error of the result
-relative to the largest value of the exact one. On one host the uncompressed call may run on the
-shared segment, which moves data by reads (no bytes on a wire): ``--algo ring`` compares like with
-like.
+relative to the largest value of the exact one (of a call with a new key: a sparsifier's first,
+without residuals). On one host the uncompressed call may run on the shared segment, which moves
+data by reads (no bytes on a wire): ``--algo ring`` compares like with like.
 """
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ class _Case:
         return float(np.max(np.abs(self.recv - self.exact)) / max(1e-30, np.max(np.abs(self.exact))))
 
 
-def _call(comm, case: _Case, spec: str | None, algo: str | None):
-    kw = dict(compression=spec, key=f"bench{case.total}", algorithm=algo) if spec else dict(algorithm=algo)
+def _call(comm, case: _Case, spec: str | None, algo: str | None, key: str = "bench"):
+    kw = dict(compression=spec, key=f"{key}-{case.prim}-{case.total}", algorithm=algo) if spec else dict(algorithm=algo)
     if case.prim == "allreduce":
         comm.allreduce(case.send, **kw)
     elif case.prim == "reduce_scatter":
@@ -69,11 +69,11 @@ def run(comm, prims, sizes, specs, algo=None, iters=None, warmup=None) -> list[d
             for spec in specs:
                 case = _Case(prim, nbytes, comm.rank, comm.size)
                 times, _ = time_case(comm, case, lambda c: _call(comm, c, spec, algo), iters, warmup)
-                err = np.array([case.error()])
                 case.reset()
                 w0 = _wire(comm, prim)
-                _call(comm, case, spec, algo)            # one more, alone: its bytes on the wire
-                wire = _wire(comm, prim) - w0
+                _call(comm, case, spec, algo, "once")    # one more, alone: its bytes on the wire, its error
+                wire = _wire(comm, prim) - w0           # (a new key: no residual from earlier calls)
+                err = np.array([case.error()])
                 comm.allreduce(err, "max")
                 if spec is None:
                     plain = wire

@@ -170,9 +170,11 @@ def _on_any(group, codec, buf, key):
         send = np.empty(codec.nbytes(x.size), np.uint8)
         codec.encode(x, send)
 
-        def add(out, row):
-            codec.decode(row, out, accumulate=True)
-        return _gather_sum(group, n, buf, torch.from_numpy(send), [send.size] * n, add)
+        def add(out, rows):
+            out[:] = 0
+            for row in rows:
+                codec.decode(row, out, accumulate=True)
+        return _gather_sum(group, n, buf, torch.from_numpy(send), add)
     idx, val = codec.compress(x, key if codec.error_feedback else None)
     if codec.k(x.size) is not None:
         counts = [idx.size] * n
@@ -194,27 +196,21 @@ def _on_any(group, codec, buf, key):
     send = np.zeros(width, np.uint8)
     codec.pack(idx, val, x.size, send[:codec.nbytes(idx.size, x.size)])
 
-    def add_pairs(out, row, m):
-        codec.accumulate(out, *codec.unpack(row[:codec.nbytes(m, x.size)], x.size))
-    return _gather_sum(group, n, buf, torch.from_numpy(send), counts, add_pairs, pairs=True)
+    def add_pairs(out, rows):
+        codec.sum_packed(out, [row[:codec.nbytes(m, x.size)] for row, m in zip(rows, counts)])
+    return _gather_sum(group, n, buf, torch.from_numpy(send), add_pairs)
 
 
-def _gather_sum(group, n, buf, send, counts, add, pairs=False):
-    """All-gather ``send`` (the same width on every rank); then, on every rank, ``buf = 0``, each
-    rank's row added in rank order, divided by n."""
+def _gather_sum(group, n, buf, send, add):
+    """All-gather ``send`` (the same width on every rank); then, on every rank, ``add(buf, rows)``
+    (``buf`` = the sum of the rows in rank order), divided by n."""
     gathered = torch.empty(n * send.numel(), dtype=torch.uint8)
     work = _all_gather(gathered, send, group=group, async_op=True)
 
     def after(f):
         f.value()                            # raises the collective's error
-        rows = gathered.numpy().reshape(n, send.numel())
         out = _flat(buf)
-        out[:] = 0
-        for r in range(n):
-            if pairs:
-                add(out, rows[r], counts[r])
-            else:
-                add(out, rows[r])
+        add(out, gathered.numpy().reshape(n, send.numel()))
         np.divide(out, np.float32(n), out=out)
         return buf
     return work.get_future().then(after)
