@@ -48,7 +48,7 @@ def _parsed(comm, compression):
         codec = parse(compression)
         if isinstance(codec, Compressor):
             codec = known.setdefault(codec.spec, codec)
-        known[compression] = codec
+        codec = known.setdefault(compression, codec)     # setdefault: one winner if threads race
     return codec
 
 
