@@ -116,8 +116,8 @@ def check_sparse(comm, steps: int = 3, count: int = 4000):
 
 def spec_keeps_state(comm, steps: int = 3, count: int = 4000):
     """A spec string names one compressor per communicator (however it is spelt): step after step, the
-    same results, bit for bit, as one compressor object passed each time (TopK's and Threshold's residuals per key, INT8's
-    random stream); a dup starts afresh."""
+    same results, bit for bit, as one compressor object passed each time (TopK's and Threshold's
+    residuals per key, INT8's random stream); a dup starts afresh."""
     fails = []
     c = comm.dup()
     for spec, obj in (("topk:0.01", TopK(0.01)), ("threshold:2.0", Threshold(2.0)),

@@ -384,10 +384,11 @@ static Py_ssize_t scan(float *a, const float *x, Py_ssize_t n, int32_t tb, int32
 #if defined(__x86_64__) && defined(__GNUC__)
     if (__builtin_cpu_supports("avx2")) i = scan_avx2(a, x, n, tb, o, v, cap, &count);
 #endif
-    const int32_t *ab = (const int32_t *)a;
     for (; i < n; i++) {                /* the tail (all of it without AVX2) */
         if (x) a[i] += x[i];
-        if ((ab[i] & 0x7fffffff) >= tb) TAKE(i);
+        int32_t bits;
+        memcpy(&bits, a + i, 4);        /* the float's bits (a cast pointer would break aliasing rules) */
+        if ((bits & 0x7fffffff) >= tb) TAKE(i);
     }
     return count;
 }
@@ -468,10 +469,9 @@ static PyObject *scatter_add(PyObject *self, PyObject *args) {
 /* sum_pairs(out, wires) -> None: out = the sum, in the order of the list, of the packed pairs in wires
  * (compress/_sparse.py's pack() format for a tensor of len(out) elements: float32 values, a uint32
  * pair count per block of 2**16 elements, the uint16 low bits of each index, 2 bytes of padding if
- * odd). Block by block: the
- * block zeroed, then each wire's pairs of that block added, in the list's order: every element sums
- * its contributions in that order (the bits of zeroing out and adding each wire in turn), while the
- * block stays in cache and out is written once, in order. */
+ * odd). Block by block: the block zeroed, then each wire's pairs of that block added, in the list's
+ * order: every element sums its contributions in that order (the bits of zeroing out and adding each
+ * wire in turn), while the block stays in cache and out is written once, in order. */
 static PyObject *sum_pairs(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *out_o, *list;
