@@ -137,8 +137,11 @@ def spec_keeps_state(comm, steps: int = 3, count: int = 4000):
     c2.allreduce(again, compression="topk:0.01", key="w")
     if not np.array_equal(first, again):
         fails.append("a dup's first topk call saw another communicator's residual")
+    from pyxccl import compressed
     for x in (c2, d, c):
         x.close()
+        if x in compressed._PARSED:
+            fails.append("a closed communicator kept the compressors its spec strings named")
     return fails
 
 

@@ -342,6 +342,7 @@ class Communicator(Description, ObjectCollectives):
     def close(self) -> None:
         """Release the communicator. Closing the world communicator also closes every
         communicator split from it and releases sockets, threads and shared memory."""
+        compressed.forget(self)             # the compressors its spec strings named (their residuals)
         self._ctx.close()
 
     def __enter__(self) -> "Communicator":

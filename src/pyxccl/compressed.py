@@ -52,6 +52,11 @@ def _parsed(comm, compression):
     return codec
 
 
+def forget(comm) -> None:
+    """Drop the compressors ``comm``'s spec strings named (on close: their residuals can be large)."""
+    _PARSED.pop(comm, None)
+
+
 def _codec(comm, c: Check, compression, buf: np.ndarray, op=None):
     codec = _parsed(comm, compression)
     if isinstance(codec, str):              # "auto": the cost model decides (None: not worth it here)
