@@ -21,11 +21,8 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _worker(a) -> None:
@@ -105,16 +102,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         return _worker(a)
-    sys.path.insert(0, str(ROOT / "tests"))
-    from multihost import _run_job
-    from netns import EmulatedHosts, unavailable
-    why = unavailable()
-    if why:
-        sys.exit(f"dp_overlap.py: {why}")
+    from multihost import _run_job, emulated_hosts
     worker = [str(Path(__file__).resolve()), "--worker", f"--bucket-mb={','.join(map(str, a.bucket_mb))}"]
     worker += [f"--{k}={getattr(a, k)}" for k in ("layers", "hidden", "batch", "iters", "warmup")]
-    rate = None if a.rate in ("0", "") else a.rate
-    with EmulatedHosts(a.hosts, rate=rate, prefix="pxd", subnet="10.77.0") as hosts:
+    with emulated_hosts("dp_overlap.py", a.hosts, a.rate, prefix="pxd", subnet="10.77.0") as hosts:
         out = _run_job(hosts, a.per_host, worker, {"PYXCCL_SECRET": "dp-overlap"}, 1800)
     res = {k.replace("_", " "): (float(t), int(b)) for k, t, b in re.findall(r"RESULT (\S+) ([\d.e-]+) (\d+)", out)}
     m = re.search(r"GRADS (\d+) RANKS (\d+)", out)

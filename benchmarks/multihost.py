@@ -127,6 +127,17 @@ def _run_job(hosts, per_host: int, argv: list[str], env: dict, timeout: float) -
     return outs[0]
 
 
+def emulated_hosts(script: str, n: int, rate: str | None = None, **kw):
+    """tests/netns.py's ``EmulatedHosts(n)``, links shaped to ``rate`` ("0" or "": unshaped); exits
+    naming ``script`` and why where they cannot be made (root, ip and tc are needed)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from netns import EmulatedHosts, unavailable
+    why = unavailable()
+    if why:
+        sys.exit(f"{script}: {why}")
+    return EmulatedHosts(n, rate=None if rate in ("0", "") else rate, **kw)
+
+
 def _netbench(hosts, mib: int) -> float:
     """netbench.py bulk throughput host 0 -> host 1, in bytes/s."""
     from netns import NETNS_DIR
@@ -158,15 +169,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         return _worker(a)
-    sys.path.insert(0, str(ROOT / "tests"))
-    from netns import EmulatedHosts, unavailable
-    why = unavailable()
-    if why:
-        sys.exit(f"multihost.py: {why}")
     worker = [str(Path(__file__).resolve()), a.mode, "--worker", "--size", str(a.size), "--iters", str(a.iters),
               "--warmup", str(a.warmup), "--specs", a.specs] + ([] if a.gloo else ["--no-gloo"])
     if a.mode == "p2p":
-        with EmulatedHosts(2, prefix="pxb", subnet="10.79.0") as hosts:
+        with emulated_hosts("multihost.py", 2, prefix="pxb", subnet="10.79.0") as hosts:
             raw = statistics.median(_netbench(hosts, a.size // MiB) for _ in range(3))
             print(f"# p2p {a.size // MiB} MiB host 0 -> host 1, unshaped; netbench.py one stream: "
                   f"{raw / 1e9:.2f} GB/s")
@@ -176,8 +182,7 @@ def main() -> None:
                 t = float(re.search(r"RESULT \S+ ([\d.e-]+)", out).group(1))
                 print(f"{'NSOCKS=' + k:<22}{a.size / t / 1e9:>8.2f}{a.size / t / raw:>12.0%}")
         return
-    rate = None if a.rate in ("0", "") else a.rate
-    with EmulatedHosts(a.hosts, rate=rate, prefix="pxb", subnet="10.79.0") as hosts:
+    with emulated_hosts("multihost.py", a.hosts, a.rate, prefix="pxb", subnet="10.79.0") as hosts:
         out = _run_job(hosts, a.per_host, worker, {}, 1800)
     if a.mode == "compression":
         print(f"# allreduce {a.size // MiB} MiB float32, {a.hosts} hosts x {a.per_host} ranks, link {a.rate} per "
