@@ -31,7 +31,7 @@ peers:
 # (what runs where pyxccl._native could not be built).
 test: install-test
 	$(PY) -m pytest -q
-	PYXCCL_NATIVE=0 $(PY) -m pytest -q tests/test_quick.py tests/test_collectives.py tests/test_buffers.py \
+	PYXCCL_NATIVE=0 $(PY) -m pytest -q tests/test_prepared.py tests/test_collectives.py tests/test_buffers.py \
 		tests/test_errors.py tests/test_compress.py -k "not sigkill and not close_leaves and not host_faults"
 
 clean:

@@ -7,7 +7,7 @@ import numpy as np
 
 from pyxccl import InvalidArgumentError
 from pyxccl.compress import BF16, FP16, INT8, Threshold, TopK
-from pyxccl.core.plan import SETTLED
+from pyxccl.algorithms import registry
 
 QUANTIZERS = {"fp16": FP16(), "bf16": BF16(), "int8": INT8()}
 UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
@@ -44,7 +44,7 @@ def _check_quantized(comm, algorithms, count):
         for algo in algorithms:
             what = f"{name} {algo}"
             y = xs[r].copy()
-            if name == "int8" and algo not in SETTLED:     # refused: INT8's blocks need ring or hierarchical
+            if name == "int8" and not registry.lookup("allreduce", algo).settles:     # refused: INT8's blocks need ring or hierarchical
                 try:
                     comm.allreduce(y, compression=q, algorithm=algo)
                     fails.append(f"allreduce {what}: not refused")

@@ -738,7 +738,7 @@ def memory_growth(comm, calls: int = 1500) -> int:
     return held[1] - held[0]
 
 
-# --- prepared calls (core/quick.py) -------------------------------------------------------------
+# --- prepared calls (core/prepared.py) -------------------------------------------------------------
 
 def check_prepared(comm, counts, pairs, reps: int = 3):
     """Every primitive made ``reps`` times with the same shape and new data each time (from the second
@@ -847,7 +847,7 @@ def _checks_made(calls, reps: int) -> int:
 
 def full_path_calls(comm, reps: int = 5) -> int:
     """Argument checks run by ``reps`` repeated blocking calls of each primitive after a warm-up:
-    0 when every repeat ran prepared (core/quick.py)."""
+    0 when every repeat ran prepared (core/prepared.py): allocating forms and async calls too."""
     n, r = comm.size, comm.rank
     x, out, other = np.ones(4, np.float32), np.empty(4 * n, np.float32), np.empty(4 * n, np.float32)
 
@@ -860,7 +860,10 @@ def full_path_calls(comm, reps: int = 5) -> int:
         comm.reduce_scatter(out, x)
         comm.alltoall(out, other)
         comm.gather(x, out if r == 0 else None, 0)
+        comm.gather(x, None, 0)                 # the root allocates
+        comm.allgather(x)                       # allocates
         comm.scatter(out if r == 0 else None, x, 0)
+        comm.allreduce(x, async_op=True).wait()
         comm.barrier()
     return _checks_made(calls, reps)
 
@@ -1188,7 +1191,7 @@ def _pick(comm, kind: str, index):
 def run_sequence(comm, steps):
     """Run the steps of a random sequence (tests/test_property.py draws them; every rank gets the same
     list) and return, per step and repeat, this rank's result: the array the call wrote (None where it
-    writes nothing here). A step repeated runs prepared the second time (core/quick.py), with new data."""
+    writes nothing here). A step repeated runs prepared the second time (core/prepared.py), with new data."""
     n, r = comm.size, comm.rank
     results = []
     for st in steps:

@@ -1,7 +1,7 @@
 """Every bad argument is refused up front: an InvalidArgumentError (UnsupportedOpError for an op that
 makes no sense for the dtype) naming the rank, the operation, the argument and its value, raised before
 anything is allocated or sent, leaving the communicator usable; repeated calls that run prepared
-(core/quick.py) refuse the same. Most cases run in a world of one rank in this process; those that
+(core/prepared.py) refuse the same. Most cases run in a world of one rank in this process; those that
 need peers (counts of other ranks, in-place forms) on 2 ranks of the shared pool."""
 import tracemalloc
 
@@ -263,7 +263,7 @@ def test_with_peers_the_prepared_path_refuses_too(pools, transport):
 
 @pytest.mark.timeout(90)
 def test_in_place_forms_run_prepared(pools, transport):
-    """The overlap rule costs the in-place forms nothing: repeated, they run prepared (core/quick.py)."""
+    """The overlap rule costs the in-place forms nothing: repeated, they run prepared (core/prepared.py)."""
     assert pools(2).run(rf.in_place_full_path_calls, transport=transport) == [0, 0]
 
 

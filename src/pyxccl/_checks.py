@@ -13,11 +13,11 @@ from ._errors import InvalidArgumentError, UnsupportedOpError
 from .algorithms import registry
 from .dtypes import as_array, dtype_name
 from .ops import ReduceOp, as_op, op_error
+from .primitives import apart
 
 _MAX_TAG = (1 << 31) - 1            # the wire's tag field is a signed 32-bit integer
 _INT32 = (-(1 << 31), (1 << 31) - 1)  # split's color and key, as MPI_Comm_split's ints
 _MAX_COUNT = (1 << 47) - 1          # a fingerprint carries 47 bits of a count (primitives.size_word)
-_EQUAL_BLOCKS = ("bruck", "hierarchical", "shm")    # alltoall algorithms that need equal blocks
 _TRANSPORTS = ("auto", "tcp", "shm")   # as transport/mesh.py
 _MAX_TIMEOUT = 1e9                  # s (31 years): waits and socket timeouts overflow past threading.TIMEOUT_MAX
 
@@ -162,19 +162,26 @@ class Check:
         return bool(v)
 
     def algorithm(self, name) -> str | None:
-        """``algorithm=``: None or a registered name of the call's primitive; gatherv and scatterv run
-        "direct" only, alltoallv anything but the equal-block algorithms."""
+        """``algorithm=``: None or a registered name of the call's primitive. The v-variants run only
+        what their counts allow (the algorithm's record says): gatherv and scatterv an algorithm that
+        needs only each rank's own count (the root knows the rest), alltoallv none that needs equal
+        blocks (ranks with equal blocks would go ahead and hang)."""
         prim = self.op[:-1] if self.op.endswith("v") else self.op
         if name is not None and (not isinstance(name, str) or not _known(prim, name)):
             raise self.error(f"algorithm={name!r}: no algorithm of that name for {prim}; known: "
                              + ", ".join(registry.algorithms(prim)))
         if self.op in ("gatherv", "scatterv"):
-            return self.only_direct(name)
+            fit = [a.name for a in registry.records(prim) if a.root_counts]
+            if name is not None and name not in fit:
+                raise self.error(f"algorithm={name!r} routes other ranks' blocks, whose sizes only the root "
+                                 f"knows; use {' or '.join(map(repr, fit))}, or {prim} for equal blocks")
+            return name or fit[0]
         if self.op == "alltoallv":
-            if name in _EQUAL_BLOCKS:   # ranks with equal blocks would go ahead and hang
+            if name is not None and registry.lookup(prim, name).equal_blocks:
+                fit = [a.name for a in registry.records(prim) if not a.equal_blocks]
                 raise self.error(f"algorithm={name!r} needs equal blocks on every rank; use alltoall, or "
-                                 f"'pairwise' or 'direct' for alltoallv")
-            return name or "pairwise"
+                                 f"{' or '.join(map(repr, fit))} for alltoallv")
+            return name or registry.default(prim)
         return name
 
     def op_for(self, op, dt: np.dtype) -> ReduceOp:
@@ -233,18 +240,10 @@ class Check:
         return None if self.op.endswith("v") else counts
 
     def apart(self, bufs: dict, prim, args: dict) -> None:
-        """The input and output share no memory, or only in the call's in-place form (MPI_IN_PLACE,
-        NCCL's in place): one buffer (allreduce, reduce), or the input at this rank's block of the
-        output (allgather, gather), or the output at this rank's block of the input (reduce_scatter,
-        scatter). Any other overlap would have the call overwrite what it has yet to read."""
+        """The input and output share no memory, or only in the call's in-place form
+        (``primitives.apart``, the rule prepared calls follow too)."""
         a, b = bufs.get("in"), bufs.get("out")
-        if a is None or b is None or a is b or not (a.size and b.size):
-            return
-        if not np.may_share_memory(a, b):      # contiguous arrays: their byte ranges overlap
-            return
-        inner, outer = (a, b) if prim.gathers else (b, a)
-        at = {"count": 0, "blocks": sum(args.get("counts", ())[:self.me]) * a.itemsize}.get(prim.shape)
-        if at is not None and inner.ctypes.data == outer.ctypes.data + at:
+        if a is None or b is None or apart(prim, a, b, prim.in_place_at(self.me, args, a.itemsize)):
             return
         names = self._names.get(id(a), "the input"), self._names.get(id(b), "the output")
         form = {"count": "be one buffer", "blocks": f"hold {names[0 if prim.gathers else 1]} at this rank's "
@@ -257,11 +256,3 @@ class Check:
             return pickle.dumps(obj)
         except Exception as e:  # noqa: BLE001  (pickling raises whatever the object's reducer raises)
             raise self.error(f"obj={type(obj).__name__} object cannot be pickled: {e}") from None
-
-    def only_direct(self, name) -> str:
-        """gatherv/scatterv: a rank knows only its own count (all of them at the root), and every
-        algorithm but "direct" routes other ranks' blocks: refuse those, or ranks would hang."""
-        if name not in (None, "direct"):
-            raise self.error(f"algorithm={name!r} routes other ranks' blocks, whose sizes only the root "
-                             f"knows; use 'direct', or gather/scatter for equal blocks")
-        return "direct"

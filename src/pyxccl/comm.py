@@ -8,15 +8,16 @@ itself (primitive, buffers, counts, root, op; the rules are those of
 """
 from __future__ import annotations
 
-import numpy as np
 
 from . import compressed
 from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
 from ._objects import ObjectCollectives
+from .calls import DESCRIBE, Described
 from .core.context import Context
 from .core.onehost import attach_segment
+from .core.prepared import key
 from .ops import ReduceOp
 from .primitives import PRIMITIVES
 
@@ -44,25 +45,39 @@ class Communicator(Description, ObjectCollectives):
 
 
     # --- collectives --------------------------------------------------------------
-    def _run(self, c: Check, prim: str, bufs: dict, args: dict, size, nbytes: int, *, op=None,
-             root=None, result=None, quick=None, writes=True, codec=None, after=None):
-        """Run a checked call: ``args`` for the builders, ``size`` for its fingerprint, ``nbytes`` for the
-        choice of algorithm; ``c.how``: its (algorithm, async_op, timeout); ``quick``: the key its next
-        calls run prepared under (core/quick.py), ``writes``: it writes its output; ``codec``, ``after``: see
-        compressed.py."""
+    # Each call names what this rank reads and writes (``inp``, ``out``: the user's objects, None for
+    # none or an output to allocate) for its key, then its arguments for the full path (calls.py).
+    def _call(self, name: str, inp, out, root, op, async_op, algorithm, timeout, *args):
+        """Run call ``name``: the prepared call of its key if there is one and it takes these buffers,
+        else the full path (``calls.DESCRIBE[name](check, rank, size, *args)``), which keeps what it
+        prepared under the key for the next call."""
+        ctx = self._ctx
+        k = key(name, inp, out, root, op, algorithm, timeout, ctx.thread_word())
+        p = ctx.prepared.get(k)
+        if p is not None and (async_op is False or async_op is True):
+            bound = p.bind(inp, out)
+            if bound is not None:
+                return p.start(*bound, async_op)
+        c = Check(self, name, (algorithm, async_op, timeout))
+        return self._start(c, DESCRIBE[name](c, self.rank, self.size, *args), k)
+
+    def _start(self, c: Check, d: Described, k=None):
+        """Run the described call ``d`` (checked by ``c``, whose ``how`` is its algorithm, async_op and
+        timeout), kept under key ``k`` for its repeats (None: not kept)."""
         algorithm, async_op, timeout = c.how
-        n_in, n_out = PRIMITIVES[prim].buffers(self.rank, args)
-        for b, want in (("in", n_in), ("out", n_out)):
-            if b in bufs and bufs[b].size != want:
-                c.size(bufs[b], want, "the output" if b == "out" else "the input")
-        c.apart(bufs, PRIMITIVES[prim], args)
-        plan = self._ctx.plans.plan(prim, next(iter(bufs.values())).dtype, nbytes, op, root, algorithm, c.error,
-                                    codec)
-        key = tuple(args.values())          # hashable: counts lists become tuples
-        if "count" not in args:
-            key = tuple(v if type(v) is int else tuple(v) for v in key)
-        return self._ctx.collective(c.op, plan, key, args, size, bufs, result=result, async_op=async_op,
-                                    timeout=timeout, quick=quick, writes=writes, after=after, codec=codec)
+        prim = PRIMITIVES[d.primitive]
+        n_in, n_out = prim.buffers(self.rank, d.args)
+        for arr, want, what in ((d.inp, n_in, "the input"), (d.out, n_out, "the output")):
+            if arr is not None and arr.size != want:
+                c.size(arr, want, what)
+        c.apart({"in": d.inp, "out": d.out}, prim, d.args)
+        dtype = (d.inp if d.inp is not None else d.out).dtype
+        ctx = self._ctx
+        plan = ctx.plans.plan(d.primitive, dtype, d.nbytes, d.op, d.root, algorithm, c.error, d.codec)
+        keep = k if d.codec is None and d.after is None else None
+        p = ctx.prepare(c.op, plan, d.args, d.size, d.inp, d.out, timeout=timeout, writes=d.writes,
+                        allocates=d.allocates, keep=keep)
+        return p.start(d.inp, d.out, d.result, async_op, d.codec, d.after)
 
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
                   compression=None, key=None):
@@ -72,31 +87,14 @@ class Communicator(Description, ObjectCollectives):
         >>> comm.allreduce(grad, compression="int8")       # doctest: +SKIP
         """
         if compression is not None:
-            return compressed.allreduce(self, tensor, op, out, async_op, algorithm, timeout, compression, key)
-        dst = tensor if out is None else out
-        sh = _shape(tensor)
-        q = sh and (out is None or _shape(out)) and ("allreduce", sh, out is None or _shape(out), op, algorithm,
-                                                     timeout)
-        if q and async_op is False and self._ctx.quick(q, tensor, dst):
-            return dst
-        c = Check(self, "allreduce", (algorithm, async_op, timeout))
-        buf = c.array(tensor, "tensor", writable=out is None)
-        dst = buf if out is None else c.same_dtype(buf, c.array(out, "out", writable=True), "out")
-        return self._run(c, "allreduce", {"in": buf, "out": dst}, dict(count=buf.size), buf.size, buf.nbytes,
-                         op=c.op_for(op, buf.dtype),
-                         result=tensor if out is None else out, quick=q)
+            return compressed.allreduce(self, self._start, tensor, op, out, async_op, algorithm, timeout,
+                                        compression, key)
+        return self._call("allreduce", tensor, tensor if out is None else out, None, op, async_op, algorithm,
+                          timeout, tensor, op, out)
 
     def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Copy ``tensor`` of rank ``root`` into ``tensor`` of every rank."""
-        sh = _shape(tensor)
-        q = sh and type(root) is int and ("broadcast", sh, root, algorithm, timeout)
-        if q and async_op is False and self._ctx.quick(q, None, tensor):
-            return tensor
-        c = Check(self, "broadcast", (algorithm, async_op, timeout))
-        root = c.rank(root, "root")
-        buf = c.array(tensor, "tensor", writable=self.rank != root)
-        return self._run(c, "broadcast", {"out": buf}, dict(count=buf.size, root=root), buf.size, buf.nbytes,
-                         root=root, result=tensor, quick=q, writes=self.rank != root)
+        return self._call("broadcast", None, tensor, root, None, async_op, algorithm, timeout, tensor, root)
 
     def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
                timeout=None):
@@ -105,19 +103,7 @@ class Communicator(Description, ObjectCollectives):
         The other ranks' buffers are left unchanged.
         """
         dst = out if out is not None and self.rank == root else tensor
-        sh = _shape(tensor)
-        q = sh and type(root) is int and (dst is tensor or _shape(dst)) and (
-            "reduce", sh, dst is tensor or _shape(dst), root, op, algorithm, timeout)
-        if q and async_op is False and self._ctx.quick(q, tensor, dst):
-            return dst
-        c = Check(self, "reduce", (algorithm, async_op, timeout))
-        root = c.rank(root, "root")
-        is_root = self.rank == root
-        buf = c.array(tensor, "tensor", writable=is_root and out is None)
-        dst = c.same_dtype(buf, c.array(out, "out", writable=True), "out") if is_root and out is not None else buf
-        return self._run(c, "reduce", {"in": buf, "out": dst}, dict(count=buf.size, root=root), buf.size,
-                         buf.nbytes, op=c.op_for(op, buf.dtype), root=root,
-                         result=out if out is not None and is_root else tensor, quick=q, writes=is_root)
+        return self._call("reduce", tensor, dst, root, op, async_op, algorithm, timeout, tensor, root, op, out)
 
     def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None, compression=None,
                   key=None):
@@ -126,25 +112,14 @@ class Communicator(Description, ObjectCollectives):
         ``recvbuf`` needs ``size * len(sendbuf)`` elements; None allocates and returns a numpy array.
         """
         if compression is not None:
-            return compressed.allgather(self, sendbuf, recvbuf, async_op, algorithm, timeout, compression, key)
-        q = _shape(sendbuf) and _shape(recvbuf) and ("allgather", _shape(sendbuf), _shape(recvbuf), algorithm, timeout)
-        if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
-            return recvbuf
-        c = Check(self, "allgather", (algorithm, async_op, timeout))
-        send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._allgatherv(c, send, recvbuf, [send.size] * self.size, q)
+            return compressed.allgather(self, self._start, sendbuf, recvbuf, async_op, algorithm, timeout,
+                                        compression, key)
+        return self._call("allgather", sendbuf, recvbuf, None, None, async_op, algorithm, timeout, sendbuf, recvbuf)
 
     def allgatherv(self, sendbuf, recvbuf, counts, *, async_op=False, algorithm=None, timeout=None):
-        """Like allgather, rank i contributing ``counts[i]`` elements."""
+        """Like allgather, rank i contributing ``counts[i]`` elements (``recvbuf`` None allocates)."""
         c = Check(self, "allgatherv", (algorithm, async_op, timeout))
-        return self._allgatherv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, counts)
-
-    def _allgatherv(self, c, send, recvbuf, counts, quick=None):
-        counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
-        recvbuf = c.allocate(recvbuf, sum(counts), send.dtype)
-        recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
-        return self._run(c, "allgather", {"in": send, "out": recv}, dict(counts=counts), counts, recv.nbytes,
-                         result=recvbuf, quick=quick)
+        return self._start(c, DESCRIBE["allgatherv"](c, self.rank, self.size, sendbuf, recvbuf, counts))
 
     def gather(self, sendbuf, recvbuf=None, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Concatenate every rank's ``sendbuf`` into ``recvbuf`` of rank ``root``.
@@ -152,29 +127,13 @@ class Communicator(Description, ObjectCollectives):
         Only the root needs ``recvbuf`` (None there allocates one); the others get None back.
         """
         out = recvbuf if self.rank == root else None
-        q = type(root) is int and _shape(sendbuf) and (out is None or _shape(out)) and (
-            "gather", _shape(sendbuf), out is not None and _shape(out), root, algorithm, timeout)
-        if q and async_op is False and self._ctx.quick(q, sendbuf, out):
-            return out
-        c = Check(self, "gather", (algorithm, async_op, timeout))
-        send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._gatherv(c, send, recvbuf, root, [send.size] * self.size, q)
+        return self._call("gather", sendbuf, out, root, None, async_op, algorithm, timeout, sendbuf, recvbuf, root)
 
     def gatherv(self, sendbuf, recvbuf=None, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                 timeout=None):
         """Like gather, rank i contributing ``counts[i]`` elements (``counts`` needed at the root)."""
         c = Check(self, "gatherv", (algorithm, async_op, timeout))
-        send = c.array(sendbuf, "sendbuf", writable=False)
-        return self._gatherv(c, send, recvbuf, root, c.root_counts(counts, c.rank(root, "root"), send.size))
-
-    def _gatherv(self, c, send, recvbuf, root, counts, quick=None):
-        root = c.rank(root, "root")
-        counts = c.counts(counts, "counts", own=(send.size, "sendbuf"))
-        bufs, recvbuf = {"in": send}, None if self.rank != root else c.allocate(recvbuf, sum(counts), send.dtype)
-        if self.rank == root:
-            bufs["out"] = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
-        return self._run(c, "gather", bufs, dict(counts=counts, root=root), c.agreed(counts),
-                         send.nbytes * self.size, root=root, result=recvbuf, quick=quick)
+        return self._start(c, DESCRIBE["gatherv"](c, self.rank, self.size, sendbuf, recvbuf, counts, root))
 
     def scatter(self, sendbuf, recvbuf, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Rank ``root`` cuts ``sendbuf`` into ``size`` equal parts; rank i receives part i in ``recvbuf``.
@@ -182,93 +141,43 @@ class Communicator(Description, ObjectCollectives):
         ``sendbuf`` is only read on the root (pass None elsewhere).
         """
         inp = sendbuf if self.rank == root else None
-        q = type(root) is int and _shape(recvbuf) and (inp is None or _shape(inp)) and (
-            "scatter", inp is not None and _shape(inp), _shape(recvbuf), root, algorithm, timeout)
-        if q and async_op is False and self._ctx.quick(q, inp, recvbuf):
-            return recvbuf
-        c = Check(self, "scatter", (algorithm, async_op, timeout))
-        recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._scatterv(c, sendbuf, recv, recvbuf, root, [recv.size] * self.size, q)
+        return self._call("scatter", inp, recvbuf, root, None, async_op, algorithm, timeout, sendbuf, recvbuf, root)
 
     def scatterv(self, sendbuf, recvbuf, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                  timeout=None):
         """Like scatter, rank i receiving ``counts[i]`` elements (``counts`` needed at the root)."""
         c = Check(self, "scatterv", (algorithm, async_op, timeout))
-        recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._scatterv(c, sendbuf, recv, recvbuf, root, c.root_counts(counts, c.rank(root, "root"), recv.size))
-
-    def _scatterv(self, c, sendbuf, recv, recvbuf, root, counts, quick=None):
-        root = c.rank(root, "root")
-        counts = c.counts(counts, "counts", own=(recv.size, "recvbuf"))
-        bufs = {"out": recv}
-        if self.rank == root:
-            if sendbuf is None:
-                raise c.error("the root must pass sendbuf")
-            bufs = {"in": c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf"), "out": recv}
-        return self._run(c, "scatter", bufs, dict(counts=counts, root=root), c.agreed(counts),
-                         recv.nbytes * self.size, root=root, result=recvbuf, quick=quick)
+        return self._start(c, DESCRIBE["scatterv"](c, self.rank, self.size, sendbuf, recvbuf, counts, root))
 
     def reduce_scatter(self, sendbuf, recvbuf, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                        timeout=None, compression=None, key=None):
         """Reduce ``sendbuf`` (``size`` equal parts) over all ranks; rank i gets part i in ``recvbuf``."""
         if compression is not None:
-            return compressed.reduce_scatter(self, sendbuf, recvbuf, op, async_op, algorithm, timeout, compression,
-                                             key)
-        q = _shape(sendbuf) and _shape(recvbuf) and ("reduce_scatter", _shape(sendbuf), _shape(recvbuf), op,
-                                                     algorithm, timeout)
-        if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
-            return recvbuf
-        c = Check(self, "reduce_scatter", (algorithm, async_op, timeout))
-        recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, [recv.size] * self.size, op, q)
+            return compressed.reduce_scatter(self, self._start, sendbuf, recvbuf, op, async_op, algorithm, timeout,
+                                             compression, key)
+        return self._call("reduce_scatter", sendbuf, recvbuf, None, op, async_op, algorithm, timeout, sendbuf,
+                          recvbuf, op)
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
                         timeout=None):
         """Like reduce_scatter, rank i getting ``counts[i]`` elements."""
         c = Check(self, "reduce_scatterv", (algorithm, async_op, timeout))
-        recv = c.array(recvbuf, "recvbuf", writable=True)
-        return self._reduce_scatterv(c, sendbuf, recv, recvbuf, counts, op)
-
-    def _reduce_scatterv(self, c, sendbuf, recv, recvbuf, counts, op, quick=None):
-        send = c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf")
-        counts = c.counts(counts, "counts", total=(send.size, "sendbuf"), own=(recv.size, "recvbuf"))
-        return self._run(c, "reduce_scatter", {"in": send, "out": recv}, dict(counts=counts), counts, send.nbytes,
-                         op=c.op_for(op, send.dtype), result=recvbuf, quick=quick)
+        return self._start(c, DESCRIBE["reduce_scatterv"](c, self.rank, self.size, sendbuf, recvbuf, counts, op))
 
     def alltoall(self, sendbuf, recvbuf, *, async_op=False, algorithm=None, timeout=None):
         """Rank i sends part j of ``sendbuf`` (``size`` equal parts) to rank j, which stores it as part i."""
-        q = _shape(sendbuf) and _shape(recvbuf) and ("alltoall", _shape(sendbuf), _shape(recvbuf), algorithm, timeout)
-        if q and async_op is False and self._ctx.quick(q, sendbuf, recvbuf):
-            return recvbuf
-        c = Check(self, "alltoall", (algorithm, async_op, timeout))
-        send = c.array(sendbuf, "sendbuf", writable=False)
-        if send.size % self.size:
-            raise c.error(f"sendbuf has {send.size} elements, not a multiple of the {self.size} ranks")
-        counts = [send.size // self.size] * self.size
-        return self._alltoallv(c, send, recvbuf, counts, counts, q)
+        return self._call("alltoall", sendbuf, recvbuf, None, None, async_op, algorithm, timeout, sendbuf, recvbuf)
 
     def alltoallv(self, sendbuf, recvbuf, send_counts, recv_counts, *, async_op=False, algorithm=None,
                   timeout=None):
         """Rank i sends ``send_counts[j]`` elements to rank j and receives ``recv_counts[j]`` from it."""
         c = Check(self, "alltoallv", (algorithm, async_op, timeout))
-        return self._alltoallv(c, c.array(sendbuf, "sendbuf", writable=False), recvbuf, send_counts, recv_counts)
-
-    def _alltoallv(self, c, send, recvbuf, send_counts, recv_counts, quick=None):
-        recv = c.same_dtype(send, c.array(recvbuf, "recvbuf", writable=True), "recvbuf")
-        sc = c.counts(send_counts, "send_counts", total=(send.size, "sendbuf"))
-        rc = c.counts(recv_counts, "recv_counts", total=(recv.size, "recvbuf"))
-        if sc[self.rank] != rc[self.rank]:
-            raise c.error(f"this rank sends itself {sc[self.rank]} elements but expects {rc[self.rank]}")
-        return self._run(c, "alltoall", {"in": send, "out": recv}, dict(send_counts=sc, recv_counts=rc),
-                         sc if c.op == "alltoall" else None, send.nbytes, result=recvbuf, quick=quick)
+        return self._start(c, DESCRIBE["alltoallv"](c, self.rank, self.size, sendbuf, recvbuf, send_counts,
+                                                    recv_counts))
 
     def barrier(self, *, async_op=False, algorithm=None, timeout=None):
         """Return once every rank has entered the barrier."""
-        q = ("barrier", algorithm, timeout)
-        if async_op is False and self._ctx.quick(q, None, None):
-            return None
-        return self._run(Check(self, "barrier", (algorithm, async_op, timeout)), "barrier",
-                         {"in": np.empty(0, np.uint8)}, {}, 0, 0, quick=q)
+        return self._call("barrier", None, None, None, None, async_op, algorithm, timeout)
 
     # --- point to point -----------------------------------------------------------
     def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None):
@@ -350,11 +259,6 @@ class Communicator(Description, ObjectCollectives):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _shape(a):
-    """A numpy array's (dtype, size) in the key of a prepared call; None for anything else."""
-    return (a.dtype, a.size) if type(a) is np.ndarray else None
 
 
 def _ready(comm: Communicator, tune: bool = False) -> Communicator:

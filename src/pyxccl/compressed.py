@@ -29,6 +29,7 @@ import weakref
 import numpy as np
 
 from ._checks import Check
+from .calls import Described
 from .compress import Compressor, Quantizer, Sparsifier, nbytes, parse
 from .ops import ReduceOp
 
@@ -92,18 +93,19 @@ def dense_wins(counts: list[int], count: int) -> bool:
     return len(counts) > 1 and sum(nbytes(m, count) for m in counts) >= 8 * count
 
 
-def _gather_pairs(comm, c: Check, codec: Sparsifier, idx, val, count, counts, add, result):
+def _gather_pairs(run, c: Check, codec: Sparsifier, idx, val, count, counts, add, result):
     """All-gather every rank's (idx, val) pairs of a ``count``-element tensor, then ``add(wires)``: the
     packed pairs of each rank, in rank order."""
     nb = [nbytes(m, count) for m in counts]
     packed = codec.pack(idx, val, count)
     gathered = np.empty(sum(nb), np.uint8)
     ends = np.cumsum(nb).tolist()
-    return comm._run(c, "allgather", {"in": packed, "out": gathered}, dict(counts=nb), nb, gathered.nbytes,
-                     result=result, after=lambda: add(np.split(gathered, ends[:-1])))
+    return run(c, Described("allgather", packed, gathered, dict(counts=nb), nb, gathered.nbytes, result=result,
+                            after=lambda: add(np.split(gathered, ends[:-1]))))
 
 
-def allreduce(comm, tensor, op, out, async_op, algorithm, timeout, compression, key):
+# Each runs through ``run(check, Described)``: the Communicator's, which runs a described call.
+def allreduce(comm, run, tensor, op, out, async_op, algorithm, timeout, compression, key):
     c = Check(comm, "allreduce", (algorithm, async_op, timeout))
     buf = c.array(tensor, "tensor", writable=out is None)
     dst = buf if out is None else c.same_dtype(buf, c.array(out, "out", writable=True), "out")
@@ -115,24 +117,24 @@ def allreduce(comm, tensor, op, out, async_op, algorithm, timeout, compression, 
     if isinstance(codec, Quantizer):
         if dst is not buf:                  # in place: each rank keeps what it sent as its peers saw it
             np.copyto(dst, buf)
-        return comm._run(c, "allreduce", {"in": dst, "out": dst}, dict(count=dst.size), dst.size, dst.nbytes,
-                         op=op, result=result, codec=codec)
+        return run(c, Described("allreduce", dst, dst, dict(count=dst.size), dst.size, dst.nbytes, op,
+                                result=result, codec=codec))
     idx, val = _sparsify(c, codec, buf, key)
     counts = _pair_counts(comm, codec, len(idx), dst.size)
     if dense_wins(counts, dst.size):
         dst[:] = 0
         codec.accumulate(dst, idx, val)
-        return comm._run(c, "allreduce", {"in": dst, "out": dst}, dict(count=dst.size), dst.size, dst.nbytes,
-                         op=op, result=result)
+        return run(c, Described("allreduce", dst, dst, dict(count=dst.size), dst.size, dst.nbytes, op,
+                                result=result))
 
     def add(wires):                         # every rank sums in rank order: the same bits everywhere
         codec.sum_packed(dst, wires)
         if op is ReduceOp.AVG:
             np.divide(dst, comm.size, out=dst)
-    return _gather_pairs(comm, c, codec, idx, val, dst.size, counts, add, result)
+    return _gather_pairs(run, c, codec, idx, val, dst.size, counts, add, result)
 
 
-def reduce_scatter(comm, sendbuf, recvbuf, op, async_op, algorithm, timeout, compression, key):
+def reduce_scatter(comm, run, sendbuf, recvbuf, op, async_op, algorithm, timeout, compression, key):
     c = Check(comm, "reduce_scatter", (algorithm, async_op, timeout))
     recv = c.array(recvbuf, "recvbuf", writable=True)
     send = c.same_dtype(recv, c.array(sendbuf, "sendbuf", writable=False), "sendbuf")
@@ -142,8 +144,8 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, async_op, algorithm, timeout, com
     op = c.op_for(op, send.dtype)
     counts = c.counts([recv.size] * comm.size, "counts", total=(send.size, "sendbuf"), own=(recv.size, "recvbuf"))
     if isinstance(codec, Quantizer):
-        return comm._run(c, "reduce_scatter", {"in": send, "out": recv}, dict(counts=counts), counts, send.nbytes,
-                         op=op, result=recvbuf, codec=codec)
+        return run(c, Described("reduce_scatter", send, recv, dict(counts=counts), counts, send.nbytes, op,
+                                result=recvbuf, codec=codec))
     idx, val = _sparsify(c, codec, send, key)
     lo, hi = comm.rank * recv.size, (comm.rank + 1) * recv.size
 
@@ -155,11 +157,11 @@ def reduce_scatter(comm, sendbuf, recvbuf, op, async_op, algorithm, timeout, com
             codec.accumulate(recv, i[a:b] - lo, v[a:b])
         if op is ReduceOp.AVG:
             np.divide(recv, comm.size, out=recv)
-    return _gather_pairs(comm, c, codec, idx, val, send.size, _pair_counts(comm, codec, len(idx), send.size), add,
+    return _gather_pairs(run, c, codec, idx, val, send.size, _pair_counts(comm, codec, len(idx), send.size), add,
                          recvbuf)
 
 
-def allgather(comm, sendbuf, recvbuf, async_op, algorithm, timeout, compression, key):
+def allgather(comm, run, sendbuf, recvbuf, async_op, algorithm, timeout, compression, key):
     c = Check(comm, "allgather", (algorithm, async_op, timeout))
     send = c.array(sendbuf, "sendbuf", writable=False)
     codec = _codec(comm, c, compression, send)
@@ -170,13 +172,13 @@ def allgather(comm, sendbuf, recvbuf, async_op, algorithm, timeout, compression,
     counts = [send.size] * comm.size
     c.size(recv, sum(counts), "the output")
     if isinstance(codec, Quantizer):        # every rank's block as the others see it, its own included
-        return comm._run(c, "allgather", {"in": codec.round_trip(send), "out": recv}, dict(counts=counts), counts,
-                         recv.nbytes, result=recvbuf, codec=codec)
+        return run(c, Described("allgather", codec.round_trip(send), recv, dict(counts=counts), counts, recv.nbytes,
+                                result=recvbuf, codec=codec))
     idx, val = _sparsify(c, codec, send, key)
 
     def add(wires):
         for r, w in enumerate(wires):
             codec.sum_packed(recv[r * send.size:(r + 1) * send.size], [w])
-    return _gather_pairs(comm, c, codec, idx, val, send.size, _pair_counts(comm, codec, len(idx), send.size), add,
+    return _gather_pairs(run, c, codec, idx, val, send.size, _pair_counts(comm, codec, len(idx), send.size), add,
                          recvbuf)
 

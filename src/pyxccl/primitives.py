@@ -70,11 +70,31 @@ class Primitive:
         whole = 0 if self.rooted and rank != args["root"] else sum(counts)
         return (counts[rank], whole) if self.gathers else (whole, counts[rank])
 
+    def in_place_at(self, rank: int, args: dict, itemsize: int) -> int | None:
+        """Where the call's in-place form (MPI_IN_PLACE, NCCL's in place) puts the smaller buffer in
+        the larger, in bytes: 0 for one buffer (allreduce, reduce), this rank's block of the output
+        (allgather, gather) or of the input (reduce_scatter, scatter); None: no in-place form."""
+        if self.shape == "count":
+            return 0
+        if self.shape == "blocks":
+            return sum(args["counts"][:rank]) * itemsize
+        return None
+
     def busbw_factor(self, n: int) -> float:
         """nccl-tests' bus bandwidth factor."""
         if self.name == "allreduce":
             return 2.0 * (n - 1) / n
         return (n - 1) / n if self.split else 1.0
+
+
+def apart(prim: Primitive, inp: np.ndarray, out: np.ndarray, at: int | None) -> bool:
+    """May a call of ``prim`` run on contiguous arrays ``inp`` and ``out``? They share no memory, or
+    only in the in-place form (``at``: :meth:`Primitive.in_place_at`). Any other overlap would have
+    the call overwrite what it has yet to read. The full path and prepared calls ask this one rule."""
+    if inp is out or not (inp.size and out.size) or not np.may_share_memory(inp, out):
+        return True
+    inner, outer = (inp, out) if prim.gathers else (out, inp)
+    return at is not None and inner.ctypes.data == outer.ctypes.data + at
 
 
 PRIMITIVES: dict[str, Primitive] = {p.name: p for p in (

@@ -32,7 +32,7 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     return s
 
 
-@register("alltoall", "bruck")
+@register("alltoall", "bruck", equal_blocks=True)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """Equal block sizes only (a block's size must be known to the ranks it passes through)."""
     n = nranks

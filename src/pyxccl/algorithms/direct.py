@@ -7,7 +7,7 @@ from ..schedule import Copy, Recv, Schedule, Send, offsets
 from .registry import register
 
 
-@register("gather", "direct", default=True)
+@register("gather", "direct", default=True, root_counts=True)
 def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     s = Schedule(rank, nranks)
     if rank != root:
@@ -19,7 +19,7 @@ def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     return s
 
 
-@register("scatter", "direct", default=True)
+@register("scatter", "direct", default=True, root_counts=True)
 def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     s = Schedule(rank, nranks)
     if rank != root:

@@ -142,7 +142,7 @@ def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[s
     s.step(*(Copy(src[0], src[1] + a, dst[0], dst[1] + d, c) for a, d, c in runs))
 
 
-@register("allreduce", "hierarchical")
+@register("allreduce", "hierarchical", settles=True)
 def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
     hosts = hosts if hosts is not None else [0] * nranks
@@ -186,7 +186,7 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
     return s
 
 
-@register("allgather", "hierarchical")
+@register("allgather", "hierarchical", settles=True)
 def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -224,7 +224,7 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
     return s
 
 
-@register("reduce_scatter", "hierarchical")
+@register("reduce_scatter", "hierarchical", settles=True)
 def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
                    outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -296,7 +296,7 @@ def broadcast(rank: int, nranks: int, count: int, root: int, hosts=None, inner: 
     return s
 
 
-@register("alltoall", "hierarchical")
+@register("alltoall", "hierarchical", equal_blocks=True)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], hosts=None,
              inner: str = "pairwise", outer: str = "pairwise") -> Schedule:
     """Equal blocks only: ValueError otherwise (see the module docstring)."""

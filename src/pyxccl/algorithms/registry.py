@@ -21,11 +21,16 @@ Builder = Callable[..., Schedule]
 
 @dataclass(frozen=True)
 class Algorithm:
+    """An algorithm and the facts about it that other layers act on (the argument checks, the
+    planner, compression): said here, where the algorithm is registered, not in name lists there."""
     primitive: str
     name: str
     build: Builder
     segment: bool = False         # runs on the host's shared segment (its schedules are segment schedules)
-    wants_hosts: bool = False
+    wants_hosts: bool = False     # host-aware: its builder takes every rank's host (hierarchical)
+    equal_blocks: bool = False    # needs every rank's block equal (refused for alltoallv)
+    root_counts: bool = False     # runs when each rank knows only its own count (gatherv, scatterv)
+    settles: bool = False         # compressed, every rank ends with the same quantized bits by construction
 
     def schedule(self, rank: int, nranks: int, *, hosts=None, window=None, **args) -> Schedule:
         """This rank's schedule, passing ``hosts`` and ``window`` only to builders that use them."""
@@ -41,11 +46,14 @@ _DEFAULT: dict[str, str] = {}
 _IDS: dict[str, int] = {}      # algorithm name -> small number carried in call fingerprints
 
 
-def register(primitive: str, name: str, *, default: bool = False, segment: bool = False):
-    """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``."""
+def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
+             root_counts: bool = False, settles: bool = False):
+    """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``, with the facts
+    of :class:`Algorithm` (a builder that takes ``hosts`` is host-aware)."""
     def deco(builder: Builder) -> Builder:
         _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
-                                                 "hosts" in inspect.signature(builder).parameters)
+                                                 "hosts" in inspect.signature(builder).parameters,
+                                                 equal_blocks, root_counts, settles)
         _IDS.clear()
         if default:
             _DEFAULT[primitive] = name
@@ -55,6 +63,11 @@ def register(primitive: str, name: str, *, default: bool = False, segment: bool 
 
 def algorithms(primitive: str) -> list[str]:
     return sorted(n for p, n in _REGISTRY if p == primitive)
+
+
+def records(primitive: str) -> list[Algorithm]:
+    """The records of ``primitive``'s algorithms, by name."""
+    return [_REGISTRY[(primitive, n)] for n in algorithms(primitive)]
 
 
 def lookup(primitive: str, name: str | None) -> Algorithm:

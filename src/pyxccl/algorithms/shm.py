@@ -162,7 +162,7 @@ def _dealing(rank, n, send_counts, recv_counts, window, root):
     return s
 
 
-@register("alltoall", "shm", segment=True)
+@register("alltoall", "shm", segment=True, equal_blocks=True)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], window: Window) -> Schedule:
     return _dealing(rank, nranks, send_counts, recv_counts, window, None)
 

@@ -31,11 +31,11 @@ from ..doctor import ranges
 from ..transport.mailbox import (ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIMEOUT, PROGRESS, PROGRESS_REPLY,
                                  RecvRequest, _newer)
 from .engine import Engine, Work, _Call, annotate
-from .plan import Planner
+from .dispatch import Planner
 from . import recorder
-from .quick import Quick
+from .prepared import Prepared, PreparedCalls
 from .recorder import Recorder, ended, started
-from .traffic import Traffic, schedule_io
+from .traffic import Traffic
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
 _BLAME_SECONDS = 2.0     # a timed-out rank's wait for the others' progress (oversubscribed ranks answer late)
@@ -56,8 +56,8 @@ class Context:
         self.closed = False
         self.error: BaseException | None = None
         self.splits = 0           # split() calls made (each child's id depends on it)
-        self.quick = Quick(self)  # blocking calls made before, prepared
-        self._thread_check = True
+        self.prepared = PreparedCalls()   # calls made before, by key (core/prepared.py)
+        self.thread_check = True  # fingerprints name the issuing thread
         self._threads: dict = {}  # thread -> (its name, its name in fingerprints, their digest)
         self.segment = None       # the one-host fast path's HostSegment (onehost.attach_segment)
         self.tuner = None
@@ -78,16 +78,6 @@ class Context:
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
         if parent is not None:
             parent.children.append(self)
-
-    @property
-    def thread_check(self) -> bool:
-        """Fingerprints name the issuing thread (prepared calls carry the words of one setting)."""
-        return self._thread_check
-
-    @thread_check.setter
-    def thread_check(self, on: bool) -> None:
-        self._thread_check = on
-        self.quick.clear()
 
     # --- ranks and links -------------------------------------------------------------
     def peer(self, r: int):
@@ -117,7 +107,13 @@ class Context:
     def use_segment(self, seg) -> None:
         """The one-host fast path from now on: its algorithms become candidates."""
         self.segment = seg
+        self.replan()
+
+    def replan(self) -> None:
+        """Choose anew (the segment, the tuner or the link figures changed): new plans, and no prepared
+        call keeps running an old one."""
         self.plans = Planner(self, self.plans.forced)
+        self.prepared.clear()
 
     def make_tuner(self) -> None:
         from ..tuning import Tuner
@@ -128,7 +124,7 @@ class Context:
         self.tuner = Tuner(self.size, self.hosts, lambda a, b: cls[a][b], self.mesh.machine,
                            [self.mesh.cores[w] for w in self.world_ranks],
                            segment=(seg.area, seg.cma) if seg is not None else None)
-        self.plans = Planner(self, self.plans.forced)      # choices made before the tuner are stale
+        self.replan()           # choices made before the tuner are stale
 
     def scratch(self, count: int, dt: np.dtype) -> np.ndarray:
         nbytes = count * dt.itemsize
@@ -309,9 +305,9 @@ class Context:
             rank=self.rank, peer=peer, op=call.name if call else None, seq=seq)
 
     # --- running calls ----------------------------------------------------------------
-    def submit(self, op: str, fn, *, async_op: bool, timeout, collective: bool, what: tuple, peer=None):
-        """Run ``fn(work, seq, cseq, deadline)`` in issue order, inline or on the worker; return its
-        result, or a Work with ``async_op``. A failure of a collective aborts the communicator.
+    def submit(self, op: str, fn, *, async_op: bool, timeout, what: tuple, peer=None):
+        """Run point-to-point operation ``fn(work, seq, deadline)`` in issue order, inline or on the
+        worker; return its result, or a Work with ``async_op`` (collectives: core/prepared.py).
         ``what`` = (op, dtype, count, bytes, algorithm) and ``peer`` go to the flight recorder."""
         eng = self.engine
         algorithm = what[4]
@@ -319,23 +315,19 @@ class Context:
             self.usable(op)
             self.seq += 1
             seq = self.seq
-            if collective:
-                self.coll_seq = cseq = (self.coll_seq + 1) & 0xFFFFFFFF
-            else:
-                cseq = 0
             deadline = time.monotonic() + (self.timeout if timeout is None else float(timeout))
-            entry = self.recorder.issue(seq, cseq, what, peer)
+            entry = self.recorder.issue(seq, 0, what, peer)
 
             def guarded(w):
                 started(entry)
                 try:
                     self.usable(op)
-                    out = fn(w, seq, cseq, deadline)
+                    out = fn(w, seq, deadline)
                 except CommError as e:
-                    e = self.failure(e, op, seq, cseq, entry)
-                    if collective or isinstance(e, (ProtocolError, CommAbortedError)) \
+                    e = self.failure(e, op, seq, 0, entry)
+                    if isinstance(e, (ProtocolError, CommAbortedError)) \
                             or (isinstance(e, PeerLostError) and not self.mesh.graceful(e.peer)):
-                        self.abort(e)   # a half-done collective leaves the ranks out of step
+                        self.abort(e)   # the stream is out of step
                     raise e from None
                 except BaseException as e:
                     ended(entry, e)
@@ -345,7 +337,7 @@ class Context:
                 return out
             inline = not async_op and eng.claim()
             if not inline:
-                work = Work(op, cseq or seq, self.rank, deadline, algorithm)
+                work = Work(op, seq, self.rank, deadline, algorithm)
                 work._from_world, work._entry = self.to_comm, entry
                 eng.enqueue(guarded, work)
         if inline:
@@ -355,7 +347,7 @@ class Context:
             finally:
                 eng.release()
             if call._recvs:             # a recv posted its request: wait for it as a Work would
-                work = Work(op, cseq or seq, self.rank, deadline)
+                work = Work(op, seq, self.rank, deadline)
                 work._recvs, work._cancel, work._from_world = call._recvs, call._cancel, self.to_comm
                 work._ran.set()
                 try:
@@ -369,42 +361,38 @@ class Context:
             return work
         return work.result()
 
-    def collective(self, name: str, plan, key, args: dict, size, bufs: dict, *, result, async_op, timeout,
-                   quick=None, writes=True, after=None, codec=None):
-        """Run one collective with ``plan`` (builder arguments ``args``, their hashable ``key``);
-        ``size``: what the fingerprint says of its counts; ``quick``: the key to keep a blocking call
-        under, prepared (``writes``: it writes its output array); ``after()``: runs once the schedule
-        has, before the call is done (what a composed call does with what it gathered); ``codec``: the
-        call's compressor (compressed.py)."""
+    def prepare(self, name: str, plan, args: dict, size, inp, out, *, timeout, writes: bool = True,
+                allocates: int | None = None, keep=None) -> Prepared:
+        """Call ``name`` of ``plan`` decided (builder arguments ``args``; ``size``: what its fingerprint
+        says of the counts; ``inp``, ``out``: its arrays, None where it has none; ``writes``: it writes
+        ``out``; ``allocates``: the elements of an output a repeat allocates), kept under ``keep`` (the
+        call's key, core/prepared.py) when it can run again."""
+        skey = tuple(args.values())         # hashable: counts lists become tuples
+        if "count" not in args:
+            skey = tuple(v if type(v) is int else tuple(v) for v in skey)
         try:
-            s = plan.schedule(key, args)
+            s = plan.schedule(skey, args)
         except ValueError as e:
             raise InvalidArgumentError(f"rank {self.rank}: {name}: algorithm {plan.algo.name!r} cannot run this "
                                        f"call: {e}", rank=self.rank, op=name) from None
         thread, number = self.thread() if self.thread_check else ("", 0)
-        words = plan.words(name, key, size, number)
-        nbytes = max(b.nbytes for b in bufs.values())
+        nbytes = max((b.nbytes for b in (inp, out) if b is not None), default=0)
         what = (name, plan.dtype.name, nbytes // plan.dtype.itemsize, nbytes, plan.algo.name)
-        if not async_op and self.error is None and not self.closed:
-            self.quick.keep(quick, plan, name, s, size, thread, words, timeout, writes, what)
-        record = (plan, name, size, thread, words)
-
-        io = schedule_io(s, plan.dtype.itemsize, plan.codec, plan.compressed)
-
-        def fn(work, seq, cseq, deadline):
-            self.remember(cseq, record)
-            self.traffic.add(name, nbytes, *io)
-            plan.run(s, bufs, cseq, words, name, deadline, codec)
-            if after is not None:
-                after()
-            return result
-        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=True, what=what)
+        p = Prepared(self, plan, name, s, size, thread, plan.words(name, skey, size, number), timeout, what,
+                     args=args, writes=writes, allocates=allocates)
+        if keep is not None and self.error is None and not self.closed:
+            self.prepared.keep(keep, p)
+        return p
 
     def remember(self, cseq: int, record: tuple) -> None:
         """Keep collective ``cseq``'s (plan, name, size, thread, words), the last few, for naming it in
         a mismatch error."""
         self._calls[cseq] = record
         self._calls.pop((cseq - _RECENT_CALLS) & 0xFFFFFFFF, None)
+
+    def thread_word(self) -> int:
+        """The calling thread's digest in fingerprints (0 when they do not name threads)."""
+        return self.thread()[1] if self.thread_check else 0
 
     def thread(self) -> tuple[str, int]:
         """The calling thread as fingerprints name it, and its 16-bit digest: its name, the workers of
@@ -423,15 +411,15 @@ class Context:
     def send(self, name: str, buf: np.ndarray, dst: int, tag: int, *, async_op: bool, timeout):
         key, dcode = (self.id, tag, 0), DTYPE_CODE[buf.dtype]
 
-        def fn(work, seq, cseq, deadline):
+        def fn(work, seq, deadline):
             self.traffic.add(name, buf.nbytes, buf.nbytes, 0)
             self.traffic.wire(name, self.link_to(dst), buf.nbytes)
             self.peer(dst).send(key, dcode, buf.view(np.uint8), deadline)
-        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False,
+        return self.submit(name, fn, async_op=async_op, timeout=timeout,
                            what=(name, buf.dtype.name, buf.size, buf.nbytes, None), peer=dst)
 
     def recv(self, name: str, buf: np.ndarray, src: int | None, tag: int, result, *, async_op: bool, timeout):
-        def fn(work, seq, cseq, deadline):
+        def fn(work, seq, deadline):
             peer = None if src is None else self.world_ranks[src]
             self.traffic.add(name, buf.nbytes, 0, buf.nbytes)
             req = RecvRequest(peer, (self.id, tag, 0), buf, None, name)
@@ -439,7 +427,7 @@ class Context:
             work._cancel = self.mailbox.cancel
             self.mailbox.post(req)
             return result
-        return self.submit(name, fn, async_op=async_op, timeout=timeout, collective=False,
+        return self.submit(name, fn, async_op=async_op, timeout=timeout,
                            what=(name, buf.dtype.name, buf.size, buf.nbytes, None), peer=src)
 
     # --- sub-communicators and teardown ----------------------------------------------------

@@ -34,7 +34,7 @@ def choose(ctx, primitive: str, nbytes: int):
     """The quantizer to use for ``primitive`` of ``nbytes`` (a size bucket) on ``ctx``'s communicator, or
     None (the planner keeps the answer per bucket)."""
     from ..compress import FP16, INT8
-    from ..core.plan import compressed_algorithm
+    from ..core.dispatch import compressed_algorithm
     tuner, b = ctx.tuner, nbytes
     if tuner is None or ctx.size < 2:
         return None

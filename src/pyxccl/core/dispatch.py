@@ -1,4 +1,4 @@
-"""Plans: what a call shape runs, decided once.
+"""Dispatch: what a call shape runs, decided once (its ``Plan``), by the communicator's ``Planner``.
 
 A call shape is (primitive, dtype, size bucket, op, root, algorithm asked
 for). Its plan holds the algorithm that shape runs (the one asked for, else
@@ -10,6 +10,7 @@ the exact sizes seen are kept on it, the most recent few.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -21,19 +22,19 @@ from ..ops import ReduceOp, reducer
 from ..primitives import Call, call_word, size_word
 from . import messages, onehost
 
-# Compressed, these algorithms end with every rank holding copies of one quantized value (each part is
-# quantized by the rank that owns it, kept as sent, and passed on as is): no last round trip, and the
-# only ones for a code with blocks (INT8), whose values change when another message cuts them anew
-SETTLED = ("ring", "hierarchical")
 _SCHEDULES_PER_PLAN = 16
 _SCHEDULES = 256          # per communicator, over all its plans: calls of ever new sizes turn them over
 
 
 def compressed_algorithm(ctx, primitive: str) -> str:
-    """What a compressed call runs unless asked otherwise: hierarchical across hosts (it compresses
-    only there), else ring."""
-    return "hierarchical" if len(set(ctx.hosts)) > 1 and "hierarchical" in registry.algorithms(primitive) \
-        else "ring"
+    """What a compressed call runs unless asked otherwise: an algorithm that settles (every rank ends
+    with the same bits with no last round trip: ``Algorithm.settles``), host-aware across hosts (it
+    compresses only between them), else the primitive's default if it settles."""
+    fit = [a for a in registry.records(primitive) if a.settles and not a.segment]
+    across = len(set(ctx.hosts)) > 1
+    best = [a for a in fit if a.wants_hosts == across] or fit
+    default = registry.default(primitive)
+    return next((a.name for a in best if a.name == default), best[0].name if best else default)
 
 
 def bucket(nbytes: int) -> int:
@@ -44,13 +45,15 @@ def bucket(nbytes: int) -> int:
 class Plan:
     """One call shape, prepared."""
 
-    def __init__(self, ctx, primitive: str, algo: registry.Algorithm, dtype: np.dtype, op, root, codec=None):
-        self.ctx, self.primitive, self.algo, self.dtype, self.op, self.root = ctx, primitive, algo, dtype, op, root
+    def __init__(self, planner: "Planner", primitive: str, algo: registry.Algorithm, dtype: np.dtype, op, root,
+                 codec=None):
+        ctx = self.ctx = planner.ctx
+        self.planner, self.primitive, self.algo, self.dtype, self.op, self.root = planner, primitive, algo, dtype, op, root
         # compression (a pyxccl.compress Quantizer): every message of the schedule travels encoded,
         # except inside a host in a hierarchical algorithm (the fast links there)
         self.codec = codec
         self.compressed = None if codec is None else frozenset(
-            r for r in range(ctx.size) if r != ctx.rank and (not algo.name.startswith("hierarchical")
+            r for r in range(ctx.size) if r != ctx.rank and (not algo.wants_hosts
                                                             or ctx.hosts[r] != ctx.hosts[ctx.rank]))
         self.label = algo.name if codec is None else f"{algo.name}+{codec.spec}"
         self.reduce = reducer(op) if op is not None else None
@@ -69,10 +72,7 @@ class Plan:
         s = self._schedules.get(key)
         if s is None:
             s = self.algo.schedule(self.ctx.rank, self.ctx.size, hosts=self.ctx.hosts, window=self.window, **args)
-            self._schedules[key] = s
-            if len(self._schedules) > _SCHEDULES_PER_PLAN:
-                self._schedules.popitem(last=False)
-            self.ctx.plans.made(self, key)
+            s = self.planner.made(self, key, s)
         return s
 
     def words(self, name: str, key, size, thread: int) -> tuple[int, int]:
@@ -95,17 +95,16 @@ class Plan:
         return Call(name, self.dtype, size, self.root, self.op, self.label, thread)
 
     def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float, codec=None) -> None:
-        """Run schedule ``s``; ``codec``: the call's own compressor (the plan's has the same spec, but a
-        compressor may carry state: INT8's random stream)."""
+        """Run schedule ``s`` on ``bufs`` (scratch included, as "tmp"); ``codec``: the call's own
+        compressor (the plan's has the same spec, but a compressor may carry state: INT8's random
+        stream). A prepared call (core/prepared.py) runs it, and divides for AVG."""
         codec = self.codec if codec is None else codec
-        if s.scratch:
-            bufs["tmp"] = self.ctx.scratch(s.scratch, self.dtype)
         if self.codes is not None:          # natively: no numpy reductions, no error state to enter
             onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
         elif codec is not None:
             messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype, codec,
                          self.compressed)
-            if self.primitive == "allreduce" and self.algo.name not in SETTLED:
+            if self.primitive == "allreduce" and not self.algo.settles:
                 # A rank may hold a sum it never sent as the others saw it (recursive doubling, a tree's
                 # root): every rank quantizes its result once more and holds the same bits (an
                 # elementwise code is idempotent: v and its round trip end equal)
@@ -115,8 +114,6 @@ class Plan:
         else:
             with np.errstate(all="ignore"):     # overflow saturates or wraps, as in NCCL and MPI
                 self.execute(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype)
-        if self.avg:
-            np.divide(bufs["out"], self.ctx.size, out=bufs["out"])
 
 
 class Planner:
@@ -129,13 +126,21 @@ class Planner:
         self._plans: dict[tuple, Plan] = {}
         self._auto: dict[tuple, object] = {}        # compression="auto"'s choices, per size bucket
         self._made: OrderedDict = OrderedDict()     # (plan, schedule key) of the schedules made, oldest first
+        self._lock = threading.Lock()               # threads may make plans and schedules at once
 
-    def made(self, plan: Plan, key) -> None:
-        """A plan made a schedule: past ``_SCHEDULES`` in all, the oldest is dropped from its plan."""
-        self._made[(plan, key)] = None
-        while len(self._made) > _SCHEDULES:
-            (old, k), _ = self._made.popitem(last=False)
-            old._schedules.pop(k, None)
+    def made(self, plan: Plan, key, s):
+        """A plan made schedule ``s``: kept (the one of a thread that made it first wins); past
+        ``_SCHEDULES_PER_PLAN`` in a plan or ``_SCHEDULES`` in all, the oldest are dropped."""
+        with self._lock:
+            s = plan._schedules.setdefault(key, s)
+            if len(plan._schedules) > _SCHEDULES_PER_PLAN:
+                self._made.pop((plan, next(iter(plan._schedules))), None)
+                plan._schedules.popitem(last=False)
+            self._made[(plan, key)] = None
+            while len(self._made) > _SCHEDULES:
+                (old, k), _ = self._made.popitem(last=False)
+                old._schedules.pop(k, None)
+        return s
 
     def plan(self, primitive: str, dtype: np.dtype, nbytes: int, op=None, root=None, algorithm=None,
              error=InvalidArgumentError, codec=None) -> Plan:
@@ -144,7 +149,9 @@ class Planner:
         if p is None:
             self.ctx.usable(primitive)      # closed or failed: say so, not that the segment is gone
             algo = self.choose(primitive, dtype, nbytes, algorithm, error, codec=codec)
-            p = self._plans[key] = Plan(self.ctx, primitive, algo, dtype, op, root, codec)
+            made = Plan(self, primitive, algo, dtype, op, root, codec)
+            with self._lock:
+                p = self._plans.setdefault(key, made)
         return p
 
     def choose(self, primitive: str, dtype: np.dtype, nbytes: int, algorithm=None,
@@ -170,9 +177,10 @@ class Planner:
         if codec is not None and algo.segment:
             raise error(f"algorithm {name!r} runs on the shared segment, where data moves by reads, not "
                         f"messages: it cannot compress; ask for a message algorithm (ring, hierarchical, ...)")
-        if codec is not None and not codec.elementwise and name not in SETTLED and primitive == "allreduce":
+        if codec is not None and not codec.elementwise and not algo.settles and primitive == "allreduce":
+            settle = [a.name for a in registry.records(primitive) if a.settles]
             raise error(f"{codec.spec} quantizes blocks of each message; {name!r} cuts the vector anew from hop "
-                        f"to hop and the ranks would end with different bits: use {' or '.join(SETTLED)}, or "
+                        f"to hop and the ranks would end with different bits: use {' or '.join(settle)}, or "
                         f"fp16/bf16")
         if algo.segment and self.ctx.segment is None:
             raise error(f"algorithm {algo.name!r} runs on the shared segment of ranks that all share one host; "
@@ -184,7 +192,7 @@ class Planner:
         key = (primitive, bucket(nbytes))
         if key not in self._auto:
             from ..tuning.compression import choose
-            self._auto[key] = choose(self.ctx, primitive, key[1])
+            self._auto.setdefault(key, choose(self.ctx, primitive, key[1]))
         return self._auto[key]
 
     def usable(self, primitive: str) -> list[str]:

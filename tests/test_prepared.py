@@ -1,5 +1,5 @@
 """Prepared calls and the native executor: a blocking call made again with the same shape skips the
-full path (core/quick.py) and runs the compiled segment program (pyxccl._native); everything the
+full path (core/prepared.py) and runs the compiled segment program (pyxccl._native); everything the
 full path checks still holds. CI runs the one-host tests a second time with PYXCCL_NATIVE=0 (the
 pure-Python executor)."""
 import os

@@ -1,0 +1,241 @@
+"""Prepared calls: a collective call decided once, and the one function that runs it.
+
+Every collective call becomes a ``Prepared``: the plan and the schedule it runs, its fingerprint
+words, what the flight recorder and the traffic counters say of it, and the shapes of its buffers.
+``Prepared.start`` runs it, whether the full path made it just now (comm.py: the argument checks,
+then ``Context.prepare``) or a repeated call found it again under its key: sequence numbers, the
+flight recorder, failure handling and AVG's division are in one place.
+
+A call's key (``key``) is its name, the form of each buffer (numpy or torch, dtype, size, or None),
+whether output and input are one object, its root, op, algorithm, timeout and the issuing thread as
+the fingerprints name it: everything the full path decided. A repeated call with the key of a kept
+``Prepared`` only checks what a key cannot say (``bind``: the arrays are contiguous, the output is
+writable, input and output are apart unless in the in-place form) and allocates what the key says
+is allocated (``recvbuf=None``); anything else takes the full path, which gives the same result or
+the proper error. A call whose key cannot say everything (the v-variants' counts, a compressed call,
+a buffer of another type) has no key: it runs once, through the same ``start``.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import numpy as np
+
+from .._errors import CommAbortedError, CommError
+from ..dtypes import as_array
+from ..primitives import PRIMITIVES, apart
+from . import onehost
+from .engine import Work
+from .onehost import _native
+from .recorder import ended, started
+from .traffic import schedule_io
+
+native_run = _native.run if _native is not None else None
+_KEPT = 256              # prepared calls kept per communicator
+_EMPTY = np.empty(0, np.uint8)
+
+
+class _NoKey(Exception):
+    """A call that cannot be kept: something about it is not in its key."""
+
+
+def _form(obj):
+    """What a key says of a buffer argument: (0, numpy dtype, size), (1, torch dtype, size) or None."""
+    if type(obj) is np.ndarray:
+        return 0, obj.dtype, obj.size
+    if obj is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and type(obj) is torch.Tensor:
+        return 1, obj.dtype, obj.numel()
+    raise _NoKey
+
+
+def key(name: str, inp, out, root, op, algorithm, timeout, thread: int):
+    """The key a call is kept under (None: it cannot be): ``inp`` and ``out`` are the objects this rank
+    reads and writes (None: none, or ``out`` to be allocated), ``thread`` the issuing thread's digest
+    in the fingerprints (0 when not checked)."""
+    if root is not None and type(root) is not int:
+        return None
+    try:
+        return name, _form(inp), _form(out), inp is out, root, op, algorithm, timeout, type(timeout), thread
+    except _NoKey:
+        return None
+
+
+class _Refused(Exception):
+    pass
+
+
+def _refuse(msg: str) -> _Refused:
+    return _Refused(msg)
+
+
+def _array(obj, writable: bool):
+    """``obj`` as a numpy array if a prepared call can use it as it is, else None."""
+    if type(obj) is np.ndarray:
+        f = obj.flags
+        return obj if f.c_contiguous and (f.writeable or not writable) else None
+    try:
+        return as_array(obj, what="", writable=writable, ctx=_refuse)
+    except _Refused:
+        return None
+
+
+class Prepared:
+    """One collective call, decided: run it with :meth:`start` (after :meth:`bind` for a repeat)."""
+    __slots__ = ("ctx", "plan", "name", "s", "words", "record", "timeout", "what", "io", "prog", "settings",
+                 "avg", "writes", "alloc", "prim", "at", "tmp")
+
+    def __init__(self, ctx, plan, name: str, s, size, thread: str, words, timeout, what: tuple, *, args: dict,
+                 writes: bool, allocates: int | None):
+        itemsize = plan.dtype.itemsize
+        self.ctx, self.plan, self.name, self.s, self.words, self.timeout = ctx, plan, name, s, words, timeout
+        self.record = (plan, name, size, thread, words)        # for naming the call in a mismatch error
+        self.what = what                                        # for the flight recorder
+        self.io = (what[3], *schedule_io(s, itemsize, plan.codec, plan.compressed))    # for comm.traffic()
+        self.prog = onehost.program(s, itemsize) if plan.codes is not None and native_run else None
+        self.settings = self.prog and (*ctx.segment.waits, *plan.codes)
+        self.avg, self.writes, self.alloc = plan.avg, writes, allocates     # alloc: elements of a new output
+        self.prim = PRIMITIVES[plan.primitive]
+        self.at = self.prim.in_place_at(ctx.rank, args, itemsize)
+        self.tmp = s.scratch
+
+    def bind(self, inp, out):
+        """(in, out, result) arrays for a repeated call on the user's ``inp`` and ``out``, or None if it
+        needs the full path (nothing ran then)."""
+        if out is None:
+            dst = None if self.alloc is None else np.empty(self.alloc, self.plan.dtype)
+            result = dst
+        else:
+            result = out
+            dst = _array(out, self.writes)
+            if dst is None:
+                return None
+        if inp is None:
+            src = None
+        elif inp is out:
+            src = dst
+        else:
+            src = _array(inp, False)
+            if src is None or (dst is not None and not apart(self.prim, src, dst, self.at)):
+                return None
+        return src, dst, result
+
+    def start(self, inp, out, result, async_op: bool, codec=None, after=None):
+        """Run the call on arrays ``inp`` and ``out`` (None: none), in issue order; return ``result``,
+        or a Work with ``async_op``. ``codec``: the call's compressor, ``after()``: what runs once its
+        schedule has (compression.py)."""
+        ctx = self.ctx
+        eng = ctx.engine
+        with eng.lock:      # numbers and place in line under one lock: threads run in number order
+            if ctx.closed or ctx.error is not None:
+                ctx.usable(self.name)
+            ctx.seq += 1
+            seq = ctx.seq
+            ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
+            deadline = time.monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
+            inline = not async_op and eng.claim()
+            if inline:
+                entry = ctx.recorder.begin(seq, cseq, self.what)
+            else:
+                entry = ctx.recorder.issue(seq, cseq, self.what)
+                work = Work(self.name, cseq, ctx.rank, deadline, self.plan.algo.name)
+                work._from_world, work._entry = ctx.to_comm, entry
+
+                def queued(w):
+                    started(entry)
+                    self._execute(entry, seq, cseq, deadline, inp, out, codec, after)
+                    return result
+                eng.enqueue(queued, work)
+        if not inline:
+            return work if async_op else work.result()
+        try:
+            self._execute(entry, seq, cseq, deadline, inp, out, codec, after)
+        finally:
+            eng.release()
+        return result
+
+    def _execute(self, entry, seq: int, cseq: int, deadline: float, inp, out, codec, after) -> None:
+        ctx = self.ctx
+        try:
+            if ctx.closed or ctx.error is not None:       # a call queued behind one that failed
+                ctx.usable(self.name)
+            ctx.remember(cseq, self.record)
+            ctx.traffic.add(self.name, *self.io)
+            tmp = ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None
+            if self.prog is not None:
+                seg, mine, where = ctx.segment, (cseq, *self.words), (inp, out, tmp)
+                done = native_run(self.prog, 0, seg.layout, seg.round, mine, where, self.settings)
+                if type(done) is int:
+                    seg.round = done
+                else:
+                    onehost.native(ctx, self.prog, mine, where, self.settings, deadline, self.name, done)
+            else:
+                self.plan.run(self.s, _bufs(inp, out, tmp), cseq, self.words, self.name, deadline, codec)
+            if after is not None:
+                after()
+            if self.avg:
+                np.divide(out, ctx.size, out=out)
+        except CommError as e:
+            e = ctx.failure(e, self.name, seq, cseq, entry)
+            ctx.abort(e)        # a half-done collective leaves the ranks out of step
+            raise e from None
+        except BaseException as e:
+            # Not the library's error (a bug, MemoryError, KeyboardInterrupt): the ranks are out of
+            # step all the same; the others are told at once, and the entry says how it ended.
+            ended(entry, e)
+            ctx.abort(CommAbortedError(
+                f"rank {ctx.rank}: {self.name} #{cseq} stopped half done on {type(e).__name__}: {e}; this "
+                f"communicator is aborted: make a new one", cause=e, rank=ctx.rank, op=self.name, seq=cseq))
+            raise
+        ended(entry)
+
+
+def _bufs(inp, out, tmp) -> dict:
+    """The named, flat buffers of a schedule."""
+    bufs = {"in": _EMPTY} if inp is None and out is None else {}
+    if inp is not None:
+        bufs["in"] = inp.reshape(-1)
+    if out is not None:
+        bufs["out"] = bufs["in"] if out is inp else out.reshape(-1)
+    if tmp is not None:
+        bufs["tmp"] = tmp
+    return bufs
+
+
+class PreparedCalls:
+    """The prepared calls of one communicator, by key. Lookups take no lock (a dict read is atomic);
+    changes are made under one."""
+
+    def __init__(self):
+        self._kept: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, k) -> Prepared | None:
+        if k is None:
+            return None
+        try:
+            return self._kept.get(k)
+        except TypeError:       # an unhashable argument (some op object): never kept
+            return None
+
+    def keep(self, k, p: Prepared) -> None:
+        try:
+            hash(k)
+        except TypeError:
+            return
+        with self._lock:
+            if k not in self._kept and len(self._kept) >= _KEPT:
+                del self._kept[next(iter(self._kept))]        # the oldest
+            self._kept[k] = p
+
+    def clear(self) -> None:
+        """Forget every prepared call (the plans they ran changed)."""
+        with self._lock:
+            self._kept.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)
