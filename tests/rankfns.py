@@ -868,6 +868,21 @@ def full_path_calls(comm, reps: int = 5) -> int:
     return _checks_made(calls, reps)
 
 
+def torch_full_path_calls(comm, reps: int = 5) -> int:
+    """As full_path_calls, with torch CPU tensors (what DDP passes): their repeats run prepared too."""
+    import torch
+    n = comm.size
+    x, out = torch.ones(4), torch.empty(4 * n)
+
+    def calls():
+        comm.allreduce(x)
+        comm.allreduce(x, async_op=True).wait()
+        comm.broadcast(x, 0)
+        comm.allgather(x, out)
+        comm.reduce_scatter(out, x)
+    return _checks_made(calls, reps)
+
+
 def check_nan_and_overflow(comm, algorithm=None):
     """MIN and MAX propagate NaN as numpy's minimum/maximum do; integer sums wrap; float sums
     saturate to inf: the same bits on every rank, prepared or not."""

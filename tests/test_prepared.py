@@ -39,6 +39,12 @@ def test_repeated_calls_run_prepared(pools, transport, n):
     assert made == [0] * n, f"argument checks made by prepared repeats, per rank: {made}"
 
 
+def test_torch_tensors_run_prepared_too(pools):
+    pytest.importorskip("torch")
+    made = pools(2).run(rf.torch_full_path_calls, transport="shm")
+    assert made == [0, 0], f"argument checks made by prepared repeats of torch tensors, per rank: {made}"
+
+
 @pytest.mark.parametrize("n", (2, 4))
 def test_prepared_calls_give_right_results_with_new_data(pools, n):
     _ok(pools(n).run(rf.check_prepared, (0, 1, 7, 1000, 40000, 70000), rf.valid_pairs(DTYPES), transport="shm"))
@@ -57,3 +63,20 @@ def test_prepared_shapes_still_refuse_what_the_full_path_refuses(pools, transpor
 @pytest.mark.parametrize("algorithm", ("shm", "ring"))
 def test_nan_and_overflow_match_numpy(pools, n, algorithm):
     _ok(pools(n).run(rf.check_nan_and_overflow, algorithm, transport="shm"))
+
+
+def test_a_done_callback_runs_once_when_added_as_the_work_completes():
+    """add_done_callback racing the completion: each callback runs exactly once (it used to run twice
+    when the work finished between appending it and checking for completion)."""
+    import threading
+
+    from pyxccl.core.engine import Work
+    for _ in range(2000):
+        w = Work("allreduce", 1, 0, 1e18)
+        calls = []
+        t = threading.Thread(target=w._finish, args=("x",))
+        t.start()
+        for i in range(5):
+            w.add_done_callback(lambda _w, i=i: calls.append(i))
+        t.join()
+        assert sorted(calls) == list(range(5)), calls

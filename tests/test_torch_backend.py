@@ -61,6 +61,7 @@ def test_errors_surface_from_wait_naming_the_peer():
         out = pool.run(tf.torch_timeout_names_peer, free_port(), transport="tcp", timeout=60)
     name, peer, msg = out[0]
     assert name == "CommTimeoutError" and peer == 1 and "rank 1" in msg, out[0]
+    assert msg.startswith("Timed out"), msg     # as Gloo's: torch's tests and users' code match it
 
 
 # --- issue 14: where the pyxccl backend and Gloo differed (each check runs both) --------------------
@@ -98,6 +99,7 @@ def test_a_missing_rank_raises_within_the_timeout_as_gloo(torch_pools, case):
     assert gloo[:3] == ("raised", "RuntimeError", True), gloo
     assert mine[:3] == ("raised", "CommTimeoutError", True), mine
     assert "rank 1" in mine[4], mine
+    assert "Timed out" in mine[4], mine        # what code written for Gloo matches
     assert mine[3] < 20 and gloo[3] < 20, (mine, gloo)       # the 1 s timeout, not the group's 60 s
 
 

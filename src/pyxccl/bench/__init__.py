@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
                    "oneccl (see README.md, Benchmark, for installing them)")
     p.add_argument("--rounds", type=int, default=1, help="with --vs: repeat the sweeps, report the median")
     p.add_argument("--plot", default=None, help="with --vs: draw busbw against size into this PNG")
-    p.add_argument("--sizes", default=None, help=argparse.SUPPRESS)     # exact sizes, for --vs runs
+    p.add_argument("--sizes", default=None, help="exact sizes instead of -b/-e/-f, e.g. 8,1048576,64M")
     p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -41,7 +41,7 @@ def main(a) -> int:
     prims = M.PRIMITIVES if a.collective == "all" else tuple(a.collective.split(","))
     if any(p not in M.PRIMITIVES for p in prims):
         raise SystemExit(f"pyxccl bench: unknown collective {a.collective!r}; use one of {', '.join(M.PRIMITIVES)}")
-    sizes = ([int(s) for s in a.sizes.split(",")] if a.sizes else
+    sizes = ([M.parse_size(s) for s in a.sizes.split(",")] if a.sizes else
              M.sweep(M.parse_size(a.minbytes), M.parse_size(a.maxbytes), a.stepfactor))
     n = a.nproc or os.cpu_count() or 1
     if "RANK" not in os.environ and a.vs:

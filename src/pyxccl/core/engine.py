@@ -38,6 +38,8 @@ class Work:
         self._result = None
         self._recvs: list[RecvRequest] = []   # receives still landing after the worker moved on
         self._callbacks: list = []
+        self._fired = False                   # the callbacks ran (under _cb_lock: each runs once)
+        self._cb_lock = threading.Lock()
         self._cancel = None
         self._from_world = None  # world rank -> this communicator's rank, for naming peers
         self._entry = None       # its flight-recorder entry
@@ -66,7 +68,10 @@ class Work:
     def _fire(self) -> None:
         if self._recvs and self._entry is not None:     # a receive ends when its message has landed
             ended(self._entry, self.exception())
-        for cb in self._callbacks:
+        with self._cb_lock:
+            self._fired = True
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
             try:
                 cb(self)
             except Exception:  # noqa: BLE001  (as concurrent.futures: a callback's error must not stop the worker)
@@ -74,10 +79,13 @@ class Work:
                                                       self.op, self.seq)
 
     def add_done_callback(self, cb) -> None:
-        """Call ``cb(work)`` from the completing thread once the operation is done."""
-        self._callbacks.append(cb)
-        if self.is_completed():
-            cb(self)
+        """Call ``cb(work)`` once, when the operation is done: from the completing thread, or from this
+        one if it is done already."""
+        with self._cb_lock:
+            if not self._fired:
+                self._callbacks.append(cb)
+                return
+        cb(self)
 
     def is_completed(self) -> bool:
         """True once the operation finished, successfully or not; never blocks."""

@@ -5,7 +5,18 @@ import threading
 
 import torch
 
+from pyxccl._errors import CommTimeoutError
+
 _TorchWork = torch._C._distributed_c10d.Work
+
+
+def torch_error(exc):
+    """``exc`` as torch.distributed users read it: a timeout says "Timed out" first, as Gloo's does
+    (PyTorch's tests and users' code match that), then pyxccl's own message (who, where, what to do)."""
+    if isinstance(exc, CommTimeoutError) and not str(exc).startswith("Timed out"):
+        return CommTimeoutError(f"Timed out waiting for {exc.op or 'the operation'} to complete: {exc}",
+                                rank=exc.rank, peer=exc.peer, op=exc.op, seq=exc.seq)
+    return exc
 
 
 class PyxcclWork(_TorchWork):
@@ -34,7 +45,10 @@ class PyxcclWork(_TorchWork):
     def wait(self, timeout=None) -> bool:
         secs = timeout.total_seconds() if timeout else None
         for w in self._works:
-            w.wait(secs)          # raises pyxccl's error, naming the peer
+            try:
+                w.wait(secs)      # raises pyxccl's error, naming the peer
+            except CommTimeoutError as e:
+                raise torch_error(e) from None
         self.unpacked.wait()
         self.settle()
         self._fut.wait()          # then() callbacks of another thread that settled it first are done
@@ -47,7 +61,7 @@ class PyxcclWork(_TorchWork):
         return self.is_completed() and all(w.exception() is None for w in self._works)
 
     def exception(self):
-        return next((w.exception() for w in self._works if w.exception() is not None), None)
+        return torch_error(next((w.exception() for w in self._works if w.exception() is not None), None))
 
     def get_future(self):
         return self._fut
@@ -68,7 +82,7 @@ class FailedWork(_TorchWork):
 
     def __init__(self, exc: BaseException):
         super().__init__()
-        self._exc = exc
+        self._exc = exc = torch_error(exc)
         self._fut = torch.futures.Future()
         self._fut.set_exception(exc)
 
