@@ -1353,3 +1353,33 @@ def segment_allreduce_traffic(comm, nbytes):
     comm.allreduce(x, algorithm="shm")
     after = comm.traffic()["allreduce"]
     return comm.flight_record()[-1]["algorithm"], after["sent"] - before["sent"], after["received"] - before["received"]
+
+
+def small_calls_after_a_shrink(comm, victim: int, nbytes: int):
+    """``victim`` SIGKILLs itself; the others' allreduce raises PeerLostError, they shrink and make an
+    allreduce of ``nbytes``. Returns (the algorithm the world ran that call with, the new size, the
+    algorithm the new world chooses for it, the one its flight recorder saw run, whether the new world
+    kept the world's link figures)."""
+    import os
+    import signal
+
+    import pyxccl as px
+    x = np.ones(nbytes // 4, np.float32)
+    comm.allreduce(x)
+    before = comm.flight_record()[-1]["algorithm"]
+    comm.barrier()
+    if comm.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        while True:
+            comm.allreduce(x)
+    except px.PeerLostError:
+        pass
+    new = comm.shrink()
+    try:
+        new.allreduce(x)
+        figures = new.link_figures()
+        return (before, new.size, new.algorithm_for("allreduce", nbytes), new.flight_record()[-1]["algorithm"],
+                figures is not None and figures == comm.link_figures())
+    finally:
+        new.close()
