@@ -1317,18 +1317,27 @@ def calibrate(comm):
 
 def traffic_of_every_algorithm(comm, count):
     """Per (primitive, algorithm): what comm.traffic() counted for one call of ``count`` float32
-    elements per block (each called twice: the second runs prepared, and must be counted too)."""
+    elements per block (each called twice: the second runs prepared, and must be counted too).
+    Rooted primitives other than broadcast have the last rank as root."""
     from pyxccl import InvalidArgumentError
     out = {}
+    n, last = comm.size, comm.size - 1
     calls = {
-        "allreduce": lambda a: comm.allreduce(np.ones(count * comm.size, np.float32), algorithm=a),
-        "allgather": lambda a: comm.allgather(np.ones(count, np.float32), np.empty(count * comm.size, np.float32),
+        "allreduce": lambda a: comm.allreduce(np.ones(count * n, np.float32), algorithm=a),
+        "allgather": lambda a: comm.allgather(np.ones(count, np.float32), np.empty(count * n, np.float32),
                                               algorithm=a),
-        "reduce_scatter": lambda a: comm.reduce_scatter(np.ones(count * comm.size, np.float32),
+        "reduce_scatter": lambda a: comm.reduce_scatter(np.ones(count * n, np.float32),
                                                         np.empty(count, np.float32), algorithm=a),
-        "alltoall": lambda a: comm.alltoall(np.ones(count * comm.size, np.float32),
-                                            np.empty(count * comm.size, np.float32), algorithm=a),
-        "broadcast": lambda a: comm.broadcast(np.ones(count * comm.size, np.float32), 0, algorithm=a),
+        "alltoall": lambda a: comm.alltoall(np.ones(count * n, np.float32),
+                                            np.empty(count * n, np.float32), algorithm=a),
+        "broadcast": lambda a: comm.broadcast(np.ones(count * n, np.float32), 0, algorithm=a),
+        "reduce": lambda a: comm.reduce(np.ones(count * n, np.float32), last, algorithm=a),
+        "gather": lambda a: comm.gather(np.ones(count, np.float32),
+                                        np.empty(count * n, np.float32) if comm.rank == last else None, last,
+                                        algorithm=a),
+        "scatter": lambda a: comm.scatter(np.ones(count * n, np.float32) if comm.rank == last else None,
+                                          np.empty(count, np.float32), last, algorithm=a),
+        "barrier": lambda a: comm.barrier(algorithm=a),
     }
     for prim, call in calls.items():
         for algo in comm.algorithms(prim):
@@ -1352,3 +1361,43 @@ def traffic_of_every_algorithm(comm, count):
         b, a = before.get(op, dict(calls=0, bytes=0, sent=0, received=0)), after.get(op)
         out[(op, None)] = tuple(a[k] - b[k] for k in ("calls", "bytes", "sent", "received")) if a else (0, 0, 0, 0)
     return out
+
+
+def segment_allreduce_traffic(comm, nbytes):
+    """Two allreduces of ``nbytes`` on the segment: (the algorithm that ran, sent, received) they added."""
+    before = comm.traffic().get("allreduce", dict(sent=0, received=0))
+    x = np.ones(nbytes // 4, np.float32)
+    comm.allreduce(x, algorithm="shm")
+    comm.allreduce(x, algorithm="shm")
+    after = comm.traffic()["allreduce"]
+    return comm.flight_record()[-1]["algorithm"], after["sent"] - before["sent"], after["received"] - before["received"]
+
+
+def small_calls_after_a_shrink(comm, victim: int, nbytes: int):
+    """``victim`` SIGKILLs itself; the others' allreduce raises PeerLostError, they shrink and make an
+    allreduce of ``nbytes``. Returns (the algorithm the world ran that call with, the new size, the
+    algorithm the new world chooses for it, the one its flight recorder saw run, whether the new world
+    kept the world's link figures)."""
+    import os
+    import signal
+
+    import pyxccl as px
+    x = np.ones(nbytes // 4, np.float32)
+    comm.allreduce(x)
+    before = comm.flight_record()[-1]["algorithm"]
+    comm.barrier()
+    if comm.rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        while True:
+            comm.allreduce(x)
+    except px.PeerLostError:
+        pass
+    new = comm.shrink()
+    try:
+        new.allreduce(x)
+        figures = new.link_figures()
+        return (before, new.size, new.algorithm_for("allreduce", nbytes), new.flight_record()[-1]["algorithm"],
+                figures is not None and figures == comm.link_figures())
+    finally:
+        new.close()

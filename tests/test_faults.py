@@ -154,6 +154,21 @@ def test_the_elastic_example_loses_a_rank_and_finishes_with_the_rest(transport_)
     assert p.stdout.count("lost rank 2; shrinking") == 3, p.stdout
 
 
+@pytest.mark.timeout(90)
+def test_a_shrunk_world_keeps_the_link_figures_and_runs_small_calls_on_the_segment():
+    """After a shrink the survivors (one host) choose as the world did: the segment for a small
+    allreduce, by the world's measured link figures (a new world without them ran the default)."""
+    n, victim, nbytes = 3, 2, 4096
+    pool = RankPool(n, transports=("shm",))
+    try:
+        out = pool.run(rf.small_calls_after_a_shrink, victim, nbytes, transport="shm", expect_dead=(victim,),
+                       timeout=60)
+    finally:
+        pool.close()
+    for r in range(n - 1):
+        assert out[r] == ("shm", n - 1, "shm", "shm", True), (r, out[r])
+
+
 @pytest.mark.timeout(60)
 def test_sigusr1_dumps_the_flight_recorder(tmp_path):
     with RankPool(2, transports=("tcp",), env={"PYXCCL_DUMP_DIR": str(tmp_path)}) as pool:

@@ -33,7 +33,7 @@ once, in ``walk.py``, for the engine, the checker and the cost model alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 
 class Send(NamedTuple):
@@ -93,6 +93,10 @@ class Schedule:
     scratch: int = 0          # elements of "tmp" the schedule needs
     segment: bool = False     # a segment schedule: every step is a round on the host's shared segment
     window: int = 0           # elements of "win" it writes (segment schedules)
+    # Segment schedules made by their algorithm record (registry.Algorithm.schedule): rank -> that
+    # rank's schedule of the same call. What this rank sends is what the others' Gets read of it, which
+    # only their schedules say (core/traffic.py); built when first asked, not with every schedule.
+    peers: Callable[[int], "Schedule"] | None = field(default=None, repr=False, compare=False)
 
     def step(self, *ops: Op) -> None:
         """Append a step made of ``ops``, leaving out empty transfers."""

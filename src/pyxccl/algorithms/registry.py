@@ -38,7 +38,10 @@ class Algorithm:
             args["hosts"] = hosts
         if self.segment:
             args["window"] = window
-        return self.build(rank, nranks, **args)
+        s = self.build(rank, nranks, **args)
+        if self.segment:        # every rank of a segment call has the same arguments (blocks of one size)
+            s.peers = lambda peer: self.build(peer, nranks, **args)
+        return s
 
 
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}

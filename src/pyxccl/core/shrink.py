@@ -7,7 +7,10 @@ ranks said so as it knows to be alive (every rank whose connection has not
 ended), or until the deadline for one that is alive but does not come. The
 first to be done writes the members, in the order of their old ranks; the
 members connect a new mesh under the shrink's key space, and a later shrink
-of the new world works the same way. The store must survive: its server
+of the new world works the same way. The new mesh keeps the world's link
+figures (measured at init, not again: the survivors' calls would wait on it),
+so the new world is tuned as the world was: survivors on one host get the
+segment and its algorithms. The store must survive: its server
 runs in world rank 0 (``pyxccl run``), as torch elastic's rendezvous must.
 """
 from __future__ import annotations
@@ -47,4 +50,9 @@ def shrink(ctx, timeout: float):
     new = build_mesh(theirs, members.index(me), len(members), transport=transport, master_addr=master,
                      timeout=max(0.1, deadline - time.monotonic()))
     new.store, new.how = theirs, mesh.how
+    # The survivors run on the world's hosts: its measured figures still hold (the same Machine on
+    # every rank, so every rank's tuner chooses alike). Without them the new world has no tuner and
+    # every call runs the registry default, never the one-host segment its set-up attaches. The
+    # segment's round was timed among all the world's ranks: a round among fewer is no slower.
+    new.machine = mesh.machine
     return new

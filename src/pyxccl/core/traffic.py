@@ -1,16 +1,29 @@
 """What a communicator moved: per operation, calls, payload bytes, and bytes sent and received.
 
 ``bytes`` is the call's payload (its largest buffer, as the flight recorder says). ``sent`` and
-``received`` are what this rank's schedule, the one that ran, put on links and took off them:
-the sum of its ``Send`` and of its ``Recv`` ops, and of its ``Get`` reads of another rank's
-window or buffer (on one host's shared segment data moves by reads, so a segment schedule's
-ranks receive without sending; count ``received`` there). A ring allreduce of G bytes over N
-ranks sends 2G(N-1)/N per rank: the counters show exactly that, because they sum what the
-schedule does, not what a formula says it should.
+``received`` are what the schedules that ran moved between this rank and the others, counted so
+that every byte is sent once and received once: summed over the ranks of a call, sent equals
+received, on every executor.
+
+- Message schedules: ``sent`` is the sum of this rank's ``Send`` ops, ``received`` of its ``Recv``
+  ops (each Send has its Recv of the same size on the peer).
+- Segment schedules (one host's shared segment, where data moves by reads): ``received`` is the
+  sum of this rank's ``Get`` reads of another rank's window or posted buffer; ``sent`` is what this
+  rank publishes (its window, a ``Post``ed buffer) counted once per read another rank makes of it:
+  the sum of the other ranks' ``Get``s of this rank. Reading one's own window moves nothing.
+  Only the readers' schedules say who reads what, so a rank builds its peers' schedules of the
+  call once (``Schedule.peers``; the count is kept with the schedule, which the plan keeps).
+
+A ring allreduce of G bytes over N ranks sends and receives 2G(N-1)/N per rank; the segment's
+allreduce of G bytes on 2 ranks, G per rank (each reduces half, reading the other's half, then
+reads the other's reduced half). The counters show exactly that, because they sum what the
+schedules do, not what a formula says they should.
 """
 from __future__ import annotations
 
+from .._errors import PyxcclError
 from ..schedule import Get, Recv, Send
+
 
 def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
     """(sent, received) bytes of schedule ``s`` on its rank (messages to and from the ranks in
@@ -30,8 +43,19 @@ def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
                     recv += size(o)
                 elif t is Get and o.peer != s.rank:
                     recv += o.count * itemsize
+        if s.segment:
+            sent = read_of(s) * itemsize
         io = kept[codec and codec.spec] = (sent, recv)
     return io
+
+
+def read_of(s) -> int:
+    """Elements the other ranks' ``Get``s read of segment schedule ``s``'s rank in the same call."""
+    if s.peers is None:
+        raise PyxcclError(f"rank {s.rank}: a segment schedule that does not say how to build its peers' (a bug: "
+                          f"make it through its algorithm record, registry.Algorithm.schedule)", rank=s.rank)
+    return sum(o.count for q in range(s.nranks) if q != s.rank
+               for step in s.peers(q).steps for o in step if type(o) is Get and o.peer == s.rank)
 
 
 class Traffic:
