@@ -68,7 +68,7 @@ class Description:
         """What this rank's calls moved since the communicator was made, per operation: ``calls``,
         ``bytes`` (payload), ``sent`` and ``received`` (what the schedules that ran sent and received,
         on one host's segment what the others read of this rank's and what it read of theirs, so
-        that summed over the ranks sent equals received; see ``pyxccl/core/traffic.py``; a
+        that summed over the ranks sent equals received; see ``pyxccl/core/counters.py``; a
         compressed call's encoded sizes), and ``wire``: the bytes its
         sends handed to transports, per link class ("shm", "tcp_local", "tcp"). Take two and subtract
         for a step's.

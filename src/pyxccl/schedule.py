@@ -95,7 +95,7 @@ class Schedule:
     window: int = 0           # elements of "win" it writes (segment schedules)
     # Segment schedules made by their algorithm record (registry.Algorithm.schedule): rank -> that
     # rank's schedule of the same call. What this rank sends is what the others' Gets read of it, which
-    # only their schedules say (core/traffic.py); built when first asked, not with every schedule.
+    # only their schedules say (core/counters.py); built when first asked, not with every schedule.
     peers: Callable[[int], "Schedule"] | None = field(default=None, repr=False, compare=False)
 
     def step(self, *ops: Op) -> None:

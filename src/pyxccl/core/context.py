@@ -35,7 +35,7 @@ from .dispatch import Planner
 from . import recorder
 from .prepared import Prepared, PreparedCalls
 from .recorder import Recorder, ended, started
-from .traffic import Traffic
+from .counters import Traffic
 
 _RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
 _BLAME_SECONDS = 2.0     # a timed-out rank's wait for the others' progress (oversubscribed ranks answer late)

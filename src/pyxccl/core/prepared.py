@@ -30,7 +30,7 @@ from . import onehost
 from .engine import Work
 from .onehost import _native
 from .recorder import ended, started
-from .traffic import schedule_io
+from .counters import schedule_io
 
 native_run = _native.run if _native is not None else None
 _KEPT = 256              # prepared calls kept per communicator
