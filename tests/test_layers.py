@@ -168,3 +168,11 @@ def test_native_single_copy_reads_stay_inside_what_the_owner_posted(two_segments
             with pytest.raises(pyxccl.ProtocolError, match="rank 0 posted"):
                 onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
             assert not got.any()
+
+
+def test_every_public_method_of_the_communicator_is_in_the_readme_api_table():
+    import re
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## API"):text.index("## Algorithms and how one is chosen")]
+    missing = [n for n in dir(pyxccl.Communicator) if not n.startswith("_") and not re.search(rf"\b{n}\b", table)]
+    assert not missing, f"add these to README.md's API table: {missing}"
