@@ -420,3 +420,290 @@ def crash_on(comm, victim: int):
         os.kill(os.getpid(), signal.SIGSEGV)
     comm.allreduce(np.ones(4, np.float32))
     return []
+
+
+# --- wrong buffers ------------------------------------------------------------------------------------------
+
+T = 10.0            # every call of the refusal cases: a bad call that ran where its peers did not fails soon
+
+
+class Unrefused(AssertionError):
+    """A bad call ran (or raised something else than InvalidArgumentError)."""
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def _strided(count: int, dt=np.float32) -> np.ndarray:
+    return np.zeros(2 * count, dt)[::2]
+
+
+def refusal_cases(comm) -> list:
+    """(name, who, good, bad, watch): ``good(c)`` is a valid call on every rank; ``bad(c)`` the same call
+    with one wrong buffer, made on rank ``who`` only (None: on every rank; a bad root-only argument is
+    passed by the root alone, as its peers would go ahead); ``watch``: arrays the refused call must leave
+    as they were. Each case has its own sizes, so its first bad call is the first call of its shape."""
+    n, r = comm.size, comm.rank
+    f32, f64 = np.float32, np.float64
+    cases = []
+    size = iter(range(2, 10 ** 6))
+
+    def case(name, who, good, bad, *watch):
+        cases.append((name, who, good, bad, watch))
+
+    # allreduce
+    c = next(size)
+    x, o = np.ones(c, f32), np.empty(c, f32)
+    g = (lambda cc, x=x, o=o: cc.allreduce(x, out=o, timeout=T))
+    wrong, wide, ovl, dt64 = sentinel(c + 1, f32), sentinel(2 * c, f32), sentinel(c + 1, f32), sentinel(c, f64)
+    case("allreduce out= of the wrong size", None, g, lambda cc: cc.allreduce(x, out=wrong, timeout=T), wrong)
+    case("allreduce read-only out=", None, g, lambda cc: cc.allreduce(x, out=_readonly(np.empty(c, f32)), timeout=T))
+    case("allreduce non-contiguous out=", None, g, lambda cc: cc.allreduce(x, out=wide[::2], timeout=T), wide)
+    case("allreduce non-contiguous input", None, g, lambda cc: cc.allreduce(_strided(c), out=o, timeout=T))
+    case("allreduce out= overlapping the input", None, g,
+         lambda cc: cc.allreduce(ovl[:c], out=ovl[1:], timeout=T), ovl)
+    case("allreduce out= of another dtype", None, g, lambda cc: cc.allreduce(x, out=dt64, timeout=T), dt64)
+    case("allreduce tensor=None", None, g, lambda cc: cc.allreduce(None, out=o, timeout=T))
+    case("allreduce out= a list", None, g, lambda cc: cc.allreduce(x, out=[0.0] * c, timeout=T))
+    c = next(size)
+    y = np.ones(c, f32)
+    g = (lambda cc, y=y: cc.allreduce(y, timeout=T))
+    case("allreduce in place, read-only", None, g, lambda cc: cc.allreduce(_readonly(np.ones(c, f32)), timeout=T))
+    case("allreduce in place, non-contiguous", None, g, lambda cc: cc.allreduce(_strided(c), timeout=T))
+    case("allreduce in place, None", None, g, lambda cc: cc.allreduce(None, timeout=T))
+
+    # broadcast
+    for root in sorted({0, n - 1}):
+        c = next(size)
+        x = np.ones(c, f32)
+        g = (lambda cc, x=x, root=root: cc.broadcast(x, root, timeout=T))
+        case(f"broadcast root={root} non-contiguous", None, g,
+             lambda cc, c=c, root=root: cc.broadcast(_strided(c), root, timeout=T))
+        case(f"broadcast root={root} None", None, g, lambda cc, root=root: cc.broadcast(None, root, timeout=T))
+        case(f"broadcast root={root} read-only off the root (non-contiguous at the root)", None, g,
+             lambda cc, c=c, root=root: cc.broadcast(_strided(c) if r == root else _readonly(np.ones(c, f32)),
+                                                     root, timeout=T))
+
+    # reduce
+    for root in sorted({0, n - 1}):
+        c = next(size)
+        x, o = np.ones(c, f32), np.empty(c, f32)
+        g = (lambda cc, x=x, o=o, root=root: cc.reduce(x, root, out=o, timeout=T))
+        wrong, dt64, ovl, wide = sentinel(c + 1, f32), sentinel(c, f64), sentinel(c + 1, f32), sentinel(2 * c, f32)
+        case(f"reduce root={root} out= of the wrong size at the root", root, g,
+             lambda cc, x=x, wrong=wrong, root=root: cc.reduce(x, root, out=wrong, timeout=T), wrong)
+        case(f"reduce root={root} read-only out= at the root", root, g,
+             lambda cc, x=x, c=c, root=root: cc.reduce(x, root, out=_readonly(np.empty(c, f32)), timeout=T))
+        case(f"reduce root={root} out= of another dtype at the root", root, g,
+             lambda cc, x=x, dt64=dt64, root=root: cc.reduce(x, root, out=dt64, timeout=T), dt64)
+        case(f"reduce root={root} out= overlapping the input at the root", root, g,
+             lambda cc, c=c, ovl=ovl, root=root: cc.reduce(ovl[:c], root, out=ovl[1:], timeout=T), ovl)
+        case(f"reduce root={root} non-contiguous out= at the root", root, g,
+             lambda cc, x=x, wide=wide, root=root: cc.reduce(x, root, out=wide[::2], timeout=T), wide)
+        case(f"reduce root={root} non-contiguous input", None, g,
+             lambda cc, c=c, o=o, root=root: cc.reduce(_strided(c), root, out=o, timeout=T))
+        c = next(size)
+        y = np.ones(c, f32)
+        case(f"reduce root={root} in place, read-only at the root", root,
+             lambda cc, y=y, root=root: cc.reduce(y, root, timeout=T),
+             lambda cc, c=c, root=root: cc.reduce(_readonly(np.ones(c, f32)), root, timeout=T))
+
+    # allgather, allgatherv
+    c = next(size)
+    x, o = np.ones(c, f32), np.empty(c * n, f32)
+    g = (lambda cc, x=x, o=o: cc.allgather(x, o, timeout=T))
+    wrong, wide, dt64 = sentinel(c * n - 1, f32), sentinel(2 * c * n, f32), sentinel(c * n, f64)
+    ovl = sentinel(c * n + 1, f32)
+    case("allgather recvbuf of the wrong size", None, g, lambda cc: cc.allgather(x, wrong, timeout=T), wrong)
+    case("allgather read-only recvbuf", None, g,
+         lambda cc: cc.allgather(x, _readonly(np.empty(c * n, f32)), timeout=T))
+    case("allgather non-contiguous recvbuf", None, g, lambda cc: cc.allgather(x, wide[::2], timeout=T), wide)
+    case("allgather non-contiguous sendbuf", None, g, lambda cc: cc.allgather(_strided(c), o, timeout=T))
+    case("allgather recvbuf of another dtype", None, g, lambda cc: cc.allgather(x, dt64, timeout=T), dt64)
+    case("allgather sendbuf overlapping recvbuf off this rank's block", None, g,
+         lambda cc: cc.allgather(ovl[r * c + 1:r * c + 1 + c], ovl[:c * n], timeout=T), ovl)
+    case("allgather sendbuf=None", None, g, lambda cc: cc.allgather(None, o, timeout=T))
+    c = next(size)
+    x = np.ones(c, f32)
+    g = (lambda cc, x=x: cc.allgather(x, None, timeout=T))
+    case("allgather recvbuf=None, non-contiguous sendbuf", None, g,
+         lambda cc, c=c: cc.allgather(_strided(c), None, timeout=T))
+    case("allgather recvbuf=None, sendbuf=None", None, g, lambda cc: cc.allgather(None, None, timeout=T))
+    c = next(size)
+    counts = [c + p for p in range(n)]
+    x, o = np.ones(counts[r], f32), np.empty(sum(counts), f32)
+    g = (lambda cc, x=x, o=o, counts=counts: cc.allgatherv(x, o, counts, timeout=T))
+    wrong, ovl = sentinel(sum(counts) + 1, f32), sentinel(sum(counts) + 1, f32)
+    at = sum(counts[:r]) + 1
+    case("allgatherv recvbuf of the wrong size", None, g,
+         lambda cc, x=x, counts=counts, wrong=wrong: cc.allgatherv(x, wrong, counts, timeout=T), wrong)
+    case("allgatherv counts[rank] not the sendbuf's size", None, g,
+         lambda cc, x=x, o=o, counts=counts: cc.allgatherv(x, o, [k + 1 for k in counts], timeout=T))
+    case("allgatherv sendbuf overlapping recvbuf off this rank's block", None, g,
+         lambda cc, counts=counts, ovl=ovl, at=at: cc.allgatherv(ovl[at:at + counts[r]], ovl[:sum(counts)],
+                                                                  counts, timeout=T), ovl)
+
+    # gather, gatherv
+    for root in sorted({0, n - 1}):
+        c = next(size)
+        x, o = np.ones(c, f32), np.empty(c * n, f32)
+        g = (lambda cc, x=x, o=o, root=root: cc.gather(x, o if r == root else None, root, timeout=T))
+        wrong, wide, dt64 = sentinel(c * n + 1, f32), sentinel(2 * c * n, f32), sentinel(c * n, f64)
+        ovl = sentinel(c * n + 1, f32)
+        case(f"gather root={root} recvbuf of the wrong size at the root", root, g,
+             lambda cc, x=x, wrong=wrong, root=root: cc.gather(x, wrong, root, timeout=T), wrong)
+        case(f"gather root={root} read-only recvbuf at the root", root, g,
+             lambda cc, x=x, c=c, root=root: cc.gather(x, _readonly(np.empty(c * n, f32)), root, timeout=T))
+        case(f"gather root={root} recvbuf of another dtype at the root", root, g,
+             lambda cc, x=x, dt64=dt64, root=root: cc.gather(x, dt64, root, timeout=T), dt64)
+        case(f"gather root={root} non-contiguous recvbuf at the root", root, g,
+             lambda cc, x=x, wide=wide, root=root: cc.gather(x, wide[::2], root, timeout=T), wide)
+        case(f"gather root={root} sendbuf overlapping recvbuf off the root's block", root, g,
+             lambda cc, c=c, ovl=ovl, root=root: cc.gather(ovl[root * c + 1:root * c + 1 + c], ovl[:c * n], root,
+                                                           timeout=T), ovl)
+        case(f"gather root={root} non-contiguous sendbuf", None, g,
+             lambda cc, c=c, o=o, root=root: cc.gather(_strided(c), o if r == root else None, root, timeout=T))
+        case(f"gather root={root} sendbuf=None", None, g,
+             lambda cc, o=o, root=root: cc.gather(None, o if r == root else None, root, timeout=T))
+        c = next(size)
+        x = np.ones(c, f32)
+        g = (lambda cc, x=x, root=root: cc.gather(x, None, root, timeout=T))
+        case(f"gather root={root} recvbuf=None, non-contiguous sendbuf", None, g,
+             lambda cc, c=c, root=root: cc.gather(_strided(c), None, root, timeout=T))
+        case(f"gather root={root} recvbuf=None, sendbuf=None", None, g,
+             lambda cc, root=root: cc.gather(None, None, root, timeout=T))
+        c = next(size)
+        counts = [c + p for p in range(n)]
+        x, o = np.ones(counts[r], f32), np.empty(sum(counts), f32)
+        g = (lambda cc, x=x, o=o, counts=counts, root=root:
+             cc.gatherv(x, o if r == root else None, counts if r == root else None, root, timeout=T))
+        wrong = sentinel(sum(counts) - 1, f32)
+        case(f"gatherv root={root} recvbuf of the wrong size at the root", root, g,
+             lambda cc, x=x, wrong=wrong, counts=counts, root=root: cc.gatherv(x, wrong, counts, root, timeout=T),
+             wrong)
+        case(f"gatherv root={root} counts=None at the root", root, g,
+             lambda cc, x=x, o=o, root=root: cc.gatherv(x, o, None, root, timeout=T))
+
+    # scatter, scatterv
+    for root in sorted({0, n - 1}):
+        c = next(size)
+        s, o = np.ones(c * n, f32), np.empty(c, f32)
+        g = (lambda cc, s=s, o=o, root=root: cc.scatter(s if r == root else None, o, root, timeout=T))
+        wrong, wide, ovl = sentinel(c + 1, f32), sentinel(2 * c, f32), sentinel(c * n + 1, f32)
+        sw, sdt = sentinel(c * n + 1, f32), sentinel(c * n, f64)
+        # (off the root a recvbuf of another size is another call: a CollectiveMismatchError, not local)
+        case(f"scatter root={root} recvbuf of the wrong size at the root", root, g,
+             lambda cc, s=s, wrong=wrong, root=root: cc.scatter(s, wrong, root, timeout=T), wrong)
+        case(f"scatter root={root} read-only recvbuf", None, g,
+             lambda cc, s=s, c=c, root=root: cc.scatter(s if r == root else None, _readonly(np.empty(c, f32)), root,
+                                                        timeout=T))
+        case(f"scatter root={root} recvbuf=None", None, g,
+             lambda cc, s=s, root=root: cc.scatter(s if r == root else None, None, root, timeout=T))
+        case(f"scatter root={root} non-contiguous recvbuf", None, g,
+             lambda cc, s=s, wide=wide, root=root: cc.scatter(s if r == root else None, wide[::2], root, timeout=T),
+             wide)
+        case(f"scatter root={root} sendbuf=None at the root", root, g,
+             lambda cc, o=o, root=root: cc.scatter(None, o, root, timeout=T))
+        case(f"scatter root={root} sendbuf of the wrong size at the root", root, g,
+             lambda cc, sw=sw, o=o, root=root: cc.scatter(sw, o, root, timeout=T))
+        case(f"scatter root={root} sendbuf of another dtype at the root", root, g,
+             lambda cc, sdt=sdt, o=o, root=root: cc.scatter(sdt, o, root, timeout=T))
+        case(f"scatter root={root} non-contiguous sendbuf at the root", root, g,
+             lambda cc, c=c, o=o, root=root: cc.scatter(_strided(c * n), o, root, timeout=T))
+        case(f"scatter root={root} recvbuf overlapping sendbuf off the root's block", root, g,
+             lambda cc, c=c, ovl=ovl, root=root: cc.scatter(ovl[:c * n], ovl[root * c + 1:root * c + 1 + c], root,
+                                                            timeout=T), ovl)
+        c = next(size)
+        counts = [c + p for p in range(n)]
+        s, o = np.ones(sum(counts), f32), np.empty(counts[r], f32)
+        g = (lambda cc, s=s, o=o, counts=counts, root=root:
+             cc.scatterv(s if r == root else None, o, counts if r == root else None, root, timeout=T))
+        case(f"scatterv root={root} sendbuf of the wrong size at the root", root, g,
+             lambda cc, c=c, o=o, counts=counts, root=root: cc.scatterv(np.ones(sum(counts) + 1, f32), o, counts,
+                                                                        root, timeout=T))
+        case(f"scatterv root={root} counts=None at the root", root, g,
+             lambda cc, s=s, o=o, root=root: cc.scatterv(s, o, None, root, timeout=T))
+
+    # reduce_scatter, reduce_scatterv
+    c = next(size)
+    s, o = np.ones(c * n, f32), np.empty(c, f32)
+    g = (lambda cc, s=s, o=o: cc.reduce_scatter(s, o, timeout=T))
+    wrong, wide, dt64, ovl = sentinel(c + 1, f32), sentinel(2 * c, f32), sentinel(c, f64), sentinel(c * n + 1, f32)
+    case("reduce_scatter recvbuf of the wrong size", None, g, lambda cc: cc.reduce_scatter(s, wrong, timeout=T), wrong)
+    case("reduce_scatter read-only recvbuf", None, g,
+         lambda cc: cc.reduce_scatter(s, _readonly(np.empty(c, f32)), timeout=T))
+    case("reduce_scatter recvbuf=None", None, g, lambda cc: cc.reduce_scatter(s, None, timeout=T))
+    case("reduce_scatter non-contiguous recvbuf", None, g, lambda cc: cc.reduce_scatter(s, wide[::2], timeout=T), wide)
+    case("reduce_scatter non-contiguous sendbuf", None, g, lambda cc: cc.reduce_scatter(_strided(c * n), o, timeout=T))
+    case("reduce_scatter recvbuf of another dtype", None, g, lambda cc: cc.reduce_scatter(s, dt64, timeout=T), dt64)
+    case("reduce_scatter recvbuf overlapping sendbuf off this rank's block", None, g,
+         lambda cc: cc.reduce_scatter(ovl[:c * n], ovl[r * c + 1:r * c + 1 + c], timeout=T), ovl)
+    c = next(size)
+    counts = [c + p for p in range(n)]
+    s, o = np.ones(sum(counts), f32), np.empty(counts[r], f32)
+    case("reduce_scatterv counts not adding up to the sendbuf", None,
+         lambda cc, s=s, o=o, counts=counts: cc.reduce_scatterv(s, o, counts, timeout=T),
+         lambda cc, s=s, o=o, counts=counts: cc.reduce_scatterv(s, o, [k + (p == r) for p, k in enumerate(counts)],
+                                                                timeout=T))
+
+    # alltoall, alltoallv
+    c = next(size)
+    s, o = np.ones(c * n, f32), np.empty(c * n, f32)
+    g = (lambda cc, s=s, o=o: cc.alltoall(s, o, timeout=T))
+    wrong, dt64, ovl = sentinel(c * n + 1, f32), sentinel(c * n, f64), sentinel(c * n + 2, f32)
+    case("alltoall recvbuf of the wrong size", None, g, lambda cc: cc.alltoall(s, wrong, timeout=T), wrong)
+    case("alltoall read-only recvbuf", None, g, lambda cc: cc.alltoall(s, _readonly(np.empty(c * n, f32)), timeout=T))
+    case("alltoall recvbuf=None", None, g, lambda cc: cc.alltoall(s, None, timeout=T))
+    case("alltoall recvbuf of another dtype", None, g, lambda cc: cc.alltoall(s, dt64, timeout=T), dt64)
+    case("alltoall recvbuf overlapping sendbuf", None, g, lambda cc: cc.alltoall(ovl[:c * n], ovl[2:], timeout=T), ovl)
+    case("alltoall sendbuf not a multiple of the ranks", None, g,
+         lambda cc: cc.alltoall(np.ones(c * n + 1, f32), o, timeout=T))
+    case("alltoall non-contiguous sendbuf", None, g, lambda cc: cc.alltoall(_strided(c * n), o, timeout=T))
+    c = next(size)
+    sc = [c + j for j in range(n)]
+    rc = [c + r for j in range(n)]
+    s, o = np.ones(sum(sc), f32), np.empty(sum(rc), f32)
+    case("alltoallv recv_counts not adding up to the recvbuf", None,
+         lambda cc, s=s, o=o, sc=sc, rc=rc: cc.alltoallv(s, o, sc, rc, timeout=T),
+         lambda cc, s=s, o=o, sc=sc, rc=rc: cc.alltoallv(s, o, sc, [k + 1 for k in rc], timeout=T))
+    return cases
+
+
+def _refusal(comm, name, who, good, bad, watch):
+    """A form for _run_forms: the bad call refused before and after the good call ran (twice: prepared
+    from the second), the watched arrays untouched, then the good call and an allreduce right."""
+    n, r = comm.size, comm.rank
+
+    def fn(cc, k, fails):
+        def refused(when):
+            if who is not None and r != who:
+                return
+            before = [w.copy() for w in watch]
+            try:
+                bad(cc)
+            except pyxccl.InvalidArgumentError:
+                pass
+            except Exception as e:  # noqa: BLE001
+                raise Unrefused(f"{when}: {type(e).__name__}: {e}, want InvalidArgumentError") from e
+            else:
+                raise Unrefused(f"{when}: ran, want InvalidArgumentError")
+            for w, b in zip(watch, before):
+                _cmp(fails, f"{name} ({when}): a buffer the refused call was given", w, b)
+        refused("first call")
+        good(cc)
+        good(cc)
+        refused("after the same shape ran twice")
+        refused("repeated")
+        good(cc)
+        y = np.full(3, r + 1, np.int32)
+        cc.allreduce(y)
+        _cmp(fails, f"{name}: an allreduce after the refusals", y, np.full(3, n * (n + 1) // 2, np.int32))
+    return name, fn
+
+
+def refusals(comm, leave_out: str = "") -> list:
+    """Every wrong-buffer case of ``refusal_cases`` (``leave_out``: as in every_form): the failures."""
+    return _run_forms(comm, [_refusal(comm, *case) for case in refusal_cases(comm)
+                             if not (leave_out and leave_out in case[0])], reps=1)
