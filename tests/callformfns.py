@@ -26,7 +26,9 @@ MESSAGE_ALGO = {"allreduce": "ring", "broadcast": "chain", "reduce": "binomial",
                 "alltoall": "pairwise", "barrier": "dissemination"}
 # (dtype, per-rank block of the equal-block calls, per-rank counts of the v-calls as a function of (n, rank))
 CONFIGS = ((np.float32, 3, lambda n, p: 2 + p),
-           (np.int64, 700, lambda n, p: 0 if p == n - 1 else 600 + 50 * p))
+           (np.int64, 700, lambda n, p: 0 if p == n - 1 else 600 + 50 * p),
+           (np.float16, 5, lambda n, p: 1 + p),            # reduced in Python, not by the native executor
+           (np.uint8, 0, lambda n, p: p % 2))              # empty buffers
 
 
 def values(tag: str, who: int, count: int, dt, k: int) -> np.ndarray:
@@ -38,7 +40,7 @@ def values(tag: str, who: int, count: int, dt, k: int) -> np.ndarray:
 
 
 def sentinel(count: int, dt) -> np.ndarray:
-    return np.full(count, -7, dt)
+    return np.full(count, 99, dt)      # no result: every value is in 1..5, a sum of up to 5 ranks <= 25
 
 
 def _wrap(kind):
@@ -378,26 +380,30 @@ def forms(comm, wrap) -> list:
 def _run_forms(comm, todo, reps: int = REPS) -> list:
     """Run each form ``reps`` times in a row on a dup of ``comm``; an exception is a failure (its form's
     later repetitions are skipped) and makes every rank replace the dup (see the module's docstring)."""
-    fails = []
-    c = comm.dup()
+    fails, c = [], None
     try:
         for name, fn in todo:
             bad = False
-            for k in range(reps):
-                try:
+            try:
+                if c is None:
+                    c = comm.dup()
+                for k in range(reps):
+                    where = f"call #{k + 1}"
                     fn(c, k, fails)
-                except Exception as e:  # noqa: BLE001  (any error of a call form is the finding)
-                    where = traceback.extract_tb(e.__traceback__)[-1]
-                    fails.append(f"{name} call #{k + 1}: {type(e).__name__}: {e} "
-                                 f"(at {where.filename.rsplit('/', 1)[-1]}:{where.lineno})")
-                    c.abort()
-                    bad = True
-                    break
+            except Exception as e:  # noqa: BLE001  (any error of a call form is the finding)
+                at = traceback.extract_tb(e.__traceback__)[-1]
+                fails.append(f"{name} {where if c is not None else 'comm.dup()'}: {type(e).__name__}: {e} "
+                             f"(at {at.filename.rsplit('/', 1)[-1]}:{at.lineno})")
+                if c is not None:
+                    c.abort()       # peers waiting in this dup fail now instead of at their timeout
+                bad = True
             if any(comm.allgather_object(bad)):
-                c.close()
-                c = comm.dup()
+                if c is not None:
+                    c.close()
+                c = None
     finally:
-        c.close()
+        if c is not None:
+            c.close()
     return fails
 
 
@@ -707,3 +713,62 @@ def refusals(comm, leave_out: str = "") -> list:
     """Every wrong-buffer case of ``refusal_cases`` (``leave_out``: as in every_form): the failures."""
     return _run_forms(comm, [_refusal(comm, *case) for case in refusal_cases(comm)
                              if not (leave_out and leave_out in case[0])], reps=1)
+
+
+# --- two threads ---------------------------------------------------------------------------------------------
+
+def two_threads(comm, calls: int = 5000, widths: int = 600) -> dict:
+    """Two threads (named alike on every rank), each on its own dup of ``comm``, each make ``calls``
+    blocking calls of mixed primitives and sizes: half from a few hot shapes (which run prepared), half
+    from ``widths`` sizes per primitive (more shapes than the prepared-call cache keeps, core/quick.py
+    _KEPT: they evict and are evicted). Every result is checked. Returns the failures and, per thread, the
+    distinct call shapes it made."""
+    n, r = comm.size, comm.rank
+    comms = [comm.dup(), comm.dup()]
+    fails, shapes = [], {}
+
+    def one(cc, prim, size, salt):
+        x = np.full(size, 0, np.int64) + ((np.arange(size) + salt + r) % 7 + 1)
+        ref = [((np.arange(size) + salt + p) % 7 + 1) for p in range(n)]
+        if prim == "allreduce":
+            cc.allreduce(x)
+            return x, sum(ref)
+        if prim == "allgather":
+            return cc.allgather(x, np.empty(size * n, np.int64)), np.concatenate(ref)
+        if prim == "broadcast":
+            return cc.broadcast(x, salt % n), ref[salt % n]
+        if prim == "reduce_scatter":
+            whole = np.tile(x, n)
+            return cc.reduce_scatter(whole, np.empty(size, np.int64)), sum(ref)
+        if prim == "gather":
+            root = salt % n
+            got = cc.gather(x, np.empty(size * n, np.int64) if r == root else None, root)
+            return (got, np.concatenate(ref)) if r == root else (np.zeros(0), np.zeros(0))
+        raise AssertionError(prim)
+
+    def hammer(k):
+        cc, seen, mine = comms[k], set(), []
+        prims = ("allreduce", "allgather", "broadcast", "reduce_scatter", "gather")
+        try:
+            for i in range(calls):
+                prim = prims[(i // 2) % len(prims)]
+                size = (1 + (i // 10) % 4) if i % 2 else 5 + ((i // 2) * 7 + k * 11) % widths
+                seen.add((prim, size))
+                got, want = one(cc, prim, size, i * 2 + k)
+                if not np.array_equal(got, want):
+                    mine.append(f"thread {k} call {i} {prim} size {size}: got {got[:4]} want {want[:4]}")
+                    if len(mine) > 5:
+                        break
+        except Exception as e:  # noqa: BLE001
+            mine.append(f"thread {k}: {type(e).__name__}: {e}")
+            cc.abort()
+        fails.extend(mine)
+        shapes[k] = len(seen)
+    threads = [threading.Thread(target=hammer, args=(k,), name=f"callforms-{k}") for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in comms:
+        c.close()
+    return {"fails": fails, "shapes": shapes}

@@ -29,6 +29,7 @@ def test_the_forms_cover_every_collective_and_algorithm(pools):
         assert any(name.startswith(prim + " ") for name in names), prim
     for must in ("gather float32 c=3 algo=None root=2 recvbuf=None at the root (allocates)",
                  "gatherv int64 counts=[600, 650, 0] root=1 recvbuf=None at the root (allocates)",
+                 "alltoall uint8 c=0 algo=pairwise", "reduce float16 c=5 algo=shm root=2 out everywhere",
                  "allgather float32 c=3 algo=shm recvbuf=None", "reduce_scatter int64 c=700 algo=shm in place",
                  "scatter float32 c=3 algo=binomial root=1 in place at the root", "barrier algo=shm"):
         assert must in names, must
@@ -40,10 +41,28 @@ def test_every_call_form_with_torch_tensors(pools, n):
     _ok(pools(n).run(cf.every_form, "torch", transport="shm", timeout=120))
 
 
+@pytest.mark.parametrize("n", (2, 3))
+def test_wrong_buffers_are_refused_first_and_repeated(pools, transport, n):
+    """A wrong output size, a read-only or non-contiguous buffer, an overlap off the in-place form, another
+    dtype, None where a buffer is needed: InvalidArgumentError on the calling rank before the same shape
+    ran, after it ran twice (prepared) and again; the buffers untouched; the communicator usable after."""
+    _ok(pools(n).run(cf.refusals, transport=transport, timeout=120))
+
+
+def test_two_threads_with_a_communicator_each_drive_many_shapes(pools, transport):
+    """10,000 blocking calls from two threads (each on its own dup), of more shapes than the prepared-call
+    cache keeps (core/quick.py _KEPT): every result right."""
+    from pyxccl.core.quick import _KEPT
+    res = pools(2).run(cf.two_threads, 5000, transport=transport, timeout=120)
+    _ok([x["fails"] for x in res])
+    for x in res:
+        assert min(x["shapes"].values()) > _KEPT, x["shapes"]
+
+
 @pytest.mark.parametrize("victim", (0, 1))
 def test_a_rank_that_dies_fails_the_call(victim):
-    """A crashed rank (SIGSEGV, as issue 25's root) is a RankError naming it, not a hang; the shared
-    pools make a new pool for the next test."""
+    """A crashed rank (SIGSEGV, as issue 25's root) fails the pool call with a RankError naming it, not
+    a hang (the shared pools replace a pool that lost a rank)."""
     pool = RankPool(2, transports=("shm",))
     try:
         with pytest.raises(RankError, match=f"rank {victim} died"):
