@@ -81,7 +81,7 @@ def forms(comm, wrap) -> list:
     def add(name, fn):
         out.append((name, fn))
 
-    for dt, c, vc in CONFIGS:
+    def config(dt, c, vc):      # a function: the forms' closures bind this config's dt, c and counts
         counts = [vc(n, p) for p in range(n)]
         offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
         dn = np.dtype(dt).name
@@ -368,6 +368,9 @@ def forms(comm, wrap) -> list:
                 _cmp(fails, t, o, exp)
             add(t, a2av)
 
+    for dt, c, vc in CONFIGS:
+        config(dt, c, vc)
+
     for algo in _algos(comm, "barrier"):
         def br(cc, k, fails, algo=algo):
             got = cc.barrier(algorithm=algo)
@@ -460,28 +463,34 @@ def refusal_cases(comm) -> list:
         cases.append((name, who, good, bad, watch))
 
     # allreduce
-    c = next(size)
-    x, o = np.ones(c, f32), np.empty(c, f32)
-    g = (lambda cc, x=x, o=o: cc.allreduce(x, out=o, timeout=T))
-    wrong, wide, ovl, dt64 = sentinel(c + 1, f32), sentinel(2 * c, f32), sentinel(c + 1, f32), sentinel(c, f64)
-    case("allreduce out= of the wrong size", None, g, lambda cc: cc.allreduce(x, out=wrong, timeout=T), wrong)
-    case("allreduce read-only out=", None, g, lambda cc: cc.allreduce(x, out=_readonly(np.empty(c, f32)), timeout=T))
-    case("allreduce non-contiguous out=", None, g, lambda cc: cc.allreduce(x, out=wide[::2], timeout=T), wide)
-    case("allreduce non-contiguous input", None, g, lambda cc: cc.allreduce(_strided(c), out=o, timeout=T))
-    case("allreduce out= overlapping the input", None, g,
-         lambda cc: cc.allreduce(ovl[:c], out=ovl[1:], timeout=T), ovl)
-    case("allreduce out= of another dtype", None, g, lambda cc: cc.allreduce(x, out=dt64, timeout=T), dt64)
-    case("allreduce tensor=None", None, g, lambda cc: cc.allreduce(None, out=o, timeout=T))
-    case("allreduce out= a list", None, g, lambda cc: cc.allreduce(x, out=[0.0] * c, timeout=T))
-    c = next(size)
-    y = np.ones(c, f32)
-    g = (lambda cc, y=y: cc.allreduce(y, timeout=T))
-    case("allreduce in place, read-only", None, g, lambda cc: cc.allreduce(_readonly(np.ones(c, f32)), timeout=T))
-    case("allreduce in place, non-contiguous", None, g, lambda cc: cc.allreduce(_strided(c), timeout=T))
-    case("allreduce in place, None", None, g, lambda cc: cc.allreduce(None, timeout=T))
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        x, o = np.ones(c, f32), np.empty(c, f32)
+        g = (lambda cc, x=x, o=o: cc.allreduce(x, out=o, timeout=T))
+        wrong, wide, ovl, dt64 = sentinel(c + 1, f32), sentinel(2 * c, f32), sentinel(c + 1, f32), sentinel(c, f64)
+        case("allreduce out= of the wrong size", None, g, lambda cc: cc.allreduce(x, out=wrong, timeout=T), wrong)
+        case("allreduce read-only out=", None, g,
+             lambda cc: cc.allreduce(x, out=_readonly(np.empty(c, f32)), timeout=T))
+        case("allreduce non-contiguous out=", None, g, lambda cc: cc.allreduce(x, out=wide[::2], timeout=T), wide)
+        case("allreduce non-contiguous input", None, g, lambda cc: cc.allreduce(_strided(c), out=o, timeout=T))
+        case("allreduce out= overlapping the input", None, g,
+             lambda cc: cc.allreduce(ovl[:c], out=ovl[1:], timeout=T), ovl)
+        case("allreduce out= of another dtype", None, g, lambda cc: cc.allreduce(x, out=dt64, timeout=T), dt64)
+        case("allreduce tensor=None", None, g, lambda cc: cc.allreduce(None, out=o, timeout=T))
+        case("allreduce out= a list", None, g, lambda cc: cc.allreduce(x, out=[0.0] * c, timeout=T))
+    block()
+
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        y = np.ones(c, f32)
+        g = (lambda cc, y=y: cc.allreduce(y, timeout=T))
+        case("allreduce in place, read-only", None, g, lambda cc: cc.allreduce(_readonly(np.ones(c, f32)), timeout=T))
+        case("allreduce in place, non-contiguous", None, g, lambda cc: cc.allreduce(_strided(c), timeout=T))
+        case("allreduce in place, None", None, g, lambda cc: cc.allreduce(None, timeout=T))
+    block()
 
     # broadcast
-    for root in sorted({0, n - 1}):
+    def block(root):
         c = next(size)
         x = np.ones(c, f32)
         g = (lambda cc, x=x, root=root: cc.broadcast(x, root, timeout=T))
@@ -491,9 +500,11 @@ def refusal_cases(comm) -> list:
         case(f"broadcast root={root} read-only off the root (non-contiguous at the root)", None, g,
              lambda cc, c=c, root=root: cc.broadcast(_strided(c) if r == root else _readonly(np.ones(c, f32)),
                                                      root, timeout=T))
+    for root in sorted({0, n - 1}):
+        block(root)
 
     # reduce
-    for root in sorted({0, n - 1}):
+    def block(root):
         c = next(size)
         x, o = np.ones(c, f32), np.empty(c, f32)
         g = (lambda cc, x=x, o=o, root=root: cc.reduce(x, root, out=o, timeout=T))
@@ -515,44 +526,54 @@ def refusal_cases(comm) -> list:
         case(f"reduce root={root} in place, read-only at the root", root,
              lambda cc, y=y, root=root: cc.reduce(y, root, timeout=T),
              lambda cc, c=c, root=root: cc.reduce(_readonly(np.ones(c, f32)), root, timeout=T))
+    for root in sorted({0, n - 1}):
+        block(root)
 
     # allgather, allgatherv
-    c = next(size)
-    x, o = np.ones(c, f32), np.empty(c * n, f32)
-    g = (lambda cc, x=x, o=o: cc.allgather(x, o, timeout=T))
-    wrong, wide, dt64 = sentinel(c * n - 1, f32), sentinel(2 * c * n, f32), sentinel(c * n, f64)
-    ovl = sentinel(c * n + 1, f32)
-    case("allgather recvbuf of the wrong size", None, g, lambda cc: cc.allgather(x, wrong, timeout=T), wrong)
-    case("allgather read-only recvbuf", None, g,
-         lambda cc: cc.allgather(x, _readonly(np.empty(c * n, f32)), timeout=T))
-    case("allgather non-contiguous recvbuf", None, g, lambda cc: cc.allgather(x, wide[::2], timeout=T), wide)
-    case("allgather non-contiguous sendbuf", None, g, lambda cc: cc.allgather(_strided(c), o, timeout=T))
-    case("allgather recvbuf of another dtype", None, g, lambda cc: cc.allgather(x, dt64, timeout=T), dt64)
-    case("allgather sendbuf overlapping recvbuf off this rank's block", None, g,
-         lambda cc: cc.allgather(ovl[r * c + 1:r * c + 1 + c], ovl[:c * n], timeout=T), ovl)
-    case("allgather sendbuf=None", None, g, lambda cc: cc.allgather(None, o, timeout=T))
-    c = next(size)
-    x = np.ones(c, f32)
-    g = (lambda cc, x=x: cc.allgather(x, None, timeout=T))
-    case("allgather recvbuf=None, non-contiguous sendbuf", None, g,
-         lambda cc, c=c: cc.allgather(_strided(c), None, timeout=T))
-    case("allgather recvbuf=None, sendbuf=None", None, g, lambda cc: cc.allgather(None, None, timeout=T))
-    c = next(size)
-    counts = [c + p for p in range(n)]
-    x, o = np.ones(counts[r], f32), np.empty(sum(counts), f32)
-    g = (lambda cc, x=x, o=o, counts=counts: cc.allgatherv(x, o, counts, timeout=T))
-    wrong, ovl = sentinel(sum(counts) + 1, f32), sentinel(sum(counts) + 1, f32)
-    at = sum(counts[:r]) + 1
-    case("allgatherv recvbuf of the wrong size", None, g,
-         lambda cc, x=x, counts=counts, wrong=wrong: cc.allgatherv(x, wrong, counts, timeout=T), wrong)
-    case("allgatherv counts[rank] not the sendbuf's size", None, g,
-         lambda cc, x=x, o=o, counts=counts: cc.allgatherv(x, o, [k + 1 for k in counts], timeout=T))
-    case("allgatherv sendbuf overlapping recvbuf off this rank's block", None, g,
-         lambda cc, counts=counts, ovl=ovl, at=at: cc.allgatherv(ovl[at:at + counts[r]], ovl[:sum(counts)],
-                                                                  counts, timeout=T), ovl)
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        x, o = np.ones(c, f32), np.empty(c * n, f32)
+        g = (lambda cc, x=x, o=o: cc.allgather(x, o, timeout=T))
+        wrong, wide, dt64 = sentinel(c * n - 1, f32), sentinel(2 * c * n, f32), sentinel(c * n, f64)
+        ovl = sentinel(c * n + 1, f32)
+        case("allgather recvbuf of the wrong size", None, g, lambda cc: cc.allgather(x, wrong, timeout=T), wrong)
+        case("allgather read-only recvbuf", None, g,
+             lambda cc: cc.allgather(x, _readonly(np.empty(c * n, f32)), timeout=T))
+        case("allgather non-contiguous recvbuf", None, g, lambda cc: cc.allgather(x, wide[::2], timeout=T), wide)
+        case("allgather non-contiguous sendbuf", None, g, lambda cc: cc.allgather(_strided(c), o, timeout=T))
+        case("allgather recvbuf of another dtype", None, g, lambda cc: cc.allgather(x, dt64, timeout=T), dt64)
+        case("allgather sendbuf overlapping recvbuf off this rank's block", None, g,
+             lambda cc: cc.allgather(ovl[r * c + 1:r * c + 1 + c], ovl[:c * n], timeout=T), ovl)
+        case("allgather sendbuf=None", None, g, lambda cc: cc.allgather(None, o, timeout=T))
+    block()
+
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        x = np.ones(c, f32)
+        g = (lambda cc, x=x: cc.allgather(x, None, timeout=T))
+        case("allgather recvbuf=None, non-contiguous sendbuf", None, g,
+             lambda cc, c=c: cc.allgather(_strided(c), None, timeout=T))
+        case("allgather recvbuf=None, sendbuf=None", None, g, lambda cc: cc.allgather(None, None, timeout=T))
+    block()
+
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        counts = [c + p for p in range(n)]
+        x, o = np.ones(counts[r], f32), np.empty(sum(counts), f32)
+        g = (lambda cc, x=x, o=o, counts=counts: cc.allgatherv(x, o, counts, timeout=T))
+        wrong, ovl = sentinel(sum(counts) + 1, f32), sentinel(sum(counts) + 1, f32)
+        at = sum(counts[:r]) + 1
+        case("allgatherv recvbuf of the wrong size", None, g,
+             lambda cc, x=x, counts=counts, wrong=wrong: cc.allgatherv(x, wrong, counts, timeout=T), wrong)
+        case("allgatherv counts[rank] not the sendbuf's size", None, g,
+             lambda cc, x=x, o=o, counts=counts: cc.allgatherv(x, o, [k + 1 for k in counts], timeout=T))
+        case("allgatherv sendbuf overlapping recvbuf off this rank's block", None, g,
+             lambda cc, counts=counts, ovl=ovl, at=at: cc.allgatherv(ovl[at:at + counts[r]], ovl[:sum(counts)],
+                                                                      counts, timeout=T), ovl)
+    block()
 
     # gather, gatherv
-    for root in sorted({0, n - 1}):
+    def block(root):
         c = next(size)
         x, o = np.ones(c, f32), np.empty(c * n, f32)
         g = (lambda cc, x=x, o=o, root=root: cc.gather(x, o if r == root else None, root, timeout=T))
@@ -591,9 +612,11 @@ def refusal_cases(comm) -> list:
              wrong)
         case(f"gatherv root={root} counts=None at the root", root, g,
              lambda cc, x=x, o=o, root=root: cc.gatherv(x, o, None, root, timeout=T))
+    for root in sorted({0, n - 1}):
+        block(root)
 
     # scatter, scatterv
-    for root in sorted({0, n - 1}):
+    def block(root):
         c = next(size)
         s, o = np.ones(c * n, f32), np.empty(c, f32)
         g = (lambda cc, s=s, o=o, root=root: cc.scatter(s if r == root else None, o, root, timeout=T))
@@ -631,49 +654,67 @@ def refusal_cases(comm) -> list:
                                                                         root, timeout=T))
         case(f"scatterv root={root} counts=None at the root", root, g,
              lambda cc, s=s, o=o, root=root: cc.scatterv(s, o, None, root, timeout=T))
+    for root in sorted({0, n - 1}):
+        block(root)
 
     # reduce_scatter, reduce_scatterv
-    c = next(size)
-    s, o = np.ones(c * n, f32), np.empty(c, f32)
-    g = (lambda cc, s=s, o=o: cc.reduce_scatter(s, o, timeout=T))
-    wrong, wide, dt64, ovl = sentinel(c + 1, f32), sentinel(2 * c, f32), sentinel(c, f64), sentinel(c * n + 1, f32)
-    case("reduce_scatter recvbuf of the wrong size", None, g, lambda cc: cc.reduce_scatter(s, wrong, timeout=T), wrong)
-    case("reduce_scatter read-only recvbuf", None, g,
-         lambda cc: cc.reduce_scatter(s, _readonly(np.empty(c, f32)), timeout=T))
-    case("reduce_scatter recvbuf=None", None, g, lambda cc: cc.reduce_scatter(s, None, timeout=T))
-    case("reduce_scatter non-contiguous recvbuf", None, g, lambda cc: cc.reduce_scatter(s, wide[::2], timeout=T), wide)
-    case("reduce_scatter non-contiguous sendbuf", None, g, lambda cc: cc.reduce_scatter(_strided(c * n), o, timeout=T))
-    case("reduce_scatter recvbuf of another dtype", None, g, lambda cc: cc.reduce_scatter(s, dt64, timeout=T), dt64)
-    case("reduce_scatter recvbuf overlapping sendbuf off this rank's block", None, g,
-         lambda cc: cc.reduce_scatter(ovl[:c * n], ovl[r * c + 1:r * c + 1 + c], timeout=T), ovl)
-    c = next(size)
-    counts = [c + p for p in range(n)]
-    s, o = np.ones(sum(counts), f32), np.empty(counts[r], f32)
-    case("reduce_scatterv counts not adding up to the sendbuf", None,
-         lambda cc, s=s, o=o, counts=counts: cc.reduce_scatterv(s, o, counts, timeout=T),
-         lambda cc, s=s, o=o, counts=counts: cc.reduce_scatterv(s, o, [k + (p == r) for p, k in enumerate(counts)],
-                                                                timeout=T))
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        s, o = np.ones(c * n, f32), np.empty(c, f32)
+        g = (lambda cc, s=s, o=o: cc.reduce_scatter(s, o, timeout=T))
+        wrong, wide, dt64, ovl = sentinel(c + 1, f32), sentinel(2 * c, f32), sentinel(c, f64), sentinel(c * n + 1, f32)
+        case("reduce_scatter recvbuf of the wrong size", None, g,
+             lambda cc: cc.reduce_scatter(s, wrong, timeout=T), wrong)
+        case("reduce_scatter read-only recvbuf", None, g,
+             lambda cc: cc.reduce_scatter(s, _readonly(np.empty(c, f32)), timeout=T))
+        case("reduce_scatter recvbuf=None", None, g, lambda cc: cc.reduce_scatter(s, None, timeout=T))
+        case("reduce_scatter non-contiguous recvbuf", None, g,
+             lambda cc: cc.reduce_scatter(s, wide[::2], timeout=T), wide)
+        case("reduce_scatter non-contiguous sendbuf", None, g,
+             lambda cc: cc.reduce_scatter(_strided(c * n), o, timeout=T))
+        case("reduce_scatter recvbuf of another dtype", None, g, lambda cc: cc.reduce_scatter(s, dt64, timeout=T), dt64)
+        case("reduce_scatter recvbuf overlapping sendbuf off this rank's block", None, g,
+             lambda cc: cc.reduce_scatter(ovl[:c * n], ovl[r * c + 1:r * c + 1 + c], timeout=T), ovl)
+    block()
+
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        counts = [c + p for p in range(n)]
+        s, o = np.ones(sum(counts), f32), np.empty(counts[r], f32)
+        case("reduce_scatterv counts not adding up to the sendbuf", None,
+             lambda cc, s=s, o=o, counts=counts: cc.reduce_scatterv(s, o, counts, timeout=T),
+             lambda cc, s=s, o=o, counts=counts: cc.reduce_scatterv(s, o, [k + (p == r) for p, k in enumerate(counts)],
+                                                                    timeout=T))
+    block()
 
     # alltoall, alltoallv
-    c = next(size)
-    s, o = np.ones(c * n, f32), np.empty(c * n, f32)
-    g = (lambda cc, s=s, o=o: cc.alltoall(s, o, timeout=T))
-    wrong, dt64, ovl = sentinel(c * n + 1, f32), sentinel(c * n, f64), sentinel(c * n + 2, f32)
-    case("alltoall recvbuf of the wrong size", None, g, lambda cc: cc.alltoall(s, wrong, timeout=T), wrong)
-    case("alltoall read-only recvbuf", None, g, lambda cc: cc.alltoall(s, _readonly(np.empty(c * n, f32)), timeout=T))
-    case("alltoall recvbuf=None", None, g, lambda cc: cc.alltoall(s, None, timeout=T))
-    case("alltoall recvbuf of another dtype", None, g, lambda cc: cc.alltoall(s, dt64, timeout=T), dt64)
-    case("alltoall recvbuf overlapping sendbuf", None, g, lambda cc: cc.alltoall(ovl[:c * n], ovl[2:], timeout=T), ovl)
-    case("alltoall sendbuf not a multiple of the ranks", None, g,
-         lambda cc: cc.alltoall(np.ones(c * n + 1, f32), o, timeout=T))
-    case("alltoall non-contiguous sendbuf", None, g, lambda cc: cc.alltoall(_strided(c * n), o, timeout=T))
-    c = next(size)
-    sc = [c + j for j in range(n)]
-    rc = [c + r for j in range(n)]
-    s, o = np.ones(sum(sc), f32), np.empty(sum(rc), f32)
-    case("alltoallv recv_counts not adding up to the recvbuf", None,
-         lambda cc, s=s, o=o, sc=sc, rc=rc: cc.alltoallv(s, o, sc, rc, timeout=T),
-         lambda cc, s=s, o=o, sc=sc, rc=rc: cc.alltoallv(s, o, sc, [k + 1 for k in rc], timeout=T))
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        s, o = np.ones(c * n, f32), np.empty(c * n, f32)
+        g = (lambda cc, s=s, o=o: cc.alltoall(s, o, timeout=T))
+        wrong, dt64, ovl = sentinel(c * n + 1, f32), sentinel(c * n, f64), sentinel(c * n + 2, f32)
+        case("alltoall recvbuf of the wrong size", None, g, lambda cc: cc.alltoall(s, wrong, timeout=T), wrong)
+        case("alltoall read-only recvbuf", None, g,
+             lambda cc: cc.alltoall(s, _readonly(np.empty(c * n, f32)), timeout=T))
+        case("alltoall recvbuf=None", None, g, lambda cc: cc.alltoall(s, None, timeout=T))
+        case("alltoall recvbuf of another dtype", None, g, lambda cc: cc.alltoall(s, dt64, timeout=T), dt64)
+        case("alltoall recvbuf overlapping sendbuf", None, g,
+             lambda cc: cc.alltoall(ovl[:c * n], ovl[2:], timeout=T), ovl)
+        case("alltoall sendbuf not a multiple of the ranks", None, g,
+             lambda cc: cc.alltoall(np.ones(c * n + 1, f32), o, timeout=T))
+        case("alltoall non-contiguous sendbuf", None, g, lambda cc: cc.alltoall(_strided(c * n), o, timeout=T))
+    block()
+
+    def block():      # a function per block: its lambdas bind its own buffers
+        c = next(size)
+        sc = [c + j for j in range(n)]
+        rc = [c + r for j in range(n)]
+        s, o = np.ones(sum(sc), f32), np.empty(sum(rc), f32)
+        case("alltoallv recv_counts not adding up to the recvbuf", None,
+             lambda cc, s=s, o=o, sc=sc, rc=rc: cc.alltoallv(s, o, sc, rc, timeout=T),
+             lambda cc, s=s, o=o, sc=sc, rc=rc: cc.alltoallv(s, o, sc, [k + 1 for k in rc], timeout=T))
+    block()
+
     return cases
 
 
