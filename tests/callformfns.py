@@ -380,9 +380,10 @@ def forms(comm, wrap) -> list:
     return out
 
 
-def _run_forms(comm, todo, reps: int = REPS) -> list:
+def _run_forms(comm, todo, reps: int = REPS, fresh: bool = False) -> list:
     """Run each form ``reps`` times in a row on a dup of ``comm``; an exception is a failure (its form's
-    later repetitions are skipped) and makes every rank replace the dup (see the module's docstring)."""
+    later repetitions are skipped) and makes every rank replace the dup (see the module's docstring), as
+    does every form with ``fresh`` (its first call is then the first of its shape on its communicator)."""
     fails, c = [], None
     try:
         for name, fn in todo:
@@ -400,7 +401,7 @@ def _run_forms(comm, todo, reps: int = REPS) -> list:
                 if c is not None:
                     c.abort()       # peers waiting in this dup fail now instead of at their timeout
                 bad = True
-            if any(comm.allgather_object(bad)):
+            if any(comm.allgather_object(bad)) or fresh:
                 if c is not None:
                     c.close()
                 c = None
@@ -436,8 +437,9 @@ def crash_on(comm, victim: int):
 T = 10.0            # every call of the refusal cases: a bad call that ran where its peers did not fails soon
 
 
-class Unrefused(AssertionError):
-    """A bad call ran (or raised something else than InvalidArgumentError)."""
+class CaseFailed(AssertionError):
+    """A step of a refusal case went wrong: a bad call ran or raised something else than
+    InvalidArgumentError, or a good call raised."""
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -453,7 +455,7 @@ def refusal_cases(comm) -> list:
     """(name, who, good, bad, watch): ``good(c)`` is a valid call on every rank; ``bad(c)`` the same call
     with one wrong buffer, made on rank ``who`` only (None: on every rank; a bad root-only argument is
     passed by the root alone, as its peers would go ahead); ``watch``: arrays the refused call must leave
-    as they were. Each case has its own sizes, so its first bad call is the first call of its shape."""
+    as they were. refusals() runs each case on a new dup: its first bad call is the first of its shape."""
     n, r = comm.size, comm.rank
     f32, f64 = np.float32, np.float64
     cases = []
@@ -733,17 +735,22 @@ def _refusal(comm, name, who, good, bad, watch):
             except pyxccl.InvalidArgumentError:
                 pass
             except Exception as e:  # noqa: BLE001
-                raise Unrefused(f"{when}: {type(e).__name__}: {e}, want InvalidArgumentError") from e
+                raise CaseFailed(f"the bad call, {when}: {type(e).__name__}: {e}, want InvalidArgumentError") from e
             else:
-                raise Unrefused(f"{when}: ran, want InvalidArgumentError")
+                raise CaseFailed(f"the bad call, {when}: ran, want InvalidArgumentError")
             for w, b in zip(watch, before):
                 _cmp(fails, f"{name} ({when}): a buffer the refused call was given", w, b)
+        def fine(when):
+            try:
+                good(cc)
+            except Exception as e:  # noqa: BLE001
+                raise CaseFailed(f"the good call, {when}: {type(e).__name__}: {e}") from e
         refused("first call")
-        good(cc)
-        good(cc)
+        fine("first")
+        fine("repeated")
         refused("after the same shape ran twice")
         refused("repeated")
-        good(cc)
+        fine("after the refusals")
         y = np.full(3, r + 1, np.int32)
         cc.allreduce(y)
         _cmp(fails, f"{name}: an allreduce after the refusals", y, np.full(3, n * (n + 1) // 2, np.int32))
@@ -753,7 +760,7 @@ def _refusal(comm, name, who, good, bad, watch):
 def refusals(comm, leave_out: str = "") -> list:
     """Every wrong-buffer case of ``refusal_cases`` (``leave_out``: as in every_form): the failures."""
     return _run_forms(comm, [_refusal(comm, *case) for case in refusal_cases(comm)
-                             if not (leave_out and leave_out in case[0])], reps=1)
+                             if not (leave_out and leave_out in case[0])], reps=1, fresh=True)
 
 
 # --- two threads ---------------------------------------------------------------------------------------------
