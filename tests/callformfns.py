@@ -791,7 +791,9 @@ def two_threads(comm, calls: int = 5000, widths: int = 600) -> dict:
         if prim == "gather":
             root = salt % n
             got = cc.gather(x, np.empty(size * n, np.int64) if r == root else None, root)
-            return (got, np.concatenate(ref)) if r == root else (np.zeros(0), np.zeros(0))
+            if r != root:       # the others get None back
+                return (np.zeros(0), np.zeros(0)) if got is None else (got, None)
+            return got, np.concatenate(ref)
         raise AssertionError(prim)
 
     def hammer(k):
