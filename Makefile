@@ -32,6 +32,7 @@ peers:
 test: install-test
 	$(PY) -m pytest -q
 	PYXCCL_NATIVE=0 $(PY) -m pytest -q tests/test_prepared.py tests/test_collectives.py tests/test_buffers.py \
+		tests/test_call_forms.py \
 		tests/test_errors.py tests/test_compress.py -k "not sigkill and not close_leaves and not host_faults"
 
 clean:
