@@ -176,3 +176,26 @@ def test_every_public_method_of_the_communicator_is_in_the_readme_api_table():
     table = text[text.index("## API"):text.index("## Algorithms and how one is chosen")]
     missing = [n for n in dir(pyxccl.Communicator) if not n.startswith("_") and not re.search(rf"\b{n}\b", table)]
     assert not missing, f"add these to README.md's API table: {missing}"
+
+
+def test_the_readme_s_add_an_algorithm_example_is_proven_by_the_checker():
+    """The Contributing section's snippet registers an algorithm the checker proves, and the checker
+    finds the bug the text says it finds."""
+    import re
+
+    from pyxccl.checker import CheckError, check
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"\*\*Add an algorithm\.\*\*.*?```python\n(.*?)```", text, re.S).group(1)
+    try:
+        exec(compile(code, "README.md", "exec"), {})
+        for n in (1, 2, 3, 5, 8):
+            check("allreduce", "star", nranks=n, count=7)
+        broken = code.replace("for p in range(1, nranks)))\n        s.step(*(Send",
+                              "for p in range(2, nranks)))\n        s.step(*(Send")
+        assert broken != code
+        exec(compile(broken, "README.md", "exec"), {})
+        with pytest.raises(CheckError, match=r"rank 0 out\[0\] holds contributions \[1, 0\]"):
+            check("allreduce", "star", nranks=2, count=7)
+    finally:
+        registry._REGISTRY.pop(("allreduce", "star"), None)
+        registry._IDS.clear()
