@@ -260,9 +260,31 @@ def _structure_cases(n: int) -> list[Case]:
     return cases
 
 
+def _features(cases: list[Case], n: int) -> set[str]:
+    """What the cases' schedules do, on any rank: to show the sweep reaches every path."""
+    seen = set()
+    for c in cases:
+        for r in range(n):
+            s = registry.lookup(c.prim, "shm").schedule(r, n, window=c.window, **c.args)
+            if len(s.steps) >= 3:
+                seen.add("3+ rounds")
+            for step in s.steps:
+                for o in step:
+                    name = type(o).__name__
+                    seen.add(name)
+                    if name == "Get":
+                        seen.update({"Get prev"} if o.prev else set())
+                        seen.update({"Get reduce"} if o.reduce else set())
+                        seen.update({"Get own"} if o.peer == r else set())
+    return seen
+
+
 @pytest.mark.parametrize("n", range(1, 9))
 def test_every_schedule_runs_the_same_in_both_executors(n):
     cases = _structure_cases(n)
+    want = {"3+ rounds", "Copy", "Get", "Get own", "Sync", "Post"} | (
+        {"Get reduce", "Get prev"} if n > 1 else set())     # one rank: nothing to reduce, no shares
+    assert want <= _features(cases, n)
     world = World(n, max(c.window.elements for c in cases) * 8)
     try:
         _check(world, cases, seed=1000 * n)
@@ -403,6 +425,21 @@ def test_c_and_python_share_their_tables():
     assert "no tables()" in onehost.native_mismatch(types.SimpleNamespace(__file__="/old.so"))
     moved = dict(theirs, segment=dict(theirs["segment"], header_bytes=128))
     assert "segment" in onehost.native_mismatch(types.SimpleNamespace(__file__="/y.so", tables=lambda: moved))
+
+
+def test_a_c_loop_that_parts_from_numpy_runs_in_python():
+    """numpy_differs finds a reduction whose C loop gives other bits than numpy (here: MIN of +0 and
+    -0 as numpy 1 had it, the first operand), and native_codes then keeps that pair in Python."""
+    assert onehost._DIFFERS == frozenset(), "the C loops part from this numpy: " + repr(onehost._DIFFERS)
+
+    def old_min(dtype, op, dst, src):
+        if op != onehost._OPS[ReduceOp.MIN]:
+            return onehost._native.reduce_into(dtype, op, dst, src)
+        dst[:] = np.where((dst != dst) | (dst <= src), dst, src)
+        return True
+
+    differs = onehost.numpy_differs(types.SimpleNamespace(reduce_into=old_min))
+    assert differs == {(onehost._DTYPES[np.dtype(t)], onehost._OPS[ReduceOp.MIN]) for t in (np.float32, np.float64)}
 
 
 def test_the_python_executor_refuses_a_weakly_ordered_cpu_without_barriers(monkeypatch):
