@@ -318,6 +318,7 @@ static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t
             if (i[0] == I_GET && i[2] < 0) return "a negative offset";
         }
         if (nbytes < 0 || off < 0 || off2 < 0) return "a negative size or offset";
+        if (nbytes > INT64_MAX - off || nbytes > INT64_MAX - off2) return "an offset past any buffer";
         if ((buf != -1 && (buf < B_IN || buf > B_WIN)) || (buf2 != -1 && (buf2 < B_IN || buf2 > B_WIN)))
             return "an unknown buffer";
         if (!nbytes) continue;

@@ -126,7 +126,8 @@ class HostSegment:
             os.close(fd)
         buf = np.frombuffer(self._map, np.uint8)
         self.ctl = buf[:ctl_bytes].view(np.uint32).reshape(nranks, self.line // 4)  # [r,0] counter, [r,1+w] sleeps
-        self.pids = buf[ctl_bytes:ctl_bytes + 8 * _PID_WORDS * nranks].view(np.uint64).reshape(nranks, _PID_WORDS)  # pid, an address
+        # per rank: its pid, an address of its memory
+        self.pids = buf[ctl_bytes:ctl_bytes + 8 * _PID_WORDS * nranks].view(np.uint64).reshape(nranks, _PID_WORDS)
         self.hdr = buf[ctl_bytes + pids:head].view(np.uint64).reshape(2, nranks, _LINE // 8)
         self._hdr_at = ctl_bytes + pids      # byte offset of the round headers (struct access on the hot path)
         self.data = buf[head:].reshape(2, nranks, self.area)
