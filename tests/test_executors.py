@@ -452,3 +452,12 @@ def test_the_python_executor_refuses_a_weakly_ordered_cpu_without_barriers(monke
     assert why and "aarch64" in why and "pyxccl._native" in why and "C compiler" in why
     monkeypatch.setattr(segment_module, "_BARRIER", onehost._native.fence)
     assert segment_module.ordering_problem() is None                   # with the helper's barriers
+
+
+@pytest.mark.parametrize("barriers", (True, False))
+def test_a_communicator_on_a_weakly_ordered_cpu(pools, barriers):
+    """On a CPU that reorders loads and stores, a communicator keeps the fast path when the C
+    helper's barriers are there, and does without it (saying so) when not."""
+    import executorfns
+    fails = pools(2).run(executorfns.fast_path_on_a_weakly_ordered_cpu, barriers, transport="shm")
+    assert not [f for rank in fails for f in rank], fails
