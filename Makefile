@@ -6,7 +6,7 @@ NPROC  ?= $(shell nproc)
 
 .PHONY: install install-test run test peers clean
 
-$(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c
+$(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c src/pyxccl/_kernels.c src/pyxccl/sim/_simcore.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[bench]'
@@ -36,4 +36,4 @@ test: install-test
 		tests/test_errors.py tests/test_compress.py -k "not sigkill and not close_leaves and not host_faults"
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so
+	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so src/pyxccl/sim/*.so

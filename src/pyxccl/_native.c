@@ -1,15 +1,22 @@
 /* pyxccl._native: runs a compiled segment schedule (core/onehost.py) without the GIL.
  *
  * The Python executor in core/onehost.py is the reference; this is the same
- * thing, instruction by instruction, for the dtypes and ops it knows. A
- * program is the walker's order of one rank's rounds (BEGIN, local ops,
- * PUBLISH, incoming ops), 8 int64 per instruction, compiled once per
- * schedule. run() returns after a wait has slept for a while so that Python
- * can check the deadline and the peers, and is then called again from the
- * instruction it stopped at: every instruction waits before it changes
- * anything, so running it again is safe.
+ * thing, instruction by instruction, for the dtypes and ops it knows
+ * (tests/test_executors.py runs every segment schedule through both and
+ * compares the bits). A program is the walker's order of one rank's rounds
+ * (BEGIN, local ops, PUBLISH, incoming ops), WIDTH (9) int64 per instruction:
+ * the opcode and up to 8 arguments (see step()), compiled once per schedule
+ * (onehost.program). run() returns after a wait has slept for a while so that
+ * Python can check the deadline and the peers, and is then called again from
+ * the instruction it stopped at: every instruction waits before it changes
+ * anything, so running it again is safe. Before it runs anything, run() checks
+ * the program against the buffers and the segment it is given (check()).
  *
- * Segment layout: see transport/segment.py (offsets are passed in).
+ * Everything Python and C must agree on (opcodes, statuses, buffer ids, header
+ * fields, the instruction width, dtype and op codes, the segment's layout) is
+ * defined here once and exported by tables(); core/onehost.py compares it with
+ * its own (and transport/segment.py's layout) at import and refuses this module
+ * if they differ. Segment layout: transport/segment.py (offsets are passed in).
  */
 #define _GNU_SOURCE          /* sched_getcpu */
 #define PY_SSIZE_T_CLEAN
@@ -37,10 +44,22 @@
 
 #define YIELD_EVERY_NS 20000
 
+#define WIDTH 9             /* int64 per instruction: opcode + 8 arguments */
 enum { I_BEGIN = 1, I_COPY, I_POST, I_PUBLISH, I_GET, I_SYNC };
 enum { B_IN, B_OUT, B_TMP, B_WIN };
-enum { DONE = 0, NAPPED, MISMATCH, BOUNDS, CMA_FAILED, UNSUPPORTED };
-enum { SEQ, W0, W1, ADDR, NBYTES };
+/* run()'s outcomes; BUFFER: a buffer the program uses is missing, read-only where it writes, or too
+ * small (peer: the buffer id, err: the bytes it needs), found before anything runs */
+enum { DONE = 0, NAPPED, MISMATCH, BOUNDS, CMA_FAILED, UNSUPPORTED, BUFFER };
+enum { SEQ, W0, W1, ADDR, NBYTES };             /* uint64 fields of a round header */
+/* The segment (transport/segment.py): per rank a control line of uint32 words (its round counter,
+ * then a sleep flag per rank, then the CPU it last ran on: word CTL_CPU + n), the pids (PID_WORDS
+ * uint64 per rank, the pid first), then per (parity, rank) a header of HEADER_BYTES, then per
+ * (parity, rank) a window of `area` bytes. */
+#define CTL_COUNTER 0
+#define CTL_FLAGS 1             /* rank w's sleep flag: word CTL_FLAGS + w */
+#define CTL_CPU 1               /* plus n */
+#define HEADER_BYTES 64
+#define PID_WORDS 2
 
 typedef struct {
     char *base;                 /* the segment */
@@ -59,11 +78,14 @@ typedef struct {
 } Run;
 
 static inline int ge(uint32_t a, uint32_t b) { return (uint32_t)(a - b) < 0x80000000u; }
-static inline volatile uint32_t *counter(Run *r, int64_t p) { return (volatile uint32_t *)(r->base + p * r->line); }
-static inline volatile uint64_t *header(Run *r, int parity, int64_t p) {
-    return (volatile uint64_t *)(r->base + r->hdr_at + (parity * r->n + p) * 64);
+static inline volatile uint32_t *counter(Run *r, int64_t p) {
+    return (volatile uint32_t *)(r->base + p * r->line) + CTL_COUNTER;
 }
-static inline volatile uint32_t *my_cpu(Run *r) { return counter(r, r->me) + 1 + r->n; }
+static inline volatile uint32_t *word(Run *r, int64_t p, int64_t w) { return (volatile uint32_t *)(r->base + p * r->line) + w; }
+static inline volatile uint64_t *header(Run *r, int parity, int64_t p) {
+    return (volatile uint64_t *)(r->base + r->hdr_at + (parity * r->n + p) * HEADER_BYTES);
+}
+static inline volatile uint32_t *my_cpu(Run *r) { return word(r, r->me, CTL_CPU + r->n); }
 static inline char *window(Run *r, int parity, int64_t p) { return r->base + r->head + (parity * r->n + p) * r->area; }
 
 static int64_t now_ns(void) {
@@ -81,7 +103,7 @@ static int wait_for(Run *r, int64_t p, uint32_t target) {
      * (spinning would burn the time slice it needs); on another core it is worth spinning for. */
     int cpu = sched_getcpu();
     *my_cpu(r) = (uint32_t)cpu;
-    volatile uint32_t *theirs = c + 1 + r->n;
+    volatile uint32_t *theirs = word(r, p, CTL_CPU + r->n);
     int64_t t0 = now_ns(), next_yield = t0 + YIELD_EVERY_NS;
     for (unsigned i = 1;; i++) {
         PAUSE();
@@ -104,7 +126,7 @@ static int wait_for(Run *r, int64_t p, uint32_t target) {
         sched_yield();
         if (ge(__atomic_load_n(c, __ATOMIC_ACQUIRE), target)) return 1;
     }
-    volatile uint32_t *flag = c + 1 + r->me;
+    volatile uint32_t *flag = word(r, p, CTL_FLAGS + r->me);
     __atomic_store_n(flag, 1, __ATOMIC_SEQ_CST);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);        /* my flag before their counter: no lost wake-up */
     uint32_t cur = __atomic_load_n(c, __ATOMIC_ACQUIRE);
@@ -116,35 +138,47 @@ static int wait_for(Run *r, int64_t p, uint32_t target) {
     return ge(__atomic_load_n(c, __ATOMIC_ACQUIRE), target);
 }
 
-/* dst = dst (op) src, element-wise, in the order numpy would (so every rank gets the same bits). */
+/* dst = dst (op) src, element-wise, as numpy does (so every rank gets the same bits, whichever executor
+ * runs it). Float MIN and MAX as numpy 2's np.minimum/np.maximum: a NaN in dst stays, else a NaN in
+ * src is taken, and of two equal values (+0 and -0) src. Which NaN a sum or product of two NaNs gives
+ * is left open (the compiler may swap a + b; numpy's own loops pick by position). core/onehost.py
+ * checks at import that the installed numpy gives these bits (numpy_differs), else those pairs run
+ * in Python. */
 /* restrict: the two never overlap (a window and a user buffer, or two user buffers), so the
  * compiler may vectorize without run-time alias checks (-O3 in setup.py). */
 #define LOOP(T, EXPR) do { T *restrict d = (T *)dst; const T *restrict s = (const T *)src; \
     int64_t k = nbytes / sizeof(T); for (int64_t i = 0; i < k; i++) { T a = d[i], b = s[i]; d[i] = (EXPR); } \
     } while (0)
+/* dtype and op codes, in the order of these names (exported by tables()) */
+enum { D_F32, D_F64, D_I8, D_I16, D_I32, D_I64, D_U8, D_U16, D_U32, D_U64, N_DTYPES };
+static const char *const DTYPE_NAMES[N_DTYPES] = {"float32", "float64", "int8", "int16", "int32", "int64",
+                                                  "uint8", "uint16", "uint32", "uint64"};
+enum { O_SUM, O_PROD, O_MIN, O_MAX, O_BAND, O_BOR, O_BXOR, O_LAND, O_LOR, N_OPS };
+static const char *const OP_NAMES[N_OPS] = {"sum", "prod", "min", "max", "band", "bor", "bxor", "land", "lor"};
+
 #define FLOAT_OPS(T) switch (op) { \
-    case 0: LOOP(T, a + b); return 1; case 1: LOOP(T, a * b); return 1; \
-    case 2: LOOP(T, (a != a || a <= b) ? a : b); return 1; case 3: LOOP(T, (a != a || a >= b) ? a : b); return 1; \
+    case O_SUM: LOOP(T, a + b); return 1; case O_PROD: LOOP(T, a * b); return 1; \
+    case O_MIN: LOOP(T, (a != a || a < b) ? a : b); return 1; case O_MAX: LOOP(T, (a != a || a > b) ? a : b); return 1; \
     default: return 0; }
 #define INT_OPS(T, U) switch (op) { \
-    case 0: LOOP(T, (T)((U)a + (U)b)); return 1; case 1: LOOP(T, (T)((U)a * (U)b)); return 1; \
-    case 2: LOOP(T, a <= b ? a : b); return 1; case 3: LOOP(T, a >= b ? a : b); return 1; \
-    case 4: LOOP(T, a & b); return 1; case 5: LOOP(T, a | b); return 1; case 6: LOOP(T, a ^ b); return 1; \
-    case 7: LOOP(T, (T)(a && b)); return 1; case 8: LOOP(T, (T)(a || b)); return 1; \
+    case O_SUM: LOOP(T, (T)((U)a + (U)b)); return 1; case O_PROD: LOOP(T, (T)((U)a * (U)b)); return 1; \
+    case O_MIN: LOOP(T, a <= b ? a : b); return 1; case O_MAX: LOOP(T, a >= b ? a : b); return 1; \
+    case O_BAND: LOOP(T, a & b); return 1; case O_BOR: LOOP(T, a | b); return 1; case O_BXOR: LOOP(T, a ^ b); return 1; \
+    case O_LAND: LOOP(T, (T)(a && b)); return 1; case O_LOR: LOOP(T, (T)(a || b)); return 1; \
     default: return 0; }
 
 static int reduce(int dtype, int op, char *dst, const char *src, int64_t nbytes) {
     switch (dtype) {
-    case 0: FLOAT_OPS(float)
-    case 1: FLOAT_OPS(double)
-    case 2: INT_OPS(int8_t, uint8_t)
-    case 3: INT_OPS(int16_t, uint16_t)
-    case 4: INT_OPS(int32_t, uint32_t)
-    case 5: INT_OPS(int64_t, uint64_t)
-    case 6: INT_OPS(uint8_t, uint8_t)
-    case 7: INT_OPS(uint16_t, uint16_t)
-    case 8: INT_OPS(uint32_t, uint32_t)
-    case 9: INT_OPS(uint64_t, uint64_t)
+    case D_F32: FLOAT_OPS(float)
+    case D_F64: FLOAT_OPS(double)
+    case D_I8: INT_OPS(int8_t, uint8_t)
+    case D_I16: INT_OPS(int16_t, uint16_t)
+    case D_I32: INT_OPS(int32_t, uint32_t)
+    case D_I64: INT_OPS(int64_t, uint64_t)
+    case D_U8: INT_OPS(uint8_t, uint8_t)
+    case D_U16: INT_OPS(uint16_t, uint16_t)
+    case D_U32: INT_OPS(uint32_t, uint32_t)
+    case D_U64: INT_OPS(uint64_t, uint64_t)
     }
     return 0;
 }
@@ -173,9 +207,11 @@ static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_
         return move(r, dst, r->posted + src_off, nbytes, red);
     volatile uint64_t *h = header(r, parity, p);
     int64_t posted = (int64_t)h[NBYTES];
-    if (!posted)
-        return move(r, dst, window(r, parity, p) + src_off, nbytes, red);
     r->peer = p;
+    if (!posted) {      /* its window; the offset is the schedule's, the area the segment's */
+        if (src_off < 0 || src_off + nbytes > r->area) { r->err = src_off + nbytes; return BOUNDS; }
+        return move(r, dst, window(r, parity, p) + src_off, nbytes, red);
+    }
     if (src_off < 0 || src_off + nbytes > posted) { r->err = src_off + nbytes; return BOUNDS; }
     char *to = dst;
     if (red) {
@@ -187,7 +223,7 @@ static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_
         }
         to = r->scratch;
     }
-    pid_t pid = (pid_t)((volatile uint64_t *)(r->base + r->pids_at))[2 * p];
+    pid_t pid = (pid_t)((volatile uint64_t *)(r->base + r->pids_at))[PID_WORDS * p];
     for (int64_t done = 0; done < nbytes;) {
         struct iovec local = {to + done, (size_t)(nbytes - done)};
         struct iovec remote = {(void *)(uintptr_t)(h[ADDR] + src_off + done), (size_t)(nbytes - done)};
@@ -198,6 +234,15 @@ static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_
     return red ? move(r, dst, to, nbytes, 1) : DONE;
 }
 
+/* One instruction: i[0] the opcode, then (k: the round's index in the call, 0 in its first)
+ *   BEGIN
+ *   COPY     src buffer, src offset, dst buffer, dst offset, bytes, reduce?
+ *   POST     buffer, offset, bytes
+ *   PUBLISH  k
+ *   GET      peer, offset in its window (or posted buffer), dst buffer, dst offset, bytes, reduce?,
+ *            prev? (the round before, read before publishing), k
+ *   SYNC     peer, k
+ * (offsets and sizes in bytes). */
 static int step(Run *r, const int64_t *i) {
     switch (i[0]) {
     case I_BEGIN: {      /* my window of this parity is free once everyone published the round before */
@@ -227,10 +272,13 @@ static int step(Run *r, const int64_t *i) {
         __atomic_store_n(c, r->round, __ATOMIC_RELEASE);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);    /* my counter before their flags (and counters) */
         for (int64_t w = 0; w < r->n; w++)
-            if (c[1 + w]) { syscall(SYS_futex, (void *)c, FUTEX_WAKE, (int)r->n, NULL, NULL, 0); break; }
+            if (*word(r, r->me, CTL_FLAGS + w)) { syscall(SYS_futex, (void *)c, FUTEX_WAKE, (int)r->n, NULL, NULL, 0); break; }
         if (i[1] == 0)      /* a call's first round: the peers already in it make my call? */
             for (int64_t p = 0; p < r->n; p++)
-                if (p != r->me && ge(*counter(r, p), r->round) && !agrees(r, p)) { r->peer = p; return MISMATCH; }
+                if (p != r->me && ge(__atomic_load_n(counter(r, p), __ATOMIC_ACQUIRE), r->round) && !agrees(r, p)) {
+                    r->peer = p;    /* (acquire: its header is read after its counter, on any CPU) */
+                    return MISMATCH;
+                }
         return DONE;
     }
     case I_GET:
@@ -250,14 +298,50 @@ static int step(Run *r, const int64_t *i) {
     return UNSUPPORTED;
 }
 
+/* Before running anything: is `code` a program this executor can run on this segment, and what does it
+ * touch? need[b]: the bytes of buffer b it reads or writes (0: none), writes[b]: does it write b.
+ * Returns NULL, or why not (a program not made by onehost.program, or for another segment). */
+static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t need[4], int writes[4]) {
+    for (Py_ssize_t pc = 0; pc < len; pc++) {
+        const int64_t *i = code + WIDTH * pc;
+        int64_t buf = -1, off = 0, nbytes = 0, buf2 = -1, off2 = 0, peer = -1;
+        switch (i[0]) {
+        case I_BEGIN: case I_PUBLISH: continue;
+        case I_COPY: buf = i[1]; off = i[2]; buf2 = i[3]; off2 = i[4]; nbytes = i[5]; break;
+        case I_POST: buf = i[1]; off = i[2]; nbytes = i[3]; break;
+        case I_GET: peer = i[1]; buf2 = i[3]; off2 = i[4]; nbytes = i[5]; break;
+        case I_SYNC: peer = i[1]; break;
+        default: return "an unknown opcode";
+        }
+        if (i[0] == I_GET || i[0] == I_SYNC) {
+            if (peer < 0 || peer >= n) return "a peer outside the communicator";
+            if (i[0] == I_GET && i[2] < 0) return "a negative offset";
+        }
+        if (nbytes < 0 || off < 0 || off2 < 0) return "a negative size or offset";
+        if (nbytes > INT64_MAX - off || nbytes > INT64_MAX - off2) return "an offset past any buffer";
+        if ((buf != -1 && (buf < B_IN || buf > B_WIN)) || (buf2 != -1 && (buf2 < B_IN || buf2 > B_WIN)))
+            return "an unknown buffer";
+        if (!nbytes) continue;
+        if (buf >= 0 && need[buf] < off + nbytes) need[buf] = off + nbytes;
+        if (buf2 >= 0) {
+            if (need[buf2] < off2 + nbytes) need[buf2] = off2 + nbytes;
+            writes[buf2] = 1;
+        }
+    }
+    return NULL;
+}
+
 /* run(program, pc, segment, round, call, buffers, settings) -> the new round when done (the common
  * case, kept cheap), else (status, pc, round, peer, err)
- *   program:  C-contiguous int64, 9 values per instruction (opcode + 8 arguments)
+ *   program:  C-contiguous int64, WIDTH values per instruction (opcode + 8 arguments)
  *   segment:  (base, line, hdr_at, head, area, pids_at, me, n): where things are in it
  *   round:    the segment's round counter (returned advanced)
  *   call:     (seq, w0, w1), the call's fingerprint
- *   buffers:  (in, out, tmp), contiguous arrays or None
- *   settings: (spin_ns, yields, dtype code, op code)   */
+ *   buffers:  (in, out, tmp), contiguous arrays or None (those the program does not use are ignored)
+ *   settings: (spin_ns, yields, dtype code, op code)
+ * A buffer the program uses that is None, read-only where it writes, or shorter than it reaches (or a
+ * segment's window shorter than its window offsets) stops it before anything runs: status BUFFER,
+ * peer = the buffer id, err = the bytes the program needs of it. */
 static PyObject *run(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer prog, views[3];
@@ -271,42 +355,60 @@ static PyObject *run(PyObject *self, PyObject *args) {
                           &pids_at, &me, &n, &rnd, &s0, &s1, &s2, &objs[0], &objs[1], &objs[2], &spin, &yields,
                           &dtype, &op))
         return NULL;
+    const int64_t *code = (const int64_t *)prog.buf;
+    Py_ssize_t len = prog.len / (WIDTH * (Py_ssize_t)sizeof(int64_t));
+    int64_t need[4] = {0, 0, 0, 0};
+    int writes[4] = {0, 0, 0, 0};
+    const char *bad = prog.len % (WIDTH * (Py_ssize_t)sizeof(int64_t)) ? "a length that is not whole instructions"
+                      : ((uintptr_t)prog.buf & 7) ? "an unaligned buffer" : check(code, len, n, need, writes);
+    if (!bad && (n < 1 || me < 0 || me >= n || area < 0 || pc < 0 || pc > len)) bad = "another segment or pc";
+    if (bad) {
+        PyBuffer_Release(&prog);
+        PyErr_Format(PyExc_ValueError, "pyxccl._native.run: not a program of this executor (%s); compile it with "
+                     "onehost.program", bad);
+        return NULL;
+    }
     Run run_, *r = &run_;
     memset(r, 0, sizeof *r);
-    int got = 0;
-    for (; got < 3; got++) {
-        if (objs[got] == Py_None) continue;
-        if (PyObject_GetBuffer(objs[got], &views[got], PyBUF_ANY_CONTIGUOUS) < 0) break;
-        r->buf[got] = views[got].buf;
+    r->round = (uint32_t)rnd;
+    r->peer = -1;
+    int status = DONE, held[3] = {0, 0, 0};
+    if (need[B_WIN] > area) { status = BUFFER; r->peer = B_WIN; r->err = need[B_WIN]; }
+    for (int b = 0; b < 3 && status == DONE; b++) {
+        if (!need[b]) continue;             /* not used: not even looked at */
+        if (objs[b] != Py_None) {
+            if (PyObject_GetBuffer(objs[b], &views[b], PyBUF_ANY_CONTIGUOUS) < 0) { status = -1; break; }
+            held[b] = 1;
+            r->buf[b] = views[b].buf;
+            if (views[b].len >= need[b] && !(writes[b] && views[b].readonly)) continue;
+        }
+        status = BUFFER; r->peer = b; r->err = need[b];
     }
-    if (got < 3) {
-        while (got-- > 0)
-            if (objs[got] != Py_None) PyBuffer_Release(&views[got]);
+    if (status != DONE) {
+        for (int b = 0; b < 3; b++)
+            if (held[b]) PyBuffer_Release(&views[b]);
         PyBuffer_Release(&prog);
-        return NULL;
+        if (status < 0) return NULL;        /* not a buffer at all: that TypeError */
+        return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
     }
     r->base = (char *)(uintptr_t)base;
     r->line = line; r->hdr_at = hdr_at; r->head = head; r->area = area; r->pids_at = pids_at;
-    r->me = me; r->n = n; r->round = (uint32_t)rnd; r->parity = r->round & 1;
+    r->me = me; r->n = n; r->parity = r->round & 1;
     r->call[0] = s0; r->call[1] = s1; r->call[2] = s2;
     r->spin_ns = spin; r->yields = yields; r->dtype = dtype; r->op = op;
-    r->peer = -1;
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
         volatile uint64_t *h = header(r, r->parity, r->me);
         r->posted = h[NBYTES] ? (char *)(uintptr_t)h[ADDR] : NULL;
     }
-    const int64_t *code = (const int64_t *)prog.buf;
-    Py_ssize_t len = prog.len / (9 * (Py_ssize_t)sizeof(int64_t));
-    int status = DONE;
     Py_BEGIN_ALLOW_THREADS
     for (; pc < len; pc++) {
-        status = step(r, code + 9 * pc);
+        status = step(r, code + WIDTH * pc);
         if (status != DONE) break;
     }
     Py_END_ALLOW_THREADS
     free(r->scratch);
-    for (int k = 0; k < 3; k++)
-        if (objs[k] != Py_None) PyBuffer_Release(&views[k]);
+    for (int b = 0; b < 3; b++)
+        if (held[b]) PyBuffer_Release(&views[b]);
     PyBuffer_Release(&prog);
     if (status == DONE) return PyLong_FromUnsignedLong(r->round);
     return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
@@ -318,6 +420,21 @@ static PyObject *can_reduce(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "ii", &dtype, &op)) return NULL;
     char a[8] = {0}, b[8] = {0};
     return PyBool_FromLong(dtype >= 0 && op >= 0 && reduce(dtype, op, a, b, 8));
+}
+
+/* reduce_into(dtype_code, op_code, dst, src) -> bool: dst = dst (op) src with the executor's own loop
+ * (False: a pair it does not reduce). For the check at import that it gives numpy's bits. */
+static PyObject *reduce_into(PyObject *self, PyObject *args) {
+    (void)self;
+    int dtype, op;
+    Py_buffer d, s;
+    if (!PyArg_ParseTuple(args, "iiw*y*", &dtype, &op, &d, &s)) return NULL;
+    int ok = d.len == s.len;
+    if (ok) ok = dtype >= 0 && op >= 0 && reduce(dtype, op, d.buf, s.buf, d.len);
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&s);
+    if (d.len != s.len) { PyErr_SetString(PyExc_ValueError, "reduce_into: dst and src differ in size"); return NULL; }
+    return PyBool_FromLong(ok);
 }
 
 static PyObject *overlap(PyObject *self, PyObject *args) {
@@ -334,207 +451,70 @@ static PyObject *overlap(PyObject *self, PyObject *args) {
     return PyBool_FromLong(hit);
 }
 
-/* The scan of candidates(): acc += x (x NULL: not written) and, in order, the indices i with
- * |acc[i]| >= t (tb: t's bits) and their values into o and v (v may be NULL) while they fit (cap);
- * returns the count, which may exceed cap. For t >= 0 the magnitudes order as their bit patterns
- * with the sign cleared: an integer compare; NaN's pattern is above every finite one's. */
-#define TAKE(j)                                    \
-    do {                                           \
-        if (count < cap) {                         \
-            o[count] = (int32_t)(j);               \
-            if (v) v[count] = a[j];                \
-        }                                          \
-        count++;                                   \
-    } while (0)
+/* A full memory barrier, for the Python executor on CPUs that reorder loads and stores
+ * (transport/segment.py: between writing a window and publishing it, and between seeing a
+ * counter and reading what it covers). */
+static PyObject *fence(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    Py_RETURN_NONE;
+}
 
-#if defined(__x86_64__) && defined(__GNUC__)
-/* 32 at a time with AVX2 where the CPU has it (chosen at run time: the build targets plain x86-64),
- * a bit per element that passes; few do (about k of n), so the loop over set bits rarely runs and
- * the values are taken while in cache. Returns where it stopped; the rest is scan()'s. */
-__attribute__((target("avx2"))) static Py_ssize_t scan_avx2(float *a, const float *x, Py_ssize_t n, int32_t tb,
-                                                            int32_t *o, float *v, Py_ssize_t cap,
-                                                            Py_ssize_t *countp) {
-    Py_ssize_t count = *countp, i = 0;
-    const __m256i keep = _mm256_set1_epi32(0x7fffffff), below = _mm256_set1_epi32(tb - 1);
-    for (; i + 32 <= n; i += 32) {
-        uint32_t mask = 0;
-        for (int q = 0; q < 4; q++) {
-            __m256 s = _mm256_loadu_ps(a + i + 8 * q);
-            if (x) {
-                s = _mm256_add_ps(s, _mm256_loadu_ps(x + i + 8 * q));
-                _mm256_storeu_ps(a + i + 8 * q, s);
+static int put(PyObject *d, const char *key, PyObject *v) {
+    int rc = v ? PyDict_SetItemString(d, key, v) : -1;
+    Py_XDECREF(v);
+    return rc;
+}
+
+/* tables() -> dict: what core/onehost.py and transport/segment.py must agree on with this file. */
+static PyObject *tables(PyObject *self, PyObject *unused) {
+    (void)self; (void)unused;
+    PyObject *d = PyDict_New(), *dt = PyDict_New(), *ops = PyDict_New(), *pairs = PyList_New(0);
+    if (!d || !dt || !ops || !pairs) goto fail;
+    char a[8] = {0}, b[8] = {0};
+    for (int t = 0; t < N_DTYPES; t++) {
+        if (put(dt, DTYPE_NAMES[t], PyLong_FromLong(t)) < 0) goto fail;
+        for (int o = 0; o < N_OPS; o++)
+            if (reduce(t, o, a, b, 8)) {
+                PyObject *pair = Py_BuildValue("(ss)", DTYPE_NAMES[t], OP_NAMES[o]);
+                int rc = pair ? PyList_Append(pairs, pair) : -1;
+                Py_XDECREF(pair);
+                if (rc < 0) goto fail;
             }
-            __m256i m = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(s), keep), below);
-            mask |= (uint32_t)_mm256_movemask_ps(_mm256_castsi256_ps(m)) << 8 * q;
-        }
-        while (mask) {
-            Py_ssize_t j = i + __builtin_ctz(mask);
-            mask &= mask - 1;
-            TAKE(j);
-        }
     }
-    *countp = count;
-    return i;
-}
-#endif
-
-static Py_ssize_t scan(float *a, const float *x, Py_ssize_t n, int32_t tb, int32_t *o, float *v,
-                       Py_ssize_t cap) {
-    Py_ssize_t count = 0, i = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2")) i = scan_avx2(a, x, n, tb, o, v, cap, &count);
-#endif
-    for (; i < n; i++) {                /* the tail (all of it without AVX2) */
-        if (x) a[i] += x[i];
-        int32_t bits;
-        memcpy(&bits, a + i, 4);        /* the float's bits (a cast pointer would break aliasing rules) */
-        if ((bits & 0x7fffffff) >= tb) TAKE(i);
-    }
-    return count;
-}
-#undef TAKE
-
-/* candidates(acc, x, t, idx[, val]) -> count: acc += x (x None: acc as is, not written), and the
- * indices i with |acc[i]| >= t, in order, into idx (int32) and their values into val (float32, same
- * length) while they fit; the count may exceed len(idx), then idx is incomplete. One pass instead of
- * numpy's add, abs, compare, nonzero and gather (compress/_sparse.py). t < 0 counts as 0. */
-static PyObject *candidates(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *acc_o, *x_o, *out_o, *val_o = Py_None;
-    float t;
-    if (!PyArg_ParseTuple(args, "OOfO|O", &acc_o, &x_o, &t, &out_o, &val_o)) return NULL;
-    int add = x_o != Py_None, vals = val_o != Py_None;
-    Py_buffer va, vx = {0}, vo, vv = {0};
-    if (PyObject_GetBuffer(acc_o, &va, PyBUF_C_CONTIGUOUS | (add ? PyBUF_WRITABLE : 0)) < 0) return NULL;
-    if (add && PyObject_GetBuffer(x_o, &vx, PyBUF_C_CONTIGUOUS) < 0) goto fail_a;
-    if (PyObject_GetBuffer(out_o, &vo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto fail_x;
-    if (vals && PyObject_GetBuffer(val_o, &vv, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) goto fail_o;
-    if ((add && vx.len != va.len) || (vals && vv.len != vo.len)) {
-        PyErr_SetString(PyExc_ValueError, add && vx.len != va.len ? "candidates: acc and x differ in size"
-                                                                   : "candidates: idx and val differ in size");
-        goto fail_v;
-    }
-    Py_ssize_t n = va.len / 4, cap = vo.len / 4, count;
-    int32_t tb = 0;
-    if (t > 0) memcpy(&tb, &t, 4);
-    Py_BEGIN_ALLOW_THREADS
-    count = scan(va.buf, add ? vx.buf : NULL, n, tb, vo.buf, vals ? vv.buf : NULL, cap);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&va);
-    if (add) PyBuffer_Release(&vx);
-    PyBuffer_Release(&vo);
-    if (vals) PyBuffer_Release(&vv);
-    return PyLong_FromSsize_t(count);
-fail_v:
-    if (vals) PyBuffer_Release(&vv);
-fail_o:
-    PyBuffer_Release(&vo);
-fail_x:
-    if (add) PyBuffer_Release(&vx);
-fail_a:
-    PyBuffer_Release(&va);
+    for (int o = 0; o < N_OPS; o++)
+        if (put(ops, OP_NAMES[o], PyLong_FromLong(o)) < 0) goto fail;
+    if (put(d, "width", PyLong_FromLong(WIDTH)) < 0
+        || put(d, "opcodes", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "BEGIN", I_BEGIN, "COPY", I_COPY, "POST", I_POST,
+                                           "PUBLISH", I_PUBLISH, "GET", I_GET, "SYNC", I_SYNC)) < 0
+        || put(d, "status", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "DONE", DONE, "NAPPED", NAPPED,
+                                          "MISMATCH", MISMATCH, "BOUNDS", BOUNDS, "CMA_FAILED", CMA_FAILED,
+                                          "UNSUPPORTED", UNSUPPORTED, "BUFFER", BUFFER)) < 0
+        || put(d, "buffers", Py_BuildValue("{s:i,s:i,s:i,s:i}", "in", B_IN, "out", B_OUT, "tmp", B_TMP, "win", B_WIN)) < 0
+        || put(d, "header", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "SEQ", SEQ, "W0", W0, "W1", W1, "ADDR", ADDR,
+                                          "NBYTES", NBYTES)) < 0
+        || put(d, "segment", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "counter_word", CTL_COUNTER, "flags_word", CTL_FLAGS,
+                                           "cpu_word_plus_n", CTL_CPU, "header_bytes", HEADER_BYTES,
+                                           "pid_words", PID_WORDS)) < 0
+        || put(d, "layout", Py_BuildValue("(ssssssss)", "base", "line", "hdr_at", "head", "area", "pids_at", "me",
+                                          "n")) < 0
+        || PyDict_SetItemString(d, "dtypes", dt) < 0 || PyDict_SetItemString(d, "ops", ops) < 0
+        || PyDict_SetItemString(d, "reduces", pairs) < 0)
+        goto fail;
+    Py_DECREF(dt); Py_DECREF(ops); Py_DECREF(pairs);
+    return d;
+fail:
+    Py_XDECREF(dt); Py_XDECREF(ops); Py_XDECREF(pairs); Py_XDECREF(d);
     return NULL;
 }
 
-/* scatter_add(out, idx, val): out[idx[j]] += val[j] for each j in order (float32 out and val, int32
- * idx, repeats summed); the caller checked 0 <= idx < len(out) (compress/_sparse.py: accumulate).
- * numpy's add.at is the fallback: this is its loop without the per-element dispatch. */
-static PyObject *scatter_add(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *out_o, *idx_o, *val_o;
-    if (!PyArg_ParseTuple(args, "OOO", &out_o, &idx_o, &val_o)) return NULL;
-    Py_buffer vo, vi, vv;
-    if (PyObject_GetBuffer(out_o, &vo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
-    if (PyObject_GetBuffer(idx_o, &vi, PyBUF_C_CONTIGUOUS) < 0) { PyBuffer_Release(&vo); return NULL; }
-    if (PyObject_GetBuffer(val_o, &vv, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&vo); PyBuffer_Release(&vi);
-        return NULL;
-    }
-    if (vi.len != vv.len) {
-        PyBuffer_Release(&vo); PyBuffer_Release(&vi); PyBuffer_Release(&vv);
-        PyErr_SetString(PyExc_ValueError, "scatter_add: idx and val differ in size");
-        return NULL;
-    }
-    float *o = vo.buf;
-    const int32_t *ix = vi.buf;
-    const float *v = vv.buf;
-    Py_ssize_t m = vi.len / 4;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < m; j++) o[ix[j]] += v[j];
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&vo); PyBuffer_Release(&vi); PyBuffer_Release(&vv);
-    Py_RETURN_NONE;
-}
-
-/* sum_pairs(out, wires) -> None: out = the sum, in the order of the list, of the packed pairs in wires
- * (compress/_sparse.py's pack() format for a tensor of len(out) elements: float32 values, a uint32
- * pair count per block of 2**16 elements, the uint16 low bits of each index, 2 bytes of padding if
- * odd). Block by block: the block zeroed, then each wire's pairs of that block added, in the list's
- * order: every element sums its contributions in that order (the bits of zeroing out and adding each
- * wire in turn), while the block stays in cache and out is written once, in order. */
-static PyObject *sum_pairs(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *out_o, *list;
-    if (!PyArg_ParseTuple(args, "OO!", &out_o, &PyList_Type, &list)) return NULL;
-    Py_buffer vo;
-    if (PyObject_GetBuffer(out_o, &vo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
-    Py_ssize_t nw = PyList_GET_SIZE(list), count = vo.len / 4, nb = (count + 65535) >> 16, got = 0;
-    Py_buffer *w = PyMem_Calloc(nw ? nw : 1, sizeof(Py_buffer));
-    Py_ssize_t *pos = PyMem_Calloc(nw ? nw : 1, sizeof(Py_ssize_t)), *pairs = PyMem_Calloc(nw ? nw : 1,
-                                                                                           sizeof(Py_ssize_t));
-    const char *bad = NULL;
-    if (!w || !pos || !pairs) { PyErr_NoMemory(); goto done; }
-    while (got < nw) {
-        Py_ssize_t r = got;
-        if (PyObject_GetBuffer(PyList_GET_ITEM(list, r), &w[r], PyBUF_C_CONTIGUOUS) < 0) goto done;
-        got++;
-        Py_ssize_t rest = w[r].len - 4 * nb;
-        pairs[r] = rest / 6;
-        if (rest < 0 || rest % 6 != 2 * (pairs[r] % 2) || ((uintptr_t)w[r].buf & 3)) {
-            bad = "sum_pairs: a wire is not 4-aligned block counts and whole 6-byte pairs, padded to 4";
-            goto done;
-        }
-        const uint32_t *per = (const uint32_t *)((const char *)w[r].buf + 4 * pairs[r]);
-        Py_ssize_t total = 0;
-        for (Py_ssize_t b = 0; b < nb; b++) total += per[b];
-        if (total != pairs[r]) { bad = "sum_pairs: a wire's block counts do not add up to its pairs"; goto done; }
-    }
-    float *o = vo.buf;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t b = 0; b < nb && !bad; b++) {
-        Py_ssize_t base = b << 16, len = count - base < 65536 ? count - base : 65536;
-        memset(o + base, 0, len * 4);
-        for (Py_ssize_t r = 0; r < nw; r++) {
-            const char *d = w[r].buf;
-            Py_ssize_t m = pairs[r], c = ((const uint32_t *)(d + 4 * m))[b], j = pos[r];
-            const float *val = (const float *)d;
-            const uint16_t *low = (const uint16_t *)(d + 4 * m + 4 * nb);
-            for (Py_ssize_t e = j + c; j < e; j++) {
-                if (low[j] >= len) { bad = "sum_pairs: an index lies past the end of the tensor"; break; }
-                o[base + low[j]] += val[j];
-            }
-            pos[r] = j;
-        }
-    }
-    Py_END_ALLOW_THREADS
-done:
-    if (bad) PyErr_SetString(PyExc_ValueError, bad);
-    for (Py_ssize_t r = 0; r < got; r++) PyBuffer_Release(&w[r]);
-    PyMem_Free(w);
-    PyMem_Free(pos);
-    PyMem_Free(pairs);
-    PyBuffer_Release(&vo);
-    if (PyErr_Occurred()) return NULL;
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
-    {"candidates", candidates, METH_VARARGS, "candidates(acc, x, t, idx[, val]) -> count: acc += x; indices (and values) of |acc| >= t"},
-    {"sum_pairs", sum_pairs, METH_VARARGS, "sum_pairs(out, wires): out = the sum of the packed pairs, in order"},
-    {"scatter_add", scatter_add, METH_VARARGS, "scatter_add(out, idx, val): out[idx] += val, repeats summed"},
+    {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},
+    {"fence", fence, METH_NOARGS, "fence(): a full memory barrier"},
     {"overlap", overlap, METH_VARARGS, "overlap(a, b) -> bool: do two contiguous buffers share memory?"},
     {"run", run, METH_VARARGS, "Run a compiled segment program from instruction pc (see core/onehost.py)."},
     {"can_reduce", can_reduce, METH_VARARGS, "can_reduce(dtype_code, op_code) -> bool"},
+    {"reduce_into", reduce_into, METH_VARARGS, "reduce_into(dtype_code, op_code, dst, src) -> bool: dst = dst (op) src"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,17 +14,26 @@ Two executors run the same schedules: ``_Segment`` here, in Python, and
 ``pyxccl._native`` (C, without the GIL), which runs a schedule compiled by
 walking it once (``program``): the same operations in the walker's order.
 The native one is used when it was built and knows the call's dtype and op;
-``PYXCCL_NATIVE=0`` turns it off (CI runs the one-host tests both ways).
+``PYXCCL_NATIVE=0`` turns it off (CI runs the one-host tests both ways, and
+tests/test_executors.py runs every segment schedule through both). What the
+two share (opcodes, statuses, buffer ids, header fields, dtype and op codes,
+the segment's layout) is written on both sides; at import the C module's
+``tables()`` are compared with this module's and ``transport/segment.py``'s,
+and a module built from another ``_native.c`` is refused (a warning says
+so; the Python executor runs everything).
 """
 from __future__ import annotations
 
 import os
 import time
+import warnings
 
 import numpy as np
 
+from .._errors import ProtocolError
 from ..ops import ReduceOp
 from ..schedule import Copy, Get, Post, Schedule, Sync
+from ..transport import segment as _layout
 from ..walk import Semantics, walk
 from .messages import copy
 
@@ -33,24 +42,84 @@ try:
 except ImportError:         # not built (no C compiler at install): the Python executor runs everything
     _native = None
 
-_DTYPES = {np.dtype(t): i for i, t in enumerate((np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-                                                  np.uint8, np.uint16, np.uint32, np.uint64))}
-_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3, ReduceOp.BAND: 4,
-        ReduceOp.BOR: 5, ReduceOp.BXOR: 6, ReduceOp.LAND: 7, ReduceOp.LOR: 8}
+# What this module and _native.c must agree on (see tables() there)
+_WIDTH = 9                  # int64 per instruction: the opcode and 8 arguments
+_OPCODES = {"BEGIN": 1, "COPY": 2, "POST": 3, "PUBLISH": 4, "GET": 5, "SYNC": 6}
+_STATUS = {"DONE": 0, "NAPPED": 1, "MISMATCH": 2, "BOUNDS": 3, "CMA_FAILED": 4, "UNSUPPORTED": 5, "BUFFER": 6}
 _BUFS = {"in": 0, "out": 1, "tmp": 2, "win": 3}
-_BEGIN, _COPY, _POST, _PUBLISH, _GET, _SYNC = range(1, 7)
-_DONE, _NAPPED, _MISMATCH, _BOUNDS, _CMA_FAILED = range(5)
+_DTYPE_NAMES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+_DTYPES = {np.dtype(t): i for i, t in enumerate(_DTYPE_NAMES)}
+_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3, ReduceOp.BAND: 4,
+        ReduceOp.BOR: 5, ReduceOp.BXOR: 6, ReduceOp.LAND: 7, ReduceOp.LOR: 8}     # AVG: a SUM, divided after
+_UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
+_BEGIN, _COPY, _POST, _PUBLISH, _GET, _SYNC = (_OPCODES[k] for k in ("BEGIN", "COPY", "POST", "PUBLISH", "GET", "SYNC"))
+_DONE, _NAPPED, _MISMATCH, _BOUNDS, _CMA_FAILED, _UNSUPPORTED, _BUFFER = _STATUS.values()
+
+
+def tables() -> dict:
+    """What the native executor must say its ``tables()`` are, as this side has them."""
+    return {"width": _WIDTH, "opcodes": _OPCODES, "status": _STATUS, "buffers": _BUFS,
+            "header": {k: getattr(_layout, k) for k in ("SEQ", "W0", "W1", "ADDR", "NBYTES")},
+            "dtypes": {dt.name: code for dt, code in _DTYPES.items()},
+            "ops": {op.value: code for op, code in _OPS.items() if op is not ReduceOp.AVG},
+            "segment": _layout.LAYOUT, "layout": _layout.LAYOUT_FIELDS}
+
+
+def native_mismatch(mod) -> str | None:
+    """Why the compiled module ``mod`` cannot run this package's programs (it was built from another
+    ``_native.c``), or None when its tables are this side's."""
+    where = getattr(mod, "__file__", mod)
+    if not hasattr(mod, "tables"):
+        return f"{where} was built from an older _native.c (it has no tables())"
+    theirs, ours = mod.tables(), tables()
+    diff = [f"{k}: C has {theirs.get(k)!r}, Python {v!r}" for k, v in ours.items() if theirs.get(k) != v]
+    return f"{where} was built from another _native.c than this pyxccl's: " + "; ".join(diff) if diff else None
+
+
+NATIVE_REFUSED = None if _native is None else native_mismatch(_native)
+if NATIVE_REFUSED is not None:
+    warnings.warn(f"pyxccl: the native executor is off, the Python one runs every one-host call: {NATIVE_REFUSED}. "
+                  f"Rebuild it (`python setup.py build_ext --inplace` in a checkout, or reinstall pyxccl)",
+                  RuntimeWarning, stacklevel=2)
+    _native = None
+
+
+def numpy_differs(mod) -> frozenset:
+    """The (dtype, op) codes for which the C loops of ``mod`` do not give numpy's bits on the float
+    values where the two could part: signed zeros, quiet and signalling NaNs of either sign,
+    infinities (numpy has changed which of -0.0 and +0.0 np.minimum returns). Calls of those run in
+    Python. Left out: which NaN a sum or product of two NaNs gives (numpy's own loops pick one by
+    position in the array); integer ops have one answer (wrap-around)."""
+    differs = set()
+    for t, u, snan in ((np.float32, np.uint32, 0x7FA00001), (np.float64, np.uint64, 0x7FF4000000000001)):
+        sign = np.array(1, u) << (8 * np.dtype(u).itemsize - 1)
+        signalling = np.array([snan, snan | sign], u).view(t)       # (a copy keeps their bits)
+        v = np.concatenate([np.array([0.0, -0.0, np.nan, -np.nan, np.inf, -np.inf, 1.5, -1.0, 3e38], t), signalling])
+        a, b = np.repeat(v, v.size), np.tile(v, v.size)         # every pair, both ways round
+        for op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX):
+            x, y = (a, b) if op in (ReduceOp.MIN, ReduceOp.MAX) else (a[(a == a) | (b == b)], b[(a == a) | (b == b)])
+            codes = _DTYPES[np.dtype(t)], _OPS[op]
+            want, got = x.copy(), x.copy()
+            with np.errstate(all="ignore"):
+                _UFUNCS[op](want, y, out=want)
+            if not mod.reduce_into(*codes, got, y) or want.tobytes() != got.tobytes():
+                differs.add(codes)
+    return frozenset(differs)
+
+
+_DIFFERS = numpy_differs(_native) if _native is not None else frozenset()
 
 
 def native_codes(dt: np.dtype, op) -> tuple[int, int] | None:
     """(dtype, op) codes for the native executor, or None when a call of ``dt`` and ``op`` runs in
-    Python (not built, turned off, or a dtype or reduction the C code does not know)."""
+    Python (not built, turned off, a dtype or reduction the C code does not know, or one where it
+    would not give numpy's bits: ``numpy_differs``)."""
     if _native is None or os.environ.get("PYXCCL_NATIVE", "1") == "0":
         return None
     if op is None:
         return (-1, -1) if dt.type.__module__ == "numpy" else None     # ml_dtypes' arrays export no buffer
     codes = _DTYPES.get(dt, -1), _OPS.get(op, -1)
-    return codes if _native.can_reduce(*codes) else None
+    return codes if _native.can_reduce(*codes) and codes not in _DIFFERS else None
 
 
 class _Segment(Semantics):
@@ -130,7 +199,7 @@ class _Compile(Semantics):
         self.b, self.code = itemsize, []
 
     def _add(self, *ins) -> None:
-        self.code.append(ins + (0,) * (9 - len(ins)))
+        self.code.append(ins + (0,) * (_WIDTH - len(ins)))
 
     def begin(self, r, k):
         self._add(_BEGIN)
@@ -205,11 +274,30 @@ def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadlin
         elif status in (_BOUNDS, _CMA_FAILED):
             raise seg.read_error(peer, seg.round & 1, err, OSError(err, os.strerror(err))
                                  if status == _CMA_FAILED else None)
+        elif status == _BUFFER:     # found before anything ran (peer: the buffer, err: the bytes it needs)
+            raise buffer_error(ctx.rank, op, mine[0], peer, err, where, seg.area)
         else:
             raise RuntimeError(f"rank {ctx.rank}: {op}: the native executor cannot run this call (status "
                                f"{status}); set PYXCCL_NATIVE=0 and report it")
         done = _native.run(prog, pc, seg.layout, seg.round, mine, where, settings)
     seg.round = done
+
+
+def buffer_error(rank: int, op: str, seq: int, b: int, need: int, where: tuple, area: int) -> ProtocolError:
+    """The error of a native run refused because buffer ``b`` (an id of ``_BUFS``) of ``where`` = (in,
+    out, tmp) is missing, read-only or shorter than the ``need`` bytes its program reaches."""
+    name = next(k for k, v in _BUFS.items() if v == b)
+    if name == "win":
+        what = f"the segment's window has {area}"
+    elif where[b] is None:
+        what = "none was given"
+    else:
+        m = memoryview(where[b])
+        what = f"it has {m.nbytes}" + (" and is read-only" if m.readonly and m.nbytes >= need else "")
+    return ProtocolError(f"rank {rank}: {op} (#{seq} on this communicator): the compiled program reaches byte "
+                         f"{need} of the {name!r} buffer and {what}; nothing was run: pass buffers of the sizes "
+                         f"the program was compiled for (a prepared call's arrays have its first call's sizes)",
+                         rank=rank, op=op, seq=seq)
 
 
 def attach_segment(ctx, broadcast_object, allgather_object) -> None:
@@ -219,7 +307,7 @@ def attach_segment(ctx, broadcast_object, allgather_object) -> None:
     if ctx.size < 2 or len(set(ctx.hosts)) > 1 or any(ctx.link_class(0, p) != "shm" for p in range(1, ctx.size)):
         return
     from ..transport.cma import works
-    from ..transport.segment import HostSegment
+    from ..transport.segment import HostSegment, ordering_problem
     area = int(os.environ.get("PYXCCL_SHM_AREA_BYTES", 2 << 20)) if ctx.rank == 0 else 0
     seg = HostSegment(0, ctx.size, area) if ctx.rank == 0 else None
     where = broadcast_object((os.getpid(), seg.fd, seg.area) if seg else None)
@@ -228,6 +316,11 @@ def attach_segment(ctx, broadcast_object, allgather_object) -> None:
             seg = HostSegment.open(ctx.rank, ctx.size, where[2], where[0], where[1])
         ok = True
     except OSError:     # /proc/<pid>/fd not openable here (ptrace rules): no fast path
+        ok = False
+    why = ordering_problem()        # the Python executor cannot run safely on this CPU: no fast path
+    if why is not None:
+        warnings.warn(f"pyxccl: rank {ctx.rank}: the one-host fast path is off: {why}", RuntimeWarning,
+                      stacklevel=2)
         ok = False
     cma = ok and (ctx.rank == 0 or works(*(int(x) for x in seg.pids[0])))
     oks = allgather_object((ok, cma))

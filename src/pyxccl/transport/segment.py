@@ -10,9 +10,19 @@ a data area, its window. A round: wait until everyone finished the round
 before last (its parity's window and header are about to be reused), write
 my window, publish (header, then counter), wait for the counters I need,
 check the call, read. No locks, no syscalls while the peers keep up: a
-waiter spins briefly, then sleeps on the futex. Readers see a window's data
-and header once they see its counter (stores are not reordered with stores,
-nor loads with loads, on x86-64).
+waiter spins briefly, then sleeps on the futex.
+
+Memory order: a reader must see a window's data and header once it sees the
+counter that publishes them, and a rank must not overwrite its window before
+its readers' counters say they are done. The native executor (``_native.c``)
+uses release stores and acquire loads for that, on any CPU. The Python
+executor (``core/onehost.py`` through the methods here) relies on x86's order
+(stores are not reordered with stores, nor loads with loads) and a locked
+instruction as the one full barrier it needs (``fence``); on other CPUs
+(aarch64, ...) it puts real barriers where that order is assumed (``_acquire``,
+``_release``, ``fence``: ``pyxccl._native.fence``), and where that helper is
+not built it refuses to run: ``ordering_problem()`` says why, and the
+communicator then does without the fast path (``onehost.attach_segment``).
 
 The segment is a ``memfd``: peers open it through /proc/<pid>/fd of the rank
 that made it, so nothing ever has a name in /dev/shm.
@@ -34,7 +44,16 @@ from .._errors import CommTimeoutError, ProtocolError
 from .mailbox import lost_error
 from .topology import job_cpus
 
-_LINE = 64
+_LINE = 64                  # bytes of a round header, and the alignment of everything in the segment
+# Where things are in a control line (uint32 words): the round counter, rank w's sleep flag at
+# _FLAGS + w, the CPU the rank last ran on at _CPU + n (only the native waits use it)
+_COUNTER, _FLAGS, _CPU = 0, 1, 1
+_PID_WORDS = 2              # uint64 per rank in the pid table: the pid, an address of its memory
+#: the layout the native executor assumes (onehost.py compares it with ``_native.tables()``)
+LAYOUT = {"counter_word": _COUNTER, "flags_word": _FLAGS, "cpu_word_plus_n": _CPU, "header_bytes": _LINE,
+          "pid_words": _PID_WORDS}
+#: the order of ``HostSegment.layout``, the segment as ``_native.run`` takes it
+LAYOUT_FIELDS = ("base", "line", "hdr_at", "head", "area", "pids_at", "me", "n")
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -42,7 +61,36 @@ SEQ, W0, W1, ADDR, NBYTES = range(5)     # fields of a round header
 _CALL = struct.Struct("<QQQ")            # seq, w0, w1 at the start of a round header
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
-_FENCE = threading.Lock()                # taking a lock is an atomic instruction: a full memory barrier
+_FENCE = threading.Lock()                # taking a lock is an atomic instruction: a full memory barrier (x86)
+# x86 keeps stores in order and loads in order (only a load may pass an earlier store: fence() is
+# for that); other CPUs need barriers wherever that order is assumed: the C helper's
+_ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i486", "i586", "i686", "x86")
+_BARRIER = None
+if not _ORDERED:
+    try:
+        from .._native import fence as _BARRIER
+    except ImportError:     # not built (or built before it had a fence): ordering_problem() says so
+        _BARRIER = None
+
+
+def ordering_problem() -> str | None:
+    """Why the Python executor cannot run safely on this CPU, or None: it needs x86's memory order, or
+    the barriers of the C helper ``pyxccl._native`` elsewhere."""
+    if _ORDERED or _BARRIER is not None:
+        return None
+    return (f"the one-host fast path's Python executor needs memory barriers on this CPU "
+            f"({platform.machine()}: loads and stores may be reordered), and it takes them from the C helper "
+            f"pyxccl._native, which is not built here (or is too old to have them); reinstall pyxccl where a C "
+            f"compiler is available (pip builds the helper from source) to use the fast path")
+
+
+def _acquire() -> None:
+    """After seeing a peer's counter: what it published is read only after (a no-op on x86)."""
+    if _BARRIER is not None:
+        _BARRIER()
+
+
+_release = _acquire     # before publishing my counter: what it publishes is written before (the same barrier)
 
 
 class _Timespec(ctypes.Structure):
@@ -62,9 +110,9 @@ class HostSegment:
         self.rank, self.n = rank, nranks
         self.area = area_bytes - area_bytes % _LINE
         # counter, a sleep flag per rank, the CPU the rank last ran on (the native waits read it)
-        self.line = _LINE * ((4 * (nranks + 2) + _LINE - 1) // _LINE)
+        self.line = _LINE * ((4 * (_CPU + nranks + 1) + _LINE - 1) // _LINE)
         ctl_bytes = self.line * nranks
-        pids = _LINE * ((16 * nranks + _LINE - 1) // _LINE)
+        pids = _LINE * ((8 * _PID_WORDS * nranks + _LINE - 1) // _LINE)
         head = ctl_bytes + pids + 2 * nranks * _LINE
         size = head + 2 * nranks * self.area
         if fd is None:      # we make it
@@ -78,7 +126,8 @@ class HostSegment:
             os.close(fd)
         buf = np.frombuffer(self._map, np.uint8)
         self.ctl = buf[:ctl_bytes].view(np.uint32).reshape(nranks, self.line // 4)  # [r,0] counter, [r,1+w] sleeps
-        self.pids = buf[ctl_bytes:ctl_bytes + 16 * nranks].view(np.uint64).reshape(nranks, 2)  # pid, an address
+        # per rank: its pid, an address of its memory
+        self.pids = buf[ctl_bytes:ctl_bytes + 8 * _PID_WORDS * nranks].view(np.uint64).reshape(nranks, _PID_WORDS)
         self.hdr = buf[ctl_bytes + pids:head].view(np.uint64).reshape(2, nranks, _LINE // 8)
         self._hdr_at = ctl_bytes + pids      # byte offset of the round headers (struct access on the hot path)
         self.data = buf[head:].reshape(2, nranks, self.area)
@@ -86,7 +135,8 @@ class HostSegment:
         # (it holds this object); it goes when the last reference to the segment does.
         self._anchor = ctypes.c_char.from_buffer(self._map)
         self._base = ctypes.addressof(self._anchor)
-        self.layout = (self._base, self.line, self._hdr_at, head, self.area, ctl_bytes, rank, nranks)  # for _native
+        # the segment as _native.run takes it, in the order of LAYOUT_FIELDS
+        self.layout = (self._base, self.line, self._hdr_at, head, self.area, ctl_bytes, rank, nranks)
         self.pids[rank] = (os.getpid(), self._base)    # something the others may try to read (cma.works)
         self.cma = False          # single-copy reads between the ranks work (set by the communicator)
         self.round = 0
@@ -117,8 +167,10 @@ class HostSegment:
         self.round = (prev + 1) & 0xFFFFFFFF
         m, line = self._map, self.line
         for p in range(self.n):
-            if p != self.rank and not _ge(_U32.unpack_from(m, p * line)[0], prev):
+            if p != self.rank and not _ge(_U32.unpack_from(m, p * line + 4 * _COUNTER)[0], prev):
                 self.wait(p, prev)
+        if _BARRIER is not None:
+            _acquire()      # the peers' reads of this parity's windows before my writes to mine
         parity = self.round & 1
         if self.hdr[parity, self.rank, NBYTES]:
             self.hdr[parity, self.rank, NBYTES] = 0     # nothing posted this round, unless post() says so
@@ -136,9 +188,12 @@ class HostSegment:
         """Make this round's window (and the call's fingerprint) visible: header, then counter."""
         m, at = self._map, self.rank * self.line
         _CALL.pack_into(m, self._hdr_at + ((self.round & 1) * self.n + self.rank) * _LINE, seq, w0, w1)
-        _U32.pack_into(m, at, self.round)
+        if _BARRIER is not None:
+            _release()      # the window and header before the counter
+        _U32.pack_into(m, at + 4 * _COUNTER, self.round)
         self.fence()        # my counter before their sleep flags: else a waiter may sleep through it
-        if any(m[at + 4:at + 4 + 4 * self.n]):      # somebody sleeps on my counter
+        flags = at + 4 * _FLAGS
+        if any(m[flags:flags + 4 * self.n]):      # somebody sleeps on my counter
             _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self._base + at), _FUTEX_WAKE, ctypes.c_int(self.n),
                           None, None, 0)
 
@@ -146,10 +201,19 @@ class HostSegment:
         """Has rank ``p`` published this round yet? (Never waits.) After ``publish``, ``fence()`` first:
         then of two ranks that publish and look at each other, at least one sees the other (a load may
         not pass the store before it, as it could on x86 without a barrier)."""
-        return _ge(_U32.unpack_from(self._map, p * self.line)[0], self.round)
+        if _ge(_U32.unpack_from(self._map, p * self.line + 4 * _COUNTER)[0], self.round):
+            if _BARRIER is not None:
+                _acquire()
+            return True
+        return False
 
     @staticmethod
     def fence() -> None:
+        """A full barrier: my stores before my later loads (a lock's atomic instruction on x86, the C
+        helper's barrier elsewhere)."""
+        if _BARRIER is not None:
+            _BARRIER()
+            return
         with _FENCE:
             pass
 
@@ -180,9 +244,12 @@ class HostSegment:
 
     def read_error(self, p: int, parity: int, end: int, err: OSError | None = None) -> ProtocolError:
         """The error of a single-copy read of rank ``p``'s posted buffer: past its end, or failed."""
-        if err is None:
-            why = (f"reading up to byte {end} of the {int(self.hdr[parity, p, NBYTES])}-byte buffer rank {p} "
-                   f"posted: the ranks disagree on sizes")
+        posted = int(self.hdr[parity, p, NBYTES])
+        if err is None and not posted:      # (the native executor's window reads are checked too)
+            why = (f"reading up to byte {end} of the {self.area}-byte window of rank {p}: the ranks disagree on "
+                   f"sizes or windows")
+        elif err is None:
+            why = f"reading up to byte {end} of the {posted}-byte buffer rank {p} posted: the ranks disagree on sizes"
         elif err.errno == errno.ESRCH:      # its process is gone: a lost rank, not a protocol error
             e = lost_error(self.rank, p, "its process exited or was killed during the call")
             e.op, e.seq = self.op, self.seq
@@ -200,31 +267,36 @@ class HostSegment:
                                 seq=self.seq)
 
     def wait(self, p: int, target: int | None = None) -> None:
-        """Until rank ``p`` has published round ``target`` (default: this round)."""
+        """Until rank ``p`` has published round ``target`` (default: this round); what it published
+        then is visible to this rank."""
         target = self.round if target is None else target
-        if _ge(_U32.unpack_from(self._map, p * self.line)[0], target):
-            return
+        if not _ge(_U32.unpack_from(self._map, p * self.line + 4 * _COUNTER)[0], target):
+            self._sleep(p, target)
+        if _BARRIER is not None:
+            _acquire()
+
+    def _sleep(self, p: int, target: int) -> None:
         ctl = self.ctl
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < self.spin:
-            if _ge(int(ctl[p, 0]), target):
+            if _ge(int(ctl[p, _COUNTER]), target):
                 return
         for _ in range(self.yields):          # more ranks than cores: let the one we wait for run
             os.sched_yield()
-            if _ge(int(ctl[p, 0]), target):
+            if _ge(int(ctl[p, _COUNTER]), target):
                 return
-        addr = ctypes.c_void_p(self._base + p * self.line)
-        flag = 1 + self.rank
+        addr = ctypes.c_void_p(self._base + p * self.line + 4 * _COUNTER)
+        flag = _FLAGS + self.rank
         while True:
             ctl[p, flag] = 1
             self.fence()    # my flag before their counter (the publisher does the converse)
-            cur = int(ctl[p, 0])
+            cur = int(ctl[p, _COUNTER])
             if _ge(cur, target):
                 ctl[p, flag] = 0
                 return
             _libc.syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, ctypes.c_int(cur), ctypes.byref(_NAP), None, 0)
             ctl[p, flag] = 0
-            if _ge(int(ctl[p, 0]), target):
+            if _ge(int(ctl[p, _COUNTER]), target):
                 return
             if time.monotonic() > self.deadline:
                 raise self.timed_out(p)
