@@ -17,7 +17,7 @@ from ._objects import ObjectCollectives
 from .calls import DESCRIBE, Described
 from .core.context import Context
 from .core.onehost import attach_segment
-from .core.prepared import key
+from .core.prepared import FULL_PATH, key
 from .ops import ReduceOp
 from .primitives import PRIMITIVES
 
@@ -53,11 +53,14 @@ class Communicator(Description, ObjectCollectives):
         prepared under the key for the next call."""
         ctx = self._ctx
         k = key(name, inp, out, root, op, algorithm, timeout, ctx.thread_word())
-        p = ctx.prepared.get(k)
-        if p is not None and (async_op is False or async_op is True):
-            bound = p.bind(inp, out)
-            if bound is not None:
-                return p.start(*bound, async_op)
+        try:
+            p = ctx.prepared.get(k)
+        except TypeError:       # an unhashable op object: never kept
+            p = k = None
+        if p is not None:
+            done = p.again(inp, out, async_op)
+            if done is not FULL_PATH:
+                return done
         c = Check(self, name, (algorithm, async_op, timeout))
         return self._start(c, DESCRIBE[name](c, self.rank, self.size, *args), k)
 

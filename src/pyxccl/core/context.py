@@ -37,7 +37,7 @@ from .prepared import Prepared, PreparedCalls
 from .recorder import Recorder, ended, started
 from .counters import Traffic
 
-_RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors
+_RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors (prepared.py writes cseq & 7)
 _BLAME_SECONDS = 2.0     # a timed-out rank's wait for the others' progress (oversubscribed ranks answer late)
 
 
@@ -58,7 +58,7 @@ class Context:
         self.splits = 0           # split() calls made (each child's id depends on it)
         self.prepared = PreparedCalls()   # calls made before, by key (core/prepared.py)
         self.thread_check = True  # fingerprints name the issuing thread
-        self._threads: dict = {}  # thread -> (its name, its name in fingerprints, their digest)
+        self._here = threading.local()   # .me: (this thread, its name, its name in fingerprints, digest)
         self.segment = None       # the one-host fast path's HostSegment (onehost.attach_segment)
         self.tuner = None
         self.parent, self.children = parent, []
@@ -66,7 +66,9 @@ class Context:
         self.engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         self._lock = threading.Lock()
         self._inflight: set[RecvRequest] = set()
-        self._calls: dict[int, tuple] = {}      # collective seq -> (plan, call, size, thread, words), the last few
+        # the last few collectives, for naming them in mismatch errors: at cseq % _RECENT_CALLS, (cseq, (plan,
+        # call, size, thread, words)); a prepared call writes its slot (one store: this is on every call)
+        self.recent: list = [(None, None)] * _RECENT_CALLS
         self._scratch = np.empty(0, np.uint8)
         self._telling: threading.Thread | None = None
         self.recorder = Recorder()  # the flight recorder: the last operations, dumped on failure
@@ -285,7 +287,8 @@ class Context:
     def mismatch(self, peer: int, seq: int, theirs, their_seq: int | None = None) -> CollectiveMismatchError:
         """The error for this rank's collective ``seq`` against ``peer``'s fingerprint words ``theirs``."""
         their_seq = seq if their_seq is None else their_seq
-        plan, name, size, thread, words = self._calls.get(seq, (None,) * 5)
+        at, record = self.recent[seq % _RECENT_CALLS]
+        plan, name, size, thread, words = record if at == seq else (None,) * 5
         call = plan.call(name, size, thread) if plan else None
         mine = call.describe(seq) if call else f"collective #{seq}"
         if theirs is None:
@@ -384,29 +387,23 @@ class Context:
             self.prepared.keep(keep, p)
         return p
 
-    def remember(self, cseq: int, record: tuple) -> None:
-        """Keep collective ``cseq``'s (plan, name, size, thread, words), the last few, for naming it in
-        a mismatch error."""
-        self._calls[cseq] = record
-        self._calls.pop((cseq - _RECENT_CALLS) & 0xFFFFFFFF, None)
-
     def thread_word(self) -> int:
         """The calling thread's digest in fingerprints (0 when they do not name threads)."""
-        return self.thread()[1] if self.thread_check else 0
+        if not self.thread_check:
+            return 0
+        me = getattr(self._here, "me", None)        # a thread-local: on every call, so no current_thread()
+        return me[3] if me is not None and me[0].name == me[1] else self.thread()[1]
 
     def thread(self) -> tuple[str, int]:
         """The calling thread as fingerprints name it, and its 16-bit digest: its name, the workers of
         one thread pool counted as one ("pool_3" -> "pool"). The name is the one identity a thread has
         on every rank: threads numbered by first use would be numbered by whichever won a race."""
-        t = threading.current_thread()
-        known = self._threads.get(t)
-        if known is None or known[0] != t.name:
-            if len(self._threads) > 64:       # threads come and go
-                for dead in [x for x in self._threads if not x.is_alive()]:
-                    del self._threads[dead]
+        me = getattr(self._here, "me", None)
+        if me is None or me[0].name != me[1]:       # first call of this thread, or it was renamed
+            t = threading.current_thread()
             tag = re.sub(r"_\d+$", "", t.name)
-            known = self._threads[t] = (t.name, repr(tag), zlib.crc32(tag.encode()) & 0xFFFF or 1)
-        return known[1], known[2]
+            me = self._here.me = (t, t.name, repr(tag), zlib.crc32(tag.encode()) & 0xFFFF or 1)
+        return me[2], me[3]
 
     def send(self, name: str, buf: np.ndarray, dst: int, tag: int, *, async_op: bool, timeout):
         key, dcode = (self.id, tag, 0), DTYPE_CODE[buf.dtype]

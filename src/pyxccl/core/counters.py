@@ -65,10 +65,15 @@ class Traffic:
         self._ops: dict[str, list[int]] = {}
         self._wire: dict[str, dict[str, int]] = {}
 
-    def add(self, op: str, nbytes: int, sent: int, received: int) -> None:
+    def counter(self, op: str) -> list[int]:
+        """The [calls, bytes, sent, received] of ``op``, for a caller that adds to it on every call."""
         c = self._ops.get(op)
         if c is None:
-            c = self._ops[op] = [0, 0, 0, 0]
+            c = self._ops.setdefault(op, [0, 0, 0, 0])
+        return c
+
+    def add(self, op: str, nbytes: int, sent: int, received: int) -> None:
+        c = self.counter(op)
         c[0] += 1
         c[1] += nbytes
         c[2] += sent

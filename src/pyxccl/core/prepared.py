@@ -9,7 +9,7 @@ flight recorder, failure handling and AVG's division are in one place.
 A call's key (``key``) is its name, the form of each buffer (numpy or torch, dtype, size, or None),
 whether output and input are one object, its root, op, algorithm, timeout and the issuing thread as
 the fingerprints name it: everything the full path decided. A repeated call with the key of a kept
-``Prepared`` only checks what a key cannot say (``bind``: the arrays are contiguous, the output is
+``Prepared`` only checks what a key cannot say (``again``: the arrays are contiguous, the output is
 writable, input and output are apart unless in the in-place form) and allocates what the key says
 is allocated (``recvbuf=None``); anything else takes the full path, which gives the same result or
 the proper error. A call whose key cannot say everything (the v-variants' counts, a compressed call,
@@ -37,16 +37,18 @@ _KEPT = 256              # prepared calls kept per communicator
 _EMPTY = np.empty(0, np.uint8)
 
 
+FULL_PATH = object()     # what Prepared.again returns for a call that needs the full path
+
+
 class _NoKey(Exception):
     """A call that cannot be kept: something about it is not in its key."""
 
 
-def _form(obj):
-    """What a key says of a buffer argument: (0, numpy dtype, size), (1, torch dtype, size) or None."""
-    if type(obj) is np.ndarray:
-        return 0, obj.dtype, obj.size
+def _form(obj) -> tuple:
+    """What a key says of a buffer argument: (kind, dtype, size), kind 0 for numpy, 1 for torch, 2 for
+    None (the kind comes first: a numpy dtype is never compared with a torch one)."""
     if obj is None:
-        return None
+        return 2, None, None
     torch = sys.modules.get("torch")
     if torch is not None and type(obj) is torch.Tensor:
         return 1, obj.dtype, obj.numel()
@@ -56,11 +58,16 @@ def _form(obj):
 def key(name: str, inp, out, root, op, algorithm, timeout, thread: int):
     """The key a call is kept under (None: it cannot be): ``inp`` and ``out`` are the objects this rank
     reads and writes (None: none, or ``out`` to be allocated), ``thread`` the issuing thread's digest
-    in the fingerprints (0 when not checked)."""
+    in the fingerprints (0 when not checked). A flat tuple: it is made and hashed on every call."""
     if root is not None and type(root) is not int:
         return None
+    if type(inp) is np.ndarray and type(out) is np.ndarray:
+        return (name, 0, inp.dtype, inp.size, 0, out.dtype, out.size, inp is out, root, op, algorithm, timeout,
+                type(timeout), thread)
     try:
-        return name, _form(inp), _form(out), inp is out, root, op, algorithm, timeout, type(timeout), thread
+        return (name, *((0, inp.dtype, inp.size) if type(inp) is np.ndarray else _form(inp)),
+                *((0, out.dtype, out.size) if type(out) is np.ndarray else _form(out)), inp is out, root, op,
+                algorithm, timeout, type(timeout), thread)
     except _NoKey:
         return None
 
@@ -87,7 +94,7 @@ def _array(obj, writable: bool):
 class Prepared:
     """One collective call, decided: run it with :meth:`start` (after :meth:`bind` for a repeat)."""
     __slots__ = ("ctx", "plan", "name", "s", "words", "record", "timeout", "what", "io", "prog", "settings",
-                 "avg", "writes", "alloc", "prim", "at", "tmp")
+                 "avg", "writes", "alloc", "prim", "at", "tmp", "counts")
 
     def __init__(self, ctx, plan, name: str, s, size, thread: str, words, timeout, what: tuple, *, args: dict,
                  writes: bool, allocates: int | None):
@@ -96,6 +103,7 @@ class Prepared:
         self.record = (plan, name, size, thread, words)        # for naming the call in a mismatch error
         self.what = what                                        # for the flight recorder
         self.io = (what[3], *schedule_io(s, itemsize, plan.codec, plan.compressed))    # for comm.traffic()
+        self.counts = ctx.traffic.counter(name)
         self.prog = onehost.program(s, itemsize) if plan.codes is not None and native_run else None
         self.settings = self.prog and (*ctx.segment.waits, *plan.codes)
         self.avg, self.writes, self.alloc = plan.avg, writes, allocates     # alloc: elements of a new output
@@ -103,26 +111,30 @@ class Prepared:
         self.at = self.prim.in_place_at(ctx.rank, args, itemsize)
         self.tmp = s.scratch
 
-    def bind(self, inp, out):
-        """(in, out, result) arrays for a repeated call on the user's ``inp`` and ``out``, or None if it
-        needs the full path (nothing ran then)."""
-        if out is None:
-            dst = None if self.alloc is None else np.empty(self.alloc, self.plan.dtype)
-            result = dst
+    def again(self, inp, out, async_op):
+        """Run a repeated call on the user's ``inp`` and ``out`` (``start``'s result), or return
+        ``FULL_PATH`` if anything about them needs the full path (nothing ran then)."""
+        if type(out) is np.ndarray:         # inline: this is on every call
+            f = out.flags
+            if not f.c_contiguous or (self.writes and not f.writeable):
+                return FULL_PATH
+            result = dst = out
+        elif out is None:
+            result = dst = None if self.alloc is None else np.empty(self.alloc, self.plan.dtype)
         else:
             result = out
             dst = _array(out, self.writes)
             if dst is None:
-                return None
-        if inp is None:
-            src = None
-        elif inp is out:
-            src = dst
+                return FULL_PATH
+        if inp is None or inp is out:
+            src = dst if inp is not None else None
         else:
             src = _array(inp, False)
             if src is None or (dst is not None and not apart(self.prim, src, dst, self.at)):
-                return None
-        return src, dst, result
+                return FULL_PATH
+        if async_op is not False and async_op is not True:
+            return FULL_PATH
+        return self.start(src, dst, result, async_op)
 
     def start(self, inp, out, result, async_op: bool, codec=None, after=None):
         """Run the call on arrays ``inp`` and ``out`` (None: none), in issue order; return ``result``,
@@ -163,8 +175,12 @@ class Prepared:
         try:
             if ctx.closed or ctx.error is not None:       # a call queued behind one that failed
                 ctx.usable(self.name)
-            ctx.remember(cseq, self.record)
-            ctx.traffic.add(self.name, *self.io)
+            ctx.recent[cseq & 7] = (cseq, self.record)      # names it in a mismatch error (the last 8)
+            c, (nbytes, sent, received) = self.counts, self.io
+            c[0] += 1
+            c[1] += nbytes
+            c[2] += sent
+            c[3] += received
             tmp = ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None
             if self.prog is not None:
                 seg, mine, where = ctx.segment, (cseq, *self.words), (inp, out, tmp)
@@ -206,21 +222,14 @@ def _bufs(inp, out, tmp) -> dict:
     return bufs
 
 
-class PreparedCalls:
-    """The prepared calls of one communicator, by key. Lookups take no lock (a dict read is atomic);
-    changes are made under one."""
+class PreparedCalls(dict):
+    """The prepared calls of one communicator, by key: ``get(key)`` (a dict's: no lock, a dict read is
+    atomic; it raises TypeError for a key with an unhashable part, which is never kept); changes are
+    made under a lock."""
 
     def __init__(self):
-        self._kept: dict = {}
+        super().__init__()
         self._lock = threading.Lock()
-
-    def get(self, k) -> Prepared | None:
-        if k is None:
-            return None
-        try:
-            return self._kept.get(k)
-        except TypeError:       # an unhashable argument (some op object): never kept
-            return None
 
     def keep(self, k, p: Prepared) -> None:
         try:
@@ -228,14 +237,11 @@ class PreparedCalls:
         except TypeError:
             return
         with self._lock:
-            if k not in self._kept and len(self._kept) >= _KEPT:
-                del self._kept[next(iter(self._kept))]        # the oldest
-            self._kept[k] = p
+            if k not in self and len(self) >= _KEPT:
+                del self[next(iter(self))]        # the oldest
+            self[k] = p
 
     def clear(self) -> None:
         """Forget every prepared call (the plans they ran changed)."""
         with self._lock:
-            self._kept.clear()
-
-    def __len__(self) -> int:
-        return len(self._kept)
+            super().clear()
