@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyxccl.testing import RankPool
-from pyxccl.tuning import Machine, Tuner, linkcache, probe
+from pyxccl import probe
+from pyxccl.tuning import Machine, Tuner, linkcache
 from pyxccl.tuning.linkcache import LinkCacheWarning
 
 US = 1e-6

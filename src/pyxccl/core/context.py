@@ -27,10 +27,10 @@ from .._errors import (CollectiveMismatchError, CommAbortedError, CommClosedErro
 from ..algorithms import registry
 from ..dtypes import DTYPE_CODE
 from ..primitives import describe_words, differences
-from ..doctor import ranges
+from ..ranks import ranges
 from ..transport.mailbox import (ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIMEOUT, PROGRESS, PROGRESS_REPLY,
-                                 RecvRequest, _newer)
-from .engine import Engine, Work, _Call, annotate
+                                 RecvRequest, newer)
+from .engine import Engine, InlineCall, Work, annotate
 from .plan import Planner
 from . import recorder
 from .quick import Quick
@@ -200,7 +200,7 @@ class Context:
         behind = []
         for p, (req, got) in asked.items():
             if req.event.wait(max(0.0, end - time.monotonic())) and req.error is None:
-                if _newer(cseq, int(got[0])):
+                if newer(cseq, int(got[0])):
                     behind.append((p, int(got[0]), int(got[1])))
             else:
                 self.mailbox.cancel(req)
@@ -349,7 +349,7 @@ class Context:
                 work._from_world, work._entry = self.to_comm, entry
                 eng.enqueue(guarded, work)
         if inline:
-            call = _Call(seq)
+            call = InlineCall(seq)
             try:
                 out = guarded(call)
             finally:
@@ -462,9 +462,7 @@ class Context:
         self.closed = True
         recorder.unregister(self)
         self.engine.stop()
-        if self.recorder.trace is not None:     # PYXCCL_TRACE: the timeline keeps this communicator's calls
-            from ..trace import communicator_closed
-            communicator_closed(self)
+        recorder.closed(self)                   # the tools' hooks (PYXCCL_TRACE's timeline keeps its calls)
         if self._telling is not None:
             self._telling.join(timeout=3)
         if self.segment is not None:

@@ -1,6 +1,6 @@
 """Figures of this machine that the tuner's probe does not keep, for the simulator's measured cluster.
 
-The probe (``tuning/probe.py``) runs at every init and must be short and robust to a busy moment, so
+The probe (``pyxccl/probe.py``) runs at every init and must be short and robust to a busy moment, so
 it keeps the fastest of a few batches. A prediction of what calls take needs what calls see:
 
 - the shared segment's round as a call sees it: the median of barrier calls on the segment, every

@@ -20,7 +20,7 @@ log = logging.getLogger("pyxccl")
 
 # Encoding and decoding (adding) one float32 byte costs this many local copies of a byte: measured
 # here (16 MiB, numpy; 2026-11-25). Priced in copies, with the machine's copy figure, which every rank
-# agrees on (tuning/probe.py): a rate each process timed for itself could differ by rank, and ranks
+# agrees on (pyxccl/probe.py): a rate each process timed for itself could differ by rank, and ranks
 # that chose differently would fail the call (the compressor is part of the fingerprint).
 COPIES = {"fp16": 20.0, "bf16": 5.0, "int8": 11.0}
 
