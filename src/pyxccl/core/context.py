@@ -73,6 +73,7 @@ class Context:
         self.traffic = Traffic()    # what moved, per operation (comm.traffic())
         self.label = None           # what the user calls it (pyxccl.parallel: "tp", "dp", ...), for the timeline
         self._links: dict[int, str] = {}    # rank -> link class, for the wire counters
+        self.compressors: dict = {}         # spec string -> the compressor it names here (compression/collectives.py)
         recorder.register(self)
         mesh.attach(comm_id, self)
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
@@ -375,7 +376,7 @@ class Context:
         ``size``: what the fingerprint says of its counts; ``quick``: the key to keep a blocking call
         under, prepared (``writes``: it writes its output array); ``after()``: runs once the schedule
         has, before the call is done (what a composed call does with what it gathered); ``codec``: the
-        call's compressor (compressed.py)."""
+        call's compressor (compression/collectives.py)."""
         try:
             s = plan.schedule(key, args)
         except ValueError as e:
@@ -460,6 +461,7 @@ class Context:
         for child in list(self.children):
             child.close()
         self.closed = True
+        self.compressors.clear()                # their residuals can be large
         recorder.unregister(self)
         self.engine.stop()
         recorder.closed(self)                   # the tools' hooks (PYXCCL_TRACE's timeline keeps its calls)

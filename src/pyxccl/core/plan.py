@@ -17,23 +17,13 @@ import numpy as np
 from .._errors import InvalidArgumentError
 from ..algorithms import registry
 from ..algorithms.shm import Window
+from ..compression.policy import SETTLED, compressed_algorithm
 from ..ops import ReduceOp, reducer
 from ..primitives import Call, call_word, size_word
 from . import messages, onehost
 
-# Compressed, these algorithms end with every rank holding copies of one quantized value (each part is
-# quantized by the rank that owns it, kept as sent, and passed on as is): no last round trip, and the
-# only ones for a code with blocks (INT8), whose values change when another message cuts them anew
-SETTLED = ("ring", "hierarchical")
 _SCHEDULES_PER_PLAN = 16
 _SCHEDULES = 256          # per communicator, over all its plans: calls of ever new sizes turn them over
-
-
-def compressed_algorithm(ctx, primitive: str) -> str:
-    """What a compressed call runs unless asked otherwise: hierarchical across hosts (it compresses
-    only there), else ring."""
-    return "hierarchical" if len(set(ctx.hosts)) > 1 and "hierarchical" in registry.algorithms(primitive) \
-        else "ring"
 
 
 def bucket(nbytes: int) -> int:
@@ -183,7 +173,7 @@ class Planner:
         """``compression="auto"``: the compressor the cost model says pays for this call, or None."""
         key = (primitive, bucket(nbytes))
         if key not in self._auto:
-            from ..tuning.compression import choose
+            from ..compression.policy import choose
             self._auto[key] = choose(self.ctx, primitive, key[1])
         return self._auto[key]
 
