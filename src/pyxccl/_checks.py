@@ -17,7 +17,8 @@ from .ops import ReduceOp, as_op, op_error
 _MAX_TAG = (1 << 31) - 1            # the wire's tag field is a signed 32-bit integer
 _INT32 = (-(1 << 31), (1 << 31) - 1)  # split's color and key, as MPI_Comm_split's ints
 _MAX_COUNT = (1 << 47) - 1          # a fingerprint carries 47 bits of a count (primitives.size_word)
-_EQUAL_BLOCKS = ("bruck", "hierarchical", "shm")    # alltoall algorithms that need equal blocks
+_EQUAL_BLOCKS = ("bruck", "hierarchical", "segment", "shm")    # alltoall algorithms that need equal blocks
+# ("shm": the segment's old name, still accepted)
 _TRANSPORTS = ("auto", "tcp", "shm")   # as transport/mesh.py
 _MAX_TIMEOUT = 1e9                  # s (31 years): waits and socket timeouts overflow past threading.TIMEOUT_MAX
 
@@ -47,7 +48,7 @@ def env_timeout(name: str, default: float) -> float:
 
 def _known(prim: str, name: str) -> bool:
     try:
-        return registry.lookup(prim, name).name == name
+        return registry.lookup(prim, name).name == registry.canonical(name)     # aliases: registry.ALIASES
     except KeyError:
         return False
 

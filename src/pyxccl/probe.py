@@ -73,12 +73,12 @@ def pingpong(comm, peer: int, lead: bool, clock=time.perf_counter) -> Link:
 def round_alpha(comm, shape: tuple[int, int], clock=time.perf_counter) -> float:
     """Latency of one round of the one-host segment (its barrier; every rank takes part)."""
     batches, rounds = shape
-    comm.barrier(algorithm="shm")        # everyone in, so the first batch does not time the stragglers
+    comm.barrier(algorithm="segment")        # everyone in, so the first batch does not time the stragglers
     best = float("inf")
     for _ in range(batches):
         t = clock()
         for _ in range(rounds):
-            comm.barrier(algorithm="shm")
+            comm.barrier(algorithm="segment")
         best = min(best, (clock() - t) / rounds)
     return best
 
@@ -110,7 +110,7 @@ def measure(comm, clock=time.perf_counter) -> Machine:
     for p in range(1, comm.size):
         peers.setdefault(comm.link_class(0, p), p)
     local = {k: p for k, p in peers.items() if k != "tcp"}      # "tcp" is measured at every init
-    seg = f"seg:{comm.size}" if "shm" in comm.algorithms("barrier") else None
+    seg = f"seg:{comm.size}" if "segment" in comm.algorithms("barrier") else None
     want = sorted(local) + ([seg] if seg else [])
     path, fp, why = linkcache.cache_path(), None, ""
     entry = None

@@ -63,6 +63,7 @@ class Context:
         self.tuner = None
         self.parent, self.children = parent, []
         self.plans = Planner(self)
+        self.plans.forced = {p: registry.canonical(n) for p, n in self.plans.forced.items()}   # PYXCCL_ALGO=...=shm
         self.engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         self._lock = threading.Lock()
         self._inflight: set[RecvRequest] = set()

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._errors import InvalidArgumentError
 from ..algorithms import registry
-from ..algorithms.shm import Window
+from ..algorithms.segment import Window
 from ..compression.policy import SETTLED, compressed_algorithm
 from ..ops import ReduceOp, reducer
 from ..primitives import Call, call_word, size_word

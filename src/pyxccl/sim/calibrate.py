@@ -71,5 +71,5 @@ def measure(comm) -> dict:
     """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
-    seg = _timed(comm, lambda: comm.barrier(algorithm="shm"), 60)
+    seg = _timed(comm, lambda: comm.barrier(algorithm="segment"), 60)
     return {"seg": seg, "cma": _single_copy(comm)}

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import algorithms
 from ..algorithms import registry
-from ..algorithms.shm import Window
+from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
 from ..schedule import Send
 from ..tuning.cost import Link  # noqa: F401  (the docstrings' examples use it)
