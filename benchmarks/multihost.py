@@ -55,14 +55,14 @@ def _worker(a) -> None:
         return float(dt[0])
 
     if a.mode == "compression":
-        from pyxccl.bench import compressed
+        from pyxccl.bench import compression
         specs = [None if x == "none" else x for x in a.specs.split(",")]
-        rows = compressed.run(comm, ["allreduce"], [a.size], specs, iters=a.iters, warmup=a.warmup)
+        rows = compression.run(comm, ["allreduce"], [a.size], specs, iters=a.iters, warmup=a.warmup)
         local = comm.split(comm.topology()[comm.rank]["host_index"], comm.rank)
-        one = compressed.run(local, ["allreduce"], [a.size], [None, "auto"], iters=a.iters, warmup=a.warmup)
+        one = compression.run(local, ["allreduce"], [a.size], [None, "auto"], iters=a.iters, warmup=a.warmup)
         if r == 0:
             print(f"TABLE {comm.size} ranks on {len({t['host'] for t in comm.topology()})} hosts\n"
-                  f"{compressed.text(rows)}\nTABLE {local.size} ranks on host 0 alone\n{compressed.text(one)}")
+                  f"{compression.text(rows)}\nTABLE {local.size} ranks on host 0 alone\n{compression.text(one)}")
         local.close()
         comm.close()
         return

@@ -126,7 +126,7 @@ def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
     out: dict = {"load": os.getloadavg()[0]}
     per_host = comm.size // hosts
     if hosts == 1:
-        ts = timed(lambda: comm.barrier(algorithm="shm"), 60)
+        ts = timed(lambda: comm.barrier(algorithm="segment"), 60)
         ts = np.array(ts)
         comm.allreduce(ts, "max")
         out["seg"] = [float(np.median(ts)), float(ts.min())]
@@ -341,7 +341,7 @@ def cluster_now(row: dict, machine: dict | None, now: dict | None):
     reads = _single_copy_block(row, c)
     cma = now.get("cma", {})
     if reads and str(reads) in cma and str(reads) in now["rates"]:
-        # the peers' blocks come by process_vm_readv, the own block by a copy (shm.py, _native.c)
+        # the peers' blocks come by process_vm_readv, the own block by a copy (segment.py, _native.c)
         n = row["per_host"]
         copy = ((n - 1) * cma[str(reads)] + now["rates"][str(reads)][0]) / n
     # rates at the row's size already include the memory's (from 16 MiB on): no memory term on top
@@ -359,7 +359,7 @@ def _single_copy_block(row: dict, c) -> int:
     import numpy as np
 
     from pyxccl.algorithms import registry
-    from pyxccl.algorithms.shm import Window
+    from pyxccl.algorithms.segment import Window
     from pyxccl.primitives import PRIMITIVES
     from pyxccl.schedule import Post
     if c.hosts != 1:

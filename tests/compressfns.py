@@ -6,7 +6,7 @@ import zlib
 import numpy as np
 
 from pyxccl import InvalidArgumentError
-from pyxccl.compress import BF16, FP16, INT8, Threshold, TopK
+from pyxccl.compression import BF16, FP16, INT8, Threshold, TopK
 from pyxccl.algorithms import registry
 
 QUANTIZERS = {"fp16": FP16(), "bf16": BF16(), "int8": INT8()}
@@ -137,11 +137,13 @@ def spec_keeps_state(comm, steps: int = 3, count: int = 4000):
     c2.allreduce(again, compression="topk:0.01", key="w")
     if not np.array_equal(first, again):
         fails.append("a dup's first topk call saw another communicator's residual")
-    from pyxccl import compressed
-    for x in (c2, d, c):
-        x.close()
-        if x in compressed._PARSED:
-            fails.append("a closed communicator kept the compressors its spec strings named")
+    held = [x._compressors() for x in (c2, d, c)]
+    if not all(held):
+        fails.append("a spec string's compressor was not kept on its communicator")
+    c.close()           # closes its dup d too: the compressors of both go
+    c2.close()
+    if any(held):
+        fails.append("a closed communicator kept the compressors its spec strings named")
     return fails
 
 

@@ -67,7 +67,7 @@ def traffic(comm, kind: str, microbatches: int):
     pipe = Pipeline(_stage(_model(), s, p), g.pp, microbatches=microbatches, schedule=kind,
                     act_shape=(BATCH // microbatches, H), loss_fn=torch.nn.functional.mse_loss)
     x, y = _data(0)
-    comm_pp = tr._communicator(g.pp.pg)
+    comm_pp = tr.communicator(g.pp.pg)
 
     def raw():
         t = comm_pp.traffic()

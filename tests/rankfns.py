@@ -444,7 +444,7 @@ def check_forced(comm, primitive, names, counts, pairs):
     fails, n, r = [], comm.size, comm.rank
     if names == "usable":
         names = comm.algorithms(primitive)
-        if ("shm" in names) != (n > 1 and all(comm.transport(p) in ("shm", "self") for p in range(n))):
+        if ("segment" in names) != (n > 1 and all(comm.transport(p) in ("shm", "self") for p in range(n))):
             fails.append(f"{primitive}: usable algorithms {names} (the fast path is missing or out of place)")
     movement_dtypes = sorted({np.dtype(dt) for dt, _ in pairs}, key=str)
     for name in names:
@@ -581,7 +581,7 @@ def _mismatched_call(comm, kind: str, odd: bool, timeout: float, path: str):
         path = "segment"
 
     def algo(prim):
-        return "shm" if path == "segment" else registry.default(prim)
+        return "segment" if path == "segment" else registry.default(prim)
     mine = np.int32(FOREIGN if odd else 1 << r)
     x = np.full(1000, mine, np.int32)
     if kind == "dtype":
@@ -1199,7 +1199,7 @@ def _pick(comm, kind: str, index):
         return None
     names = comm.algorithms(kind[:-1] if kind.endswith("v") else kind)
     if kind == "alltoallv":
-        names = [a for a in names if a not in ("bruck", "hierarchical", "shm")]
+        names = [a for a in names if a not in ("bruck", "hierarchical", "segment")]
     return names[index % len(names)]
 
 
@@ -1367,8 +1367,8 @@ def segment_allreduce_traffic(comm, nbytes):
     """Two allreduces of ``nbytes`` on the segment: (the algorithm that ran, sent, received) they added."""
     before = comm.traffic().get("allreduce", dict(sent=0, received=0))
     x = np.ones(nbytes // 4, np.float32)
-    comm.allreduce(x, algorithm="shm")
-    comm.allreduce(x, algorithm="shm")
+    comm.allreduce(x, algorithm="segment")
+    comm.allreduce(x, algorithm="segment")
     after = comm.traffic()["allreduce"]
     return comm.flight_record()[-1]["algorithm"], after["sent"] - before["sent"], after["received"] - before["received"]
 
@@ -1401,3 +1401,43 @@ def small_calls_after_a_shrink(comm, victim: int, nbytes: int):
                 figures is not None and figures == comm.link_figures())
     finally:
         new.close()
+def segment_alias(comm):
+    """"shm", the segment algorithm's old name, still runs it (one host, a segment): algorithm= and
+    PYXCCL_ALGO take it, and the call, its Work and the planner say "segment"; comm.algorithms lists only
+    "segment"; alltoallv refuses the alias as it refuses the name (equal blocks only)."""
+    import os
+
+    import pyxccl
+    fails, n = [], comm.size
+    names = comm.algorithms("allreduce")
+    if "segment" not in names or "shm" in names:
+        fails.append(f"usable allreduce algorithms {names}: want 'segment' and no alias")
+    x = np.full(8, comm.rank + 1, np.float32)
+    w = comm.allreduce(x, algorithm="shm", async_op=True)
+    w.wait()
+    if w.algorithm != "segment" or not (x == n * (n + 1) // 2).all():
+        fails.append(f"algorithm='shm' ran {w.algorithm!r} and gave {x[:2]}")
+    old = os.environ.get("PYXCCL_ALGO")
+    os.environ["PYXCCL_ALGO"] = "allreduce=shm"
+    try:
+        d = comm.dup()
+    finally:
+        if old is None:
+            del os.environ["PYXCCL_ALGO"]
+        else:
+            os.environ["PYXCCL_ALGO"] = old
+    try:
+        big = 64 << 20          # a size the tuner gives to a message algorithm unless forced
+        if d.algorithm_for("allreduce", big) != "segment":
+            fails.append(f"PYXCCL_ALGO=allreduce=shm: {d.algorithm_for('allreduce', big)!r} for 64 MiB")
+    finally:
+        d.close()
+    buf = np.zeros(n, np.float32)
+    try:
+        comm.alltoallv(buf, buf.copy(), [1] * n, [1] * n, algorithm="shm")
+    except pyxccl.InvalidArgumentError as e:
+        if "equal blocks" not in str(e):
+            fails.append(f"alltoallv algorithm='shm': {e}")
+    else:
+        fails.append("alltoallv ran algorithm='shm' (equal blocks only)")
+    return fails

@@ -9,7 +9,7 @@ import pytest
 import rankfns as rf
 from pyxccl import algorithms
 from pyxccl.algorithms import registry
-from pyxccl.algorithms.shm import Window
+from pyxccl.algorithms.segment import Window
 from pyxccl.checker import CheckError, check, simulate
 from pyxccl.ops import ReduceOp
 from pyxccl.primitives import PRIMITIVES
@@ -19,7 +19,7 @@ from pyxccl.testing import RankPool
 PRIMS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter", "alltoall",
          "barrier")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
-ALL = [(p, a) for p in PRIMS for a in algorithms.algorithms(p) if not registry.lookup(p, a).segment]   # shm: below
+ALL = [(p, a) for p in PRIMS for a in algorithms.algorithms(p) if not registry.lookup(p, a).segment]   # segment: below
 
 
 def _counts(n):
@@ -119,16 +119,16 @@ def test_checker_proves_the_one_host_path_for_1_to_64_ranks(prim):
             for count in (sorted({0, 1, n + 1, 2 * window.elements + 3}) if window.elements < 100 and n <= 8
                           else (1, n + 1)):
                 for root in (sorted({0, n - 1}) if prim in ROOTED else (0,)):
-                    check(prim, "shm", n, count, root, window=window)
+                    check(prim, "segment", n, count, root, window=window)
     if slots:
         with pytest.raises(ValueError, match="no slot"):
             args = PRIMITIVES[prim].args(8, 1)
-            registry.lookup(prim, "shm").schedule(0, 8, window=Window(4, 2), **args)
+            registry.lookup(prim, "segment").schedule(0, 8, window=Window(4, 2), **args)
 
 
 def _broken(monkeypatch, prim, edit):
     """Register "t_broken": the fast path's schedule for ``prim`` with ``edit(rank, schedule)`` applied."""
-    shm = registry.lookup(prim, "shm")
+    shm = registry.lookup(prim, "segment")
 
     def build(rank, nranks, **args):
         s = shm.build(rank, nranks, **args)
@@ -350,7 +350,7 @@ def test_hierarchical_with_unequal_counts(prim):
 
 
 def test_checker_takes_unequal_counts():
-    for prim, algo in (("allgather", "ring"), ("allgather", "shm"), ("reduce_scatter", "direct"),
-                       ("reduce_scatter", "shm"), ("allgather", "bruck")):
+    for prim, algo in (("allgather", "ring"), ("allgather", "segment"), ("reduce_scatter", "direct"),
+                       ("reduce_scatter", "segment"), ("allgather", "bruck")):
         for counts in ([3, 0, 5, 1], [0, 0, 0, 2], [7, 1, 1, 1]):
             check(prim, algo, 4, counts=counts, window=Window(elements=4, oneshot=2))

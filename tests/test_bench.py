@@ -44,7 +44,7 @@ def test_bench_check_every_primitive(tmp_path, n):
 def test_bench_compression_table():
     """`pyxccl bench --compression`: a row per compressor and primitive, the bytes on the wire as the
     counters have them (TopK's: exactly its packed pairs), the error within each code's reach."""
-    from pyxccl.compress import TopK, nbytes
+    from pyxccl.compression import TopK, nbytes
     p = subprocess.run([sys.executable, "-m", "pyxccl", "bench", "-n", "2", "allreduce,reduce_scatter,allgather",
                         "-b", "1M", "-e", "1M", "--algo", "ring", "--iters", "2", "--warmup", "1",
                         "--compression", "none,int8,topk:0.1"], capture_output=True, text=True, timeout=110)

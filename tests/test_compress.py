@@ -1,4 +1,4 @@
-"""Tests of pyxccl.compress: quantizer error bounds, sizes, stochastic rounding,
+"""Tests of pyxccl.compression's codecs: quantizer error bounds, sizes, stochastic rounding,
 top-k selection, error feedback conservation, wire format and spec parsing."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from pyxccl._errors import InvalidArgumentError
-from pyxccl.compress import (BF16, FP16, INT8, Compressor, Quantizer, Sparsifier, Threshold, TopK,
+from pyxccl.compression import (BF16, FP16, INT8, Compressor, Quantizer, Sparsifier, Threshold, TopK,
                              accumulate, decompress, nbytes, pack, parse, sum_packed, unpack)
 
 pytestmark = pytest.mark.timeout(60)
@@ -346,7 +346,7 @@ def test_threshold_selects_at_or_above_tau():
 def test_threshold_on_large_tensors_against_numpy(monkeypatch, native, tau):
     """The native pass (32 at a time, then a tail: an odd size) against numpy: the residual added,
     every |acc| >= tau (equal ones, -0.0 and tau 0 included), values as acc holds them."""
-    from pyxccl.compress import _sparse
+    from pyxccl.compression.codecs import _sparse
     if not native:
         monkeypatch.setattr(_sparse, "_candidates_native", None)
     elif _sparse._candidates_native is None:
@@ -489,7 +489,7 @@ def test_unpack_rejects_partial_pairs_and_wrong_counts():
 
 @pytest.mark.parametrize("native", (True, False))
 def test_accumulate_sums_repeated_indices(monkeypatch, native):
-    from pyxccl.compress import _sparse
+    from pyxccl.compression.codecs import _sparse
     if native and _sparse._scatter_add_native is None:
         pytest.skip("the native helpers are off (PYXCCL_NATIVE=0) or were not built")
     if not native:
@@ -515,7 +515,7 @@ def test_accumulate_sums_repeated_indices(monkeypatch, native):
 @pytest.mark.parametrize("native", (True, False))
 @pytest.mark.parametrize("count", (1, 1000, 65536, 3 * 65536 + 17))
 def test_sum_packed_is_zeroing_then_adding_each_wire_in_order(monkeypatch, native, count):
-    from pyxccl.compress import _sparse
+    from pyxccl.compression.codecs import _sparse
     if native and _sparse._sum_pairs_native is None:
         pytest.skip("the native helpers are off (PYXCCL_NATIVE=0) or were not built")
     if not native:
@@ -534,7 +534,7 @@ def test_sum_packed_is_zeroing_then_adding_each_wire_in_order(monkeypatch, nativ
 
 @pytest.mark.parametrize("native", (True, False))
 def test_sum_packed_refuses_bad_wires(monkeypatch, native):
-    from pyxccl.compress import _sparse
+    from pyxccl.compression.codecs import _sparse
     if not native:
         monkeypatch.setattr(_sparse, "_sum_pairs_native", None)
     past = pack(np.array([3], np.int32), f32([1]), 10)
@@ -595,7 +595,7 @@ def test_topk_on_large_tensors_keeps_exactly_the_largest(monkeypatch, native, ef
     """Past 64 Ki elements TopK selects among candidates above a sampled threshold (one native pass,
     or numpy's): still exactly the k largest magnitudes (ties to the lower index), and error feedback
     still keeps the rest."""
-    from pyxccl.compress import _sparse
+    from pyxccl.compression.codecs import _sparse
     if not native:
         monkeypatch.setattr(_sparse, "_candidates_native", None)
     elif _sparse._candidates_native is None:

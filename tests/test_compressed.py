@@ -1,4 +1,4 @@
-"""Compressed collectives (pyxccl/compressed.py): against numpy within the stated error bounds on 1 to 8
+"""Compressed collectives (pyxccl/compression/collectives.py): against numpy within the stated error bounds on 1 to 8
 ranks, both transports, every message algorithm; sparse ones exactly the sum of what each rank sent;
 the bytes on the wire read from the counters."""
 import pytest
@@ -7,7 +7,7 @@ import compressfns as cf
 from conftest import SIZES
 from pyxccl import CollectiveMismatchError
 from pyxccl.algorithms import registry
-from pyxccl.compress import TopK, nbytes
+from pyxccl.compression import TopK, nbytes
 
 pytestmark = pytest.mark.timeout(300)
 MESSAGE_ALGORITHMS = [a for a in registry.algorithms("allreduce") if not registry.lookup("allreduce", a).segment]
@@ -56,12 +56,12 @@ def test_auto_compresses_nothing_on_one_host(pools, transport, n):
 
 
 def test_auto_compresses_across_a_slow_link_and_not_on_shared_memory():
-    """The cost model's choice (tuning/compression.py) on modelled machines: 2 hosts x 2 ranks with a
+    """The cost model's choice (compression/policy.py) on modelled machines: 2 hosts x 2 ranks with a
     1 Gbit/s link between them pick INT8 for 64 MiB; the same ranks on one host pick nothing; and
     small calls, where a message's latency dominates, nothing either."""
     from types import SimpleNamespace
     from pyxccl.tuning import Tuner
-    from pyxccl.tuning.compression import choose
+    from pyxccl.compression.policy import choose
     from pyxccl.tuning.cost import Link, Machine
     machine = Machine({"shm": Link(20e-6, 1 / 4e9), "tcp": Link(60e-6, 1 / 1.25e8)}, cores=2)
 

@@ -1,6 +1,6 @@
 """The one-host fast path's two executors give the same bits.
 
-Every segment schedule of every primitive (algorithm "shm"), 1-8 ranks, in place and not, with
+Every segment schedule of every primitive (algorithm "segment"), 1-8 ranks, in place and not, with
 windows small enough to cut messages into several rounds (reductions on the one-round and the
 two-round path, blocks through the windows and by single-copy reads), runs through the Python
 executor (``onehost._Segment``), the C one (``pyxccl._native``) and both at once (even ranks in
@@ -198,7 +198,7 @@ class World:
                     for i, (case, mode, seed) in enumerate(calls):
                         ins, outs = _inputs(case, n, seed)
                         bufs = _buffers(case, r, n, ins, outs)
-                        s = registry.lookup(case.prim, "shm").schedule(r, n, window=case.window, **case.args)
+                        s = registry.lookup(case.prim, "segment").schedule(r, n, window=case.window, **case.args)
                         native = mode == "c" or (mode == "mixed" and r % 2 == 0)
                         codes = None
                         if native:
@@ -269,7 +269,7 @@ def _features(cases: list[Case], n: int) -> set[str]:
     seen = set()
     for c in cases:
         for r in range(n):
-            s = registry.lookup(c.prim, "shm").schedule(r, n, window=c.window, **c.args)
+            s = registry.lookup(c.prim, "segment").schedule(r, n, window=c.window, **c.args)
             if len(s.steps) >= 3:
                 seen.add("3+ rounds")
             for step in s.steps:
@@ -363,7 +363,7 @@ _REFUSALS = textwrap.dedent('''
     seg = HostSegment(0, 1, 4096)
     seg.spin, seg.yields = 0.0, 0
     ctx = types.SimpleNamespace(segment=seg, rank=0)
-    s = registry.lookup("allreduce", "shm").schedule(0, 1, window=Window(64, 8), count=100)
+    s = registry.lookup("allreduce", "segment").schedule(0, 1, window=Window(64, 8), count=100)
     prog = onehost.program(s, 4)
     x, settings = np.arange(100, dtype=np.float32), (0, 0, 0, 0)
 
@@ -386,7 +386,7 @@ _REFUSALS = textwrap.dedent('''
     refused((x, ro, None), "and is read-only")
     refused((None, np.zeros(100, np.float32), None), "'in' buffer and none was given")
     refused((x[:3], np.zeros(100, np.float32), None), "of the 'in' buffer and it has 12")
-    big = onehost.program(registry.lookup("allreduce", "shm").schedule(0, 1, window=Window(4096, 8), count=5000), 4)
+    big = onehost.program(registry.lookup("allreduce", "segment").schedule(0, 1, window=Window(4096, 8), count=5000), 4)
     refused((np.zeros(5000, np.float32), np.zeros(5000, np.float32), None), "window has 4096", prog=big)
     # the prepared path calls _native.run itself: the refusal is a status, not a crash
     got = onehost._native.run(prog, 0, seg.layout, seg.round, (1, 2, 3), (x, None, None), settings)
@@ -420,7 +420,7 @@ def test_c_and_python_share_their_tables():
     what differs."""
     assert onehost.native_mismatch(onehost._native) is None
     theirs = onehost._native.tables()
-    one = registry.lookup("barrier", "shm").schedule(0, 1, window=Window(4, 2))
+    one = registry.lookup("barrier", "segment").schedule(0, 1, window=Window(4, 2))
     assert len(onehost.program(one, 4)) == 3 * 8 * theirs["width"]         # BEGIN, PUBLISH, SYNC
     changed = dict(theirs, opcodes=dict(theirs["opcodes"], GET=9))
     fake = types.SimpleNamespace(__file__="/x/_native.so", tables=lambda: changed)

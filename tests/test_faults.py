@@ -166,7 +166,7 @@ def test_a_shrunk_world_keeps_the_link_figures_and_runs_small_calls_on_the_segme
     finally:
         pool.close()
     for r in range(n - 1):
-        assert out[r] == ("shm", n - 1, "shm", "shm", True), (r, out[r])
+        assert out[r] == ("segment", n - 1, "segment", "segment", True), (r, out[r])
 
 
 @pytest.mark.timeout(60)

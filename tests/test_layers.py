@@ -8,7 +8,7 @@ import pytest
 
 import pyxccl
 from pyxccl.algorithms import registry
-from pyxccl.algorithms.shm import Window
+from pyxccl.algorithms.segment import Window
 from pyxccl.primitives import PRIMITIVES
 from pyxccl.tuning import Machine, Tuner, estimate
 
@@ -23,8 +23,194 @@ def _python_files():
         yield from sorted(d.rglob("*.py"))
 
 
-def test_comm_py_keeps_only_the_api():
-    assert len((SRC / "comm.py").read_text().splitlines()) <= 400
+# --- the import graph ---------------------------------------------------------------------------
+# What each part of src/pyxccl may import of pyxccl (module-level and function-level imports alike),
+# bottom up. A part is a top-level module, a package (everything under it), or for compression/ one of
+# its modules: the package spans layers (codecs below the framework, policy in it, collectives in the API).
+# docs/design.md ("Layers and allowed imports") says the same in words.
+BASE = {"_errors", "_version", "dtypes", "ranks"}
+ALLOWED = {
+    "_errors": set(), "_version": set(), "dtypes": set(), "ranks": set(), "schedule": set(),
+    "ops": {"_errors", "dtypes"},
+    "primitives": {"_errors", "dtypes", "ops"},
+    "walk": {"schedule"},
+    # platform
+    "transport": {"_errors", "_native", "dtypes"},      # _native: the fence of weakly ordered CPUs
+    "rendezvous": {"_errors", "transport"},
+    # algorithms: schedules only
+    "algorithms": BASE | {"ops", "primitives", "schedule"},
+    "compression.codecs": BASE | {"_kernels"},
+    "compression": {"compression.codecs"},
+    # framework
+    "checker": BASE | {"algorithms", "ops", "primitives", "schedule", "walk"},
+    "tuning": BASE | {"algorithms", "ops", "primitives", "schedule", "transport", "walk"},
+    "compression.policy": BASE | {"algorithms", "compression.codecs"},
+    "core": BASE | {"_native", "algorithms", "compression.policy", "ops", "primitives", "rendezvous", "schedule",
+                    "transport", "tuning", "walk"},
+    # the API layer: the Communicator and what it hands calls to
+    "_checks": BASE | {"algorithms", "ops", "primitives"},
+    "_describe": BASE,
+    "_objects": BASE | {"_checks"},
+    "calls": BASE | {"_checks"},
+    "compression.collectives": BASE | {"_checks", "calls", "compression.codecs", "ops"},
+    "comm": BASE | {"_checks", "_describe", "_objects", "calls", "compression.collectives", "core", "ops",
+                    "primitives", "probe"},
+    "pyxccl": BASE | {"_checks", "comm", "core", "launch_env", "ops", "rendezvous", "trace", "transport"},
+    # tools above the API (they drive a Communicator, read dumps, or make worlds)
+    "probe": BASE | {"transport", "tuning"},
+    "doctor": BASE | {"core"},
+    "trace": BASE | {"core", "launch_env"},
+    "launch_env": BASE,
+    "launcher": BASE | {"launch_env", "transport"},
+    "info": BASE | {"algorithms", "pyxccl", "tuning"},
+    "sim": BASE | {"_simcore", "algorithms", "bench", "plan", "primitives", "schedule", "transport", "tuning",
+                   "walk"},
+    "plan": BASE | {"sim", "transport", "tuning"},
+    "bench": BASE | {"launcher", "primitives", "pyxccl"},
+    "parallel": BASE,
+    "torch": BASE | {"compression", "compression.collectives", "ops", "pyxccl", "rendezvous"},
+    "testing": BASE | {"pyxccl", "rendezvous"},
+    "cli": None, "__main__": None,                       # the command line: anything
+}
+PRIVATE_MODULES = {"_native", "_kernels", "_simcore"}      # extension modules: not .py files, still modules
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = path
+    return mods
+
+
+MODULES = _modules()
+
+
+def _is_module(name: str) -> bool:
+    return name in MODULES or name.rpartition(".")[2] in PRIVATE_MODULES
+
+
+def _imports(mod: str):
+    """(line, the module ``mod`` imports, the name it takes of it or None, the local name it binds to a
+    module or None) for every pyxccl import in ``mod``."""
+    path = MODULES[mod]
+    here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "pyxccl":
+                    yield node.lineno, a.name, None, (a.asname, a.name) if a.asname else ("pyxccl", "pyxccl")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "pyxccl":
+                base = node.module
+            else:
+                continue
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                if _is_module(full):
+                    yield node.lineno, full, None, (a.asname or a.name, full)
+                else:
+                    yield node.lineno, base, a.name, None
+
+
+def _part(mod: str) -> str:
+    parts = mod.split(".")[1:]
+    if not parts:
+        return "pyxccl"
+    if parts[0] == "compression" and len(parts) > 1:
+        return f"compression.{parts[1]}"
+    return parts[0]
+
+
+def _graph() -> dict[str, set[str]]:
+    return {m: {d for _, d, _, _ in _imports(m) if d != m} for m in MODULES}
+
+
+def test_every_part_imports_only_what_its_layer_allows():
+    wrong = []
+    for mod in sorted(MODULES):
+        part = _part(mod)
+        assert part in ALLOWED, f"{mod}: a new part of pyxccl; give it its row in ALLOWED (and docs/design.md)"
+        allowed = ALLOWED[part]
+        if allowed is None:
+            continue
+        for line, dep, _, _ in _imports(mod):
+            other = _part(dep)
+            if other != part and other not in allowed:
+                wrong.append(f"{MODULES[mod].relative_to(ROOT)}:{line}: {part} imports {dep}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_api_layer_imports_the_communicator():
+    users = sorted(m for m, deps in _graph().items() if "pyxccl.comm" in deps)
+    assert users == ["pyxccl"], users
+
+
+def test_there_is_no_import_cycle():
+    """Tarjan's strongly connected components of the module graph (function-level imports included):
+    every one must be a single module."""
+    graph = _graph()
+    index, low, stack, on, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in graph:
+                continue            # an extension module
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, cycles
+
+
+def test_the_cycle_finder_finds_a_cycle(monkeypatch):
+    """The check above can fail: a planted cycle between two real modules is found."""
+    graph = {m: set(d) for m, d in _graph().items()}
+    graph["pyxccl.schedule"].add("pyxccl.walk")         # walk imports schedule
+    monkeypatch.setitem(globals(), "_graph", lambda: graph)
+    with pytest.raises(AssertionError, match="pyxccl.schedule"):
+        test_there_is_no_import_cycle()
+
+
+def test_no_module_reads_a_private_name_of_another():
+    """``from .x import _y`` and ``x._y`` (x a pyxccl module) only for private modules (``_native``,
+    ``_errors``, ...): a name with a leading underscore is its module's own business."""
+    wrong = []
+    for mod in sorted(MODULES):
+        path = MODULES[mod]
+        bound = {}          # local name -> the pyxccl module it is
+        for line, dep, name, local in _imports(mod):
+            if name is not None and name.startswith("_") and not name.startswith("__"):
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: from {dep} import {name}")
+            if local is not None:
+                bound[local[0]] = local[1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                    and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not _is_module(f"{bound[node.value.id]}.{node.attr}"):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_nothing_outside_comm_py_reads_the_communicators_private_attributes():
@@ -72,29 +258,51 @@ def test_the_one_host_path_is_priced_by_the_walk_of_its_schedules():
     t = _one_host_tuner(4)
     for prim in ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall"):
         for nbytes in (8, 1 << 16, 1 << 22):
-            algo = registry.lookup(prim, "shm")
+            algo = registry.lookup(prim, "segment")
             args = PRIMITIVES[prim].sized(4, nbytes, 4)
             scheds = [algo.schedule(r, 4, window=Window.of(2 << 20, 4, True), **args) for r in range(4)]
             want = estimate(scheds, 4, t.machine, t.klass, t.stretch, t.hosts)
-            assert t.model(prim, "shm", nbytes) == want, (prim, nbytes)
+            assert t.model(prim, "segment", nbytes) == want, (prim, nbytes)
     # and the model still says what the old formula did: one host, small messages: the fast path
     for prim in ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall", "barrier"):
-        assert t.choose(prim, 8) == "shm", (prim, t.table(prim, 8))
-    assert "shm" not in Tuner(2, [0, 1], lambda a, b: "tcp", Machine(), [1, 1]).table("allreduce", 8)
+        assert t.choose(prim, 8) == "segment", (prim, t.table(prim, 8))
+    assert "segment" not in Tuner(2, [0, 1], lambda a, b: "tcp", Machine(), [1, 1]).table("allreduce", 8)
 
 
 def test_a_forced_fast_path_without_a_segment_is_a_clear_error():
     comm = pyxccl.init()
     try:
-        assert "shm" not in comm.algorithms("allreduce")
+        assert "segment" not in comm.algorithms("allreduce")
         try:
-            comm.allreduce(np.ones(4, np.float32), algorithm="shm")
+            comm.allreduce(np.ones(4, np.float32), algorithm="segment")
         except pyxccl.InvalidArgumentError as e:
             assert "shared segment" in str(e) and "rank 0" in str(e), e
         else:
-            raise AssertionError("algorithm='shm' ran without a segment")
+            raise AssertionError("algorithm='segment' ran without a segment")
     finally:
         comm.close()
+
+
+def test_shm_is_an_alias_of_the_segment_algorithm(monkeypatch):
+    """The segment algorithm's old name, "shm" (also the transport's and a link class's), is still
+    accepted: the lookup gives the segment's record, the fingerprint its number; the lists name only
+    "segment"; PYXCCL_ALGO=...=shm where there is no segment chooses as usual (as "segment" does)."""
+    for prim in PRIMITIVES:
+        assert "shm" not in registry.algorithms(prim)
+        assert registry.lookup(prim, "shm") is registry.lookup(prim, "segment"), prim
+    assert registry.algorithm_id("shm") == registry.algorithm_id("segment") != 0
+    monkeypatch.setenv("PYXCCL_ALGO", "allreduce=shm,allgather=segment")
+    comm = pyxccl.init()
+    try:
+        assert comm.algorithm_for("allreduce", 8) == comm.algorithm_for("allgather", 8) == registry.default("allreduce")
+    finally:
+        comm.close()
+
+
+def test_shm_runs_the_segment_algorithm(pools):
+    import rankfns
+    fails = [f"rank {r}: {f}" for r, fs in enumerate(pools(3).run(rankfns.segment_alias, transport="shm")) for f in fs]
+    assert not fails, "\n".join(fails)
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ def test_prepared_shapes_still_refuse_what_the_full_path_refuses(pools, transpor
 
 
 @pytest.mark.parametrize("n", (2, 3))
-@pytest.mark.parametrize("algorithm", ("shm", "ring"))
+@pytest.mark.parametrize("algorithm", ("segment", "ring"))
 def test_nan_and_overflow_match_numpy(pools, n, algorithm):
     _ok(pools(n).run(rf.check_nan_and_overflow, algorithm, transport="shm"))
 

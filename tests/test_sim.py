@@ -166,14 +166,14 @@ def test_the_tuner_and_the_simulator_are_one_model():
 def test_choose_is_the_fastest_and_skips_what_cannot_run():
     c = _cluster(3, 2)
     res = run("alltoall", 1 << 20, c)
-    assert {r.algorithm for r in res} <= set(registry.algorithms("alltoall")) - {"shm"}
+    assert {r.algorithm for r in res} <= set(registry.algorithms("alltoall")) - {"segment"}
     assert choose("alltoall", 1 << 20, c).time == min(r.time for r in res)
 
 
 def test_segment_algorithms_run_on_a_measured_host_only():
     with pytest.raises(ValueError, match="shared segment"):
-        run("allreduce", 1 << 20, _cluster(1, 4), ["shm"])
-    r = run("allreduce", 1 << 20, Cluster.measured(1, 4), ["shm"])[0]
+        run("allreduce", 1 << 20, _cluster(1, 4), ["segment"])
+    r = run("allreduce", 1 << 20, Cluster.measured(1, 4), ["segment"])[0]
     assert r.time > 0 and r.mode == "message"
 
 
@@ -222,7 +222,7 @@ def test_calibration_measures_what_calls_see(pools):
         assert alpha >= 0 and 1 / 200e9 < beta < 1 / 0.1e9
     c = Cluster.measured(1, 2, calibration=fig)
     assert c.seg.alpha == fig["seg"] and (c.cma is None) == (fig["cma"] is None)
-    assert run("allgather", 4 << 20, c, ["shm"])[0].time > 0
+    assert run("allgather", 4 << 20, c, ["segment"])[0].time > 0
 
 
 def test_docstring_examples_run():

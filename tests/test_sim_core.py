@@ -204,7 +204,7 @@ def test_segment_schedules_go_to_the_python_reference():
     c = CLUSTERS["1x4-cpu"]
     for name in candidates("allreduce", c):
         if registry.lookup("allreduce", name).segment:
-            from pyxccl.algorithms.shm import Window
+            from pyxccl.algorithms.segment import Window
             algo = registry.lookup("allreduce", name)
             s = [algo.schedule(r, 4, window=Window.of(c.segment_bytes, 4, True), count=1 << 16) for r in range(4)]
             assert fast.run(s, 4, ClusterNet(c), True) == cost.run(s, 4, ClusterNet(c), True)

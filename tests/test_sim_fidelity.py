@@ -25,8 +25,8 @@ MACHINE = {"links": {"shm": [20e-6, 1 / 4e9], "seg": [5e-6, 0.0]}, "gamma": 1e-1
 HOSTS_MACHINE = {"links": {"shm": [20e-6, 1 / 4e9], "tcp": [100e-6, 8e-9]}, "gamma": 1e-10, "copy": 1e-10, "cores": 2}
 DOC = {
     "local": {"rows": [
-        {"prim": "allreduce", "hosts": 1, "per_host": 2, "size": 1 << 20, "algorithm": "shm", "time": 300e-6},
-        {"prim": "allgather", "hosts": 1, "per_host": 2, "size": 64 << 10, "algorithm": "shm", "time": 10e-6},
+        {"prim": "allreduce", "hosts": 1, "per_host": 2, "size": 1 << 20, "algorithm": "segment", "time": 300e-6},
+        {"prim": "allgather", "hosts": 1, "per_host": 2, "size": 64 << 10, "algorithm": "segment", "time": 10e-6},
     ], "machines": {"2": {"machine": MACHINE, "source": "test", "calibration": {"seg": 30e-6, "cma": [5e-6, 1e-10]},
                           "now": {"seg": [50e-6, 40e-6], "rates": {str(1 << 20): [1e-9, 1e-9]}}}}},
     "hosts": {"rows": [
@@ -81,7 +81,7 @@ def test_prediction_table(fid, tmp_path, capsys):
 
 
 def test_error_sign_and_medians(fid):
-    rows = [dict(part="local", prim="allreduce", hosts=1, per_host=2, size=1 << 20, algorithm="shm",
+    rows = [dict(part="local", prim="allreduce", hosts=1, per_host=2, size=1 << 20, algorithm="segment",
                  time=t, predicted=p, error=(p - t) / t, now=None, now_error=None)
             for t, p in ((1.0, 1.8), (2.0, 1.0), (4.0, 4.4))]
     buf = io.StringIO()

@@ -85,7 +85,7 @@ def _bound(spec, backend, raws):
         hops = 2 if backend == "pyxccl" else 1
         return absum * (hops * REL[spec] * 1.001 + F32) + hops * 2.0 ** -25     # + fp16 subnormals
     # int8: at most scale/2 = block max / 254 per round trip
-    from pyxccl.compress import INT8
+    from pyxccl.compression import INT8
     if backend == "gloo":           # each rank's bucket once, in blocks from the bucket's start
         return sum(INT8().error_bound(x).astype(np.float64) for x in raws) / N * 1.001 + absum * F32
     # pyxccl's algorithm cuts the bucket into parts (blocks start at each part): bound with the bucket's
@@ -148,7 +148,7 @@ def _sparse_expected(calls, select):
 
 @pytest.mark.parametrize("spec", ["topk:0.1", THRESHOLD])
 def test_sparsifier_hook(runs, spec):
-    from pyxccl.compress import parse
+    from pyxccl.compression import parse
     codec = parse(spec)
     final = {}
     for backend in ("pyxccl", "gloo"):
@@ -172,7 +172,7 @@ def test_migration_keeps_residuals():
     """A bucket rebuild moves each parameter's residual to its new bucket (single process)."""
     import torch
 
-    from pyxccl.compress import TopK
+    from pyxccl.compression import TopK
     from pyxccl.torch.hooks import CompressionState
     ps = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 4)]
 

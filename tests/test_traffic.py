@@ -12,7 +12,7 @@ def test_every_algorithm_counts_what_its_schedule_moved(pools, transport, n):
     out = pools(n).run(rf.traffic_of_every_algorithm, count, transport=transport, timeout=200)
     G = count * n * 4               # the whole vector, bytes
     from pyxccl.algorithms import registry
-    assert transport == "tcp" or ("allreduce", "shm") in out[0], sorted(out[0])    # the segment ran
+    assert transport == "tcp" or ("allreduce", "segment") in out[0], sorted(out[0])    # the segment ran
     for (prim, algo), per_rank in ((k, [o[k] for o in out]) for k in out[0]):
         calls = {c for c, *_ in per_rank}
         assert calls == {2} or (prim in ("send", "recv")), (prim, algo, per_rank)
@@ -39,7 +39,7 @@ def test_sent_equals_received_where_blocks_move_in_pieces_or_by_single_copy_read
     """256 KiB blocks: the segment's allreduce in two rounds (past its one-shot size), its allgather
     and alltoall by single-copy reads (where the kernel allows them), the transports in slices."""
     out = pools(n).run(rf.traffic_of_every_algorithm, 1 << 16, transport=transport, timeout=200)
-    assert transport == "tcp" or ("allgather", "shm") in out[0], sorted(out[0])
+    assert transport == "tcp" or ("allgather", "segment") in out[0], sorted(out[0])
     for key in [k for k in out[0] if k[0] not in ("send", "recv")]:
         per_rank = [o[key] for o in out]
         assert sum(r[2] for r in per_rank) == sum(r[3] for r in per_rank), (key, per_rank)
@@ -51,5 +51,5 @@ def test_the_segment_counts_what_a_rank_publishes_for_others_as_sent(pools):
     the other reads as much of it: 1 MiB sent, as over TCP's ring."""
     out = pools(2).run(rf.segment_allreduce_traffic, 1 << 20, transport="shm")
     for algo, sent, received in out:
-        assert algo == "shm"
+        assert algo == "segment"
         assert sent == received == 2 << 20, (sent, received)

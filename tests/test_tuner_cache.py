@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyxccl.testing import RankPool
-from pyxccl.tuning import Machine, Tuner, linkcache, probe
+from pyxccl import probe
+from pyxccl.tuning import Machine, Tuner, linkcache
 from pyxccl.tuning.linkcache import LinkCacheWarning
 
 US = 1e-6
@@ -43,13 +44,13 @@ class VirtualComm:
         return "self" if a == b else "shm"
 
     def algorithms(self, primitive):
-        return ["shm", "ring"] if self.segment else ["ring"]
+        return ["segment", "ring"] if self.segment else ["ring"]
 
     def broadcast_object(self, obj=None, root=0):
         return obj
 
     def barrier(self, algorithm=None):
-        if algorithm == "shm":
+        if algorithm == "segment":
             seg = self.seg if not isinstance(self.seg, list) else self.seg[min(self.rounds, len(self.seg) - 1)]
             self.rounds += 1
             self.now += seg
@@ -138,13 +139,13 @@ def test_a_busy_recorded_cache_costs_one_reprobe_and_the_tuner_picks_the_segment
     write(links, entry_json(USER_BUSY))
     busy = measure(VirtualComm(seg=85 * US, alpha=60 * US))       # still busy: the file is believed
     assert busy.source == "cached" and busy.link("seg").alpha == 85e-6
-    assert one_host_tuner(busy).choose("allreduce", 8) != "shm"    # what users saw: 225 us instead of 17.5
+    assert one_host_tuner(busy).choose("allreduce", 8) != "segment"    # what users saw: 225 us instead of 17.5
 
     quiet = measure(VirtualComm(seg=2.5 * US, alpha=60 * US))
     assert quiet.source.startswith("re-measured: seg:2 85.0 us cached, 2.5 us now"), quiet.source
     assert quiet.link("seg").alpha == pytest.approx(2.5 * US, rel=1e-3)
     assert mine(links).links["seg:2"].alpha == pytest.approx(2.5 * US, rel=1e-3)      # rewritten
-    assert one_host_tuner(quiet).choose("allreduce", 8) == "shm"
+    assert one_host_tuner(quiet).choose("allreduce", 8) == "segment"
     for seg in (2.5 * US, 3.5 * US, 85 * US):        # later inits, quiet or busy: no second re-probe
         again = measure(VirtualComm(seg=seg, alpha=60 * US))
         assert again.source == "cached" and again.link("seg") == quiet.link("seg")

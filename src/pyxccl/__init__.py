@@ -15,6 +15,7 @@ import weakref
 from ._errors import (CollectiveMismatchError, CommAbortedError, CommClosedError, CommError, CommTimeoutError,
                       InvalidArgumentError, NotSupportedError, PeerLostError, ProtocolError, PyxcclError,
                       RendezvousError, TensorArgumentError, UnsupportedOpError)
+from ._version import __version__
 from .comm import Communicator, default_timeout
 from .comm import world as _world
 from .core.engine import Work
@@ -28,7 +29,6 @@ __all__ = [
     "CommError", "CommTimeoutError", "PeerLostError", "ProtocolError", "CollectiveMismatchError",
     "CommAbortedError",
 ]
-__version__ = "0.1.0"
 
 _open: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 # Stores init() made, by rendezvous, kept for the process's life: a later init() with the same

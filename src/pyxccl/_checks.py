@@ -47,7 +47,7 @@ def env_timeout(name: str, default: float) -> float:
 
 def _known(prim: str, name: str) -> bool:
     try:
-        return registry.lookup(prim, name).name == name
+        return registry.lookup(prim, name).name == registry.canonical(name)     # aliases: registry.ALIASES
     except KeyError:
         return False
 

@@ -80,8 +80,13 @@ class Description:
 
     def compression_for(self, primitive: str, nbytes: int):
         """The compressor ``compression="auto"`` picks for a float32 ``primitive`` of ``nbytes`` here
-        (None: the cost model says compressing costs more than it saves; see tuning/compression.py)."""
+        (None: the cost model says compressing costs more than it saves; see compression/policy.py)."""
         return self._ctx.plans.auto_compression(primitive, nbytes)
+
+    def _compressors(self) -> dict:
+        """The compressors this communicator's ``compression=`` spec strings named, by spec (for
+        compression/collectives.py; on the context, whose close() empties it)."""
+        return self._ctx.compressors
 
     @property
     def label(self) -> str | None:

@@ -1,4 +1,4 @@
-/* pyxccl._kernels: the compression kernels of compress/_sparse.py, in C (optional, as pyxccl._native:
+/* pyxccl._kernels: the compression kernels of compression/codecs/_sparse.py, in C (optional, as pyxccl._native:
  * built by pip when a C compiler is there; numpy runs the same steps without it, and with
  * PYXCCL_NATIVE=0). Each is one pass instead of several numpy calls; the results are the same bits
  * (tests/test_compress.py compares both paths). */
@@ -74,7 +74,7 @@ static Py_ssize_t scan(float *a, const float *x, Py_ssize_t n, int32_t tb, int32
 /* candidates(acc, x, t, idx[, val]) -> count: acc += x (x None: acc as is, not written), and the
  * indices i with |acc[i]| >= t, in order, into idx (int32) and their values into val (float32, same
  * length) while they fit; the count may exceed len(idx), then idx is incomplete. One pass instead of
- * numpy's add, abs, compare, nonzero and gather (compress/_sparse.py). t < 0 counts as 0. */
+ * numpy's add, abs, compare, nonzero and gather (compression/codecs/_sparse.py). t < 0 counts as 0. */
 static PyObject *candidates(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *acc_o, *x_o, *out_o, *val_o = Py_None;
@@ -114,7 +114,7 @@ fail_a:
 }
 
 /* scatter_add(out, idx, val): out[idx[j]] += val[j] for each j in order (float32 out and val, int32
- * idx, repeats summed); the caller checked 0 <= idx < len(out) (compress/_sparse.py: accumulate).
+ * idx, repeats summed); the caller checked 0 <= idx < len(out) (compression/codecs/_sparse.py: accumulate).
  * numpy's add.at is the fallback: this is its loop without the per-element dispatch. */
 static PyObject *scatter_add(PyObject *self, PyObject *args) {
     (void)self;
@@ -144,7 +144,7 @@ static PyObject *scatter_add(PyObject *self, PyObject *args) {
 }
 
 /* sum_pairs(out, wires) -> None: out = the sum, in the order of the list, of the packed pairs in wires
- * (compress/_sparse.py's pack() format for a tensor of len(out) elements: float32 values, a uint32
+ * (compression/codecs/_sparse.py's pack() format for a tensor of len(out) elements: float32 values, a uint32
  * pair count per block of 2**16 elements, the uint16 low bits of each index, 2 bytes of padding if
  * odd). Block by block: the block zeroed, then each wire's pairs of that block added, in the list's
  * order: every element sums its contributions in that order (the bits of zeroing out and adding each
@@ -213,6 +213,6 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyxccl._kernels",
-                                    "The sparsifiers' kernels (compress/_sparse.py), without the GIL.", -1, methods};
+                                    "The sparsifiers' kernels (compression/codecs/_sparse.py), without the GIL.", -1, methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

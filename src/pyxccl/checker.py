@@ -27,7 +27,7 @@ from collections import deque
 import numpy as np
 
 from .algorithms import registry
-from .algorithms.shm import Window
+from .algorithms.segment import Window
 from .primitives import PRIMITIVES
 from .schedule import Copy, Get, Post, Recv, Schedule, Send, offsets
 from .walk import Semantics, walk

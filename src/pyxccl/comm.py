@@ -9,12 +9,12 @@ itself (primitive, buffers, counts, root, op; the rules are those of
 from __future__ import annotations
 
 
-from . import compressed
 from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
 from ._objects import ObjectCollectives
 from .calls import DESCRIBE, Described
+from .compression import collectives as compressed
 from .core.context import Context
 from .core.onehost import attach_segment
 from .core.prepared import FULL_PATH, key
@@ -85,7 +85,7 @@ class Communicator(Description, ObjectCollectives):
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
                   compression=None, key=None):
         """Reduce ``tensor`` over all ranks; every rank gets the result (in place, or in ``out``).
-        ``compression=``, ``key=`` (here, in reduce_scatter and in allgather): see compressed.py.
+        ``compression=``, ``key=`` (here, in reduce_scatter and in allgather): see pyxccl.compression.
 
         >>> comm.allreduce(grad, compression="int8")       # doctest: +SKIP
         """
@@ -254,7 +254,6 @@ class Communicator(Description, ObjectCollectives):
     def close(self) -> None:
         """Release the communicator. Closing the world communicator also closes every
         communicator split from it and releases sockets, threads and shared memory."""
-        compressed.forget(self)             # the compressors its spec strings named (their residuals)
         self._ctx.close()
 
     def __enter__(self) -> "Communicator":
@@ -272,7 +271,7 @@ def _ready(comm: Communicator, tune: bool = False) -> Communicator:
     try:
         attach_segment(ctx, comm.broadcast_object, comm.allgather_object)
         if tune and comm.size > 1:
-            from .tuning.probe import measure
+            from .probe import measure
             ctx.mesh.machine = measure(comm)
     except BaseException:
         comm.close()

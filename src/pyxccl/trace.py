@@ -132,11 +132,16 @@ _log = logging.getLogger("pyxccl")
 
 
 def communicator_closed(ctx) -> None:
-    """Context.close() calls this (PYXCCL_TRACE only): keep the communicator's calls; a world's
-    close writes this process's file."""
+    """A context closes (a hook of the flight recorder's ``on_close``; PYXCCL_TRACE only): keep the
+    communicator's calls; a world's close writes this process's file."""
+    if ctx.recorder.trace is None:
+        return
     _take(ctx)
     if ctx.parent is None:
         write()
+
+
+_rec.on_close.append(communicator_closed)
 
 
 def _take(ctx) -> None:
@@ -175,7 +180,7 @@ def _launcher_rank(default: int) -> int:
 def _at_exit() -> None:
     """Communicators still open at exit (pyxccl's own exit handler, registered after this one, runs
     first and closes those init() made), and regions marked after the last write."""
-    live = [c for c in list(_rec._contexts) if c not in _taken and c.recorder.trace is not None]
+    live = [c for c in _rec.live() if c not in _taken and c.recorder.trace is not None]
     for c in sorted(live, key=lambda c: c.parent is not None):
         _take(c)
     if _written != (len(_lanes), len(_regions)):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..schedule import Recv, Schedule, Send, embed, offsets, split_counts
 from .registry import lookup, register
-from .ring import _allgather_phase
+from .ring import allgather_phase
 
 SEGMENT = 1 << 16      # elements per chain segment
 
@@ -57,7 +57,7 @@ def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -
             s.step(Recv(real(vr - d), "out", off[vr], off[hi] - off[vr]))
         d >>= 1
     ag = Schedule(vr, n)                                # ring allgather among virtual ranks
-    _allgather_phase(ag, pieces, "out", have=vr)
+    allgather_phase(ag, pieces, "out", have=vr)
     embed(s, ag, [real(v) for v in range(n)], {"out": ("out", 0)})
     return s
 

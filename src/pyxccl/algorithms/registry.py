@@ -5,7 +5,7 @@ primitive are described in ``pyxccl.primitives``. Builders that also take
 ``hosts`` (the host index of every rank) get it: that is how hierarchical
 algorithms see the topology. Segment algorithms (``segment=True``) build
 segment schedules, which run on the shared segment of one host's ranks; their
-builders take ``window`` (an ``algorithms.shm.Window``: what the segment holds
+builders take ``window`` (an ``algorithms.segment.Window``: what the segment holds
 for this call).
 """
 from __future__ import annotations
@@ -47,6 +47,9 @@ class Algorithm:
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}
 _DEFAULT: dict[str, str] = {}
 _IDS: dict[str, int] = {}      # algorithm name -> small number carried in call fingerprints
+# Old names still accepted for algorithm= and PYXCCL_ALGO: "shm" was the segment algorithm's name, which
+# is also the memfd transport's and a link class's
+ALIASES = {"shm": "segment"}
 
 
 def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
@@ -65,6 +68,7 @@ def register(primitive: str, name: str, *, default: bool = False, segment: bool 
 
 
 def algorithms(primitive: str) -> list[str]:
+    """The names ``primitive`` can run (canonical names only, no aliases)."""
     return sorted(n for p, n in _REGISTRY if p == primitive)
 
 
@@ -73,9 +77,15 @@ def records(primitive: str) -> list[Algorithm]:
     return [_REGISTRY[(primitive, n)] for n in algorithms(primitive)]
 
 
+def canonical(name: str | None) -> str | None:
+    """``name``, or the algorithm it is an old name of (``ALIASES``)."""
+    return ALIASES.get(name, name) if isinstance(name, str) else name
+
+
 def lookup(primitive: str, name: str | None) -> Algorithm:
-    """The record of ``name`` (the primitive's default when None); KeyError if unknown."""
-    return _REGISTRY[(primitive, name or _DEFAULT[primitive])]
+    """The record of ``name`` or of the algorithm it is an alias of (the primitive's default when None);
+    KeyError if unknown. The record carries the canonical name."""
+    return _REGISTRY[(primitive, canonical(name) or _DEFAULT[primitive])]
 
 
 def default(primitive: str) -> str:
@@ -86,7 +96,7 @@ def algorithm_id(name: str) -> int:
     """A number for ``name``, the same in every process that registered the same algorithms."""
     if not _IDS:
         _IDS.update({n: i + 1 for i, n in enumerate(sorted({n for _, n in _REGISTRY}))})
-    return _IDS.get(name, 0)
+    return _IDS.get(canonical(name), 0)
 
 
 def algorithm_name(ident: int) -> str:

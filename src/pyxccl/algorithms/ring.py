@@ -23,7 +23,7 @@ def _reduce_scatter_phase(s: Schedule, counts, buf: str, last: int):
                Recv(left, buf, off[recv_c], counts[recv_c], reduce=True))
 
 
-def _allgather_phase(s: Schedule, counts, buf: str, have: int):
+def allgather_phase(s: Schedule, counts, buf: str, have: int):
     """n-1 steps that spread every rank's chunk (this rank holds chunk ``have``)."""
     r, n = s.rank, s.nranks
     off = offsets(counts)
@@ -42,7 +42,7 @@ def allreduce(rank: int, nranks: int, count: int) -> Schedule:
     s.step(Copy("in", 0, "out", 0, count))          # a no-op when in-place
     counts = split_counts(count, nranks)
     _reduce_scatter_phase(s, counts, "out", last=(rank + 1) % nranks)
-    _allgather_phase(s, counts, "out", have=(rank + 1) % nranks)
+    allgather_phase(s, counts, "out", have=(rank + 1) % nranks)
     return s
 
 
@@ -61,5 +61,5 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
 def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", offsets(counts)[rank], counts[rank]))
-    _allgather_phase(s, counts, "out", have=rank)
+    allgather_phase(s, counts, "out", have=rank)
     return s

@@ -63,12 +63,12 @@ def main(a) -> int:
         except ImportError:
             pass
     if a.compression:
-        from . import compressed
+        from . import compression
         specs = [None if s in ("none", "") else s for s in a.compression.split(",")]
-        rows = compressed.run(comm, prims, sizes, specs, a.algo, a.iters, a.warmup)
+        rows = compression.run(comm, prims, sizes, specs, a.algo, a.iters, a.warmup)
         if comm.rank == 0:
             print(f"# pyxccl {pyxccl.__version__} bench --compression: {comm.size} ranks on "
-                  f"{len({t['host'] for t in comm.topology()})} host(s)\n{compressed.text(rows)}")
+                  f"{len({t['host'] for t in comm.topology()})} host(s)\n{compression.text(rows)}")
         comm.close()
         return 0
     rows = run_pyxccl(comm, prims, sizes, dtype=a.dtype, op=a.op, algo=a.algo, iters=a.iters, warmup=a.warmup,

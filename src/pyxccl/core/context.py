@@ -27,10 +27,10 @@ from .._errors import (CollectiveMismatchError, CommAbortedError, CommClosedErro
 from ..algorithms import registry
 from ..dtypes import DTYPE_CODE
 from ..primitives import describe_words, differences
-from ..doctor import ranges
+from ..ranks import ranges
 from ..transport.mailbox import (ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIMEOUT, PROGRESS, PROGRESS_REPLY,
-                                 RecvRequest, _newer)
-from .engine import Engine, Work, _Call, annotate
+                                 RecvRequest, newer)
+from .engine import Engine, InlineCall, Work, annotate
 from .dispatch import Planner
 from . import recorder
 from .prepared import Prepared, PreparedCalls
@@ -63,6 +63,7 @@ class Context:
         self.tuner = None
         self.parent, self.children = parent, []
         self.plans = Planner(self)
+        self.plans.forced = {p: registry.canonical(n) for p, n in self.plans.forced.items()}   # PYXCCL_ALGO=...=shm
         self.engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         self._lock = threading.Lock()
         self._inflight: set[RecvRequest] = set()
@@ -75,6 +76,7 @@ class Context:
         self.traffic = Traffic()    # what moved, per operation (comm.traffic())
         self.label = None           # what the user calls it (pyxccl.parallel: "tp", "dp", ...), for the timeline
         self._links: dict[int, str] = {}    # rank -> link class, for the wire counters
+        self.compressors: dict = {}         # spec string -> the compressor it names here (compression/collectives.py)
         recorder.register(self)
         mesh.attach(comm_id, self)
         self.mailbox.calls(comm_id, lambda peer, seq, words: self.mismatch(self.to_comm(peer), seq, words))
@@ -198,7 +200,7 @@ class Context:
         behind = []
         for p, (req, got) in asked.items():
             if req.event.wait(max(0.0, end - time.monotonic())) and req.error is None:
-                if _newer(cseq, int(got[0])):
+                if newer(cseq, int(got[0])):
                     behind.append((p, int(got[0]), int(got[1])))
             else:
                 self.mailbox.cancel(req)
@@ -344,7 +346,7 @@ class Context:
                 work._from_world, work._entry = self.to_comm, entry
                 eng.enqueue(guarded, work)
         if inline:
-            call = _Call(seq)
+            call = InlineCall(seq)
             try:
                 out = guarded(call)
             finally:
@@ -445,11 +447,10 @@ class Context:
         for child in list(self.children):
             child.close()
         self.closed = True
+        self.compressors.clear()                # their residuals can be large
         recorder.unregister(self)
         self.engine.stop()
-        if self.recorder.trace is not None:     # PYXCCL_TRACE: the timeline keeps this communicator's calls
-            from ..trace import communicator_closed
-            communicator_closed(self)
+        recorder.closed(self)                   # the tools' hooks (PYXCCL_TRACE's timeline keeps its calls)
         if self._telling is not None:
             self._telling.join(timeout=3)
         if self.segment is not None:

@@ -17,24 +17,14 @@ import numpy as np
 
 from .._errors import InvalidArgumentError
 from ..algorithms import registry
-from ..algorithms.shm import Window
+from ..algorithms.segment import Window
+from ..compression.policy import compressed_algorithm
 from ..ops import ReduceOp, reducer
 from ..primitives import Call, call_word, size_word
 from . import messages, onehost
 
 _SCHEDULES_PER_PLAN = 16
 _SCHEDULES = 256          # per communicator, over all its plans: calls of ever new sizes turn them over
-
-
-def compressed_algorithm(ctx, primitive: str) -> str:
-    """What a compressed call runs unless asked otherwise: an algorithm that settles (every rank ends
-    with the same bits with no last round trip: ``Algorithm.settles``), host-aware across hosts (it
-    compresses only between them), else the primitive's default if it settles."""
-    fit = [a for a in registry.records(primitive) if a.settles and not a.segment]
-    across = len(set(ctx.hosts)) > 1
-    best = [a for a in fit if a.wants_hosts == across] or fit
-    default = registry.default(primitive)
-    return next((a.name for a in best if a.name == default), best[0].name if best else default)
 
 
 def bucket(nbytes: int) -> int:
@@ -49,7 +39,7 @@ class Plan:
                  codec=None):
         ctx = self.ctx = planner.ctx
         self.planner, self.primitive, self.algo, self.dtype, self.op, self.root = planner, primitive, algo, dtype, op, root
-        # compression (a pyxccl.compress Quantizer): every message of the schedule travels encoded,
+        # compression (a pyxccl.compression Quantizer): every message of the schedule travels encoded,
         # except inside a host in a hierarchical algorithm (the fast links there)
         self.codec = codec
         self.compressed = None if codec is None else frozenset(
@@ -191,7 +181,7 @@ class Planner:
         """``compression="auto"``: the compressor the cost model says pays for this call, or None."""
         key = (primitive, bucket(nbytes))
         if key not in self._auto:
-            from ..tuning.compression import choose
+            from ..compression.policy import choose
             self._auto.setdefault(key, choose(self.ctx, primitive, key[1]))
         return self._auto[key]
 

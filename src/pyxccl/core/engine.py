@@ -142,7 +142,7 @@ class Work:
             f"the deadline with timeout= or PYXCCL_TIMEOUT", rank=self._rank, peer=peer, op=self.op, seq=self.seq)
 
 
-class _Call:
+class InlineCall:
     """What an inline call's function sees of its Work: the sequence number and its receives."""
     __slots__ = ("seq", "_recvs", "_cancel")
 

@@ -76,7 +76,7 @@ class _Messages(Semantics):
 
 
 class _Compressed(_Messages):
-    """Messages to the ranks in ``to`` travel encoded by ``codec`` (a pyxccl.compress Quantizer): the
+    """Messages to the ranks in ``to`` travel encoded by ``codec`` (a pyxccl.compression Quantizer): the
     receiver decodes into its float32 buffer, copying or adding (the reduction in float32, higher
     precision than the code; the next hop encodes the partial sum again). A sender keeps what its peer
     will see (it writes the decoded values back where it sent from, unless that is the user's input):

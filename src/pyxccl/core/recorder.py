@@ -109,6 +109,22 @@ def unregister(ctx) -> None:
     _contexts.discard(ctx)
 
 
+def live() -> list:
+    """The contexts of this process not yet closed."""
+    return list(_contexts)
+
+
+# Called with a context as it closes (after its engine stopped): the tools above the framework (the
+# timeline, trace.py) register here, so that the framework never imports them.
+on_close: list = []
+
+
+def closed(ctx) -> None:
+    """Context.close() calls this: every hook of ``on_close``, in order."""
+    for hook in list(on_close):
+        hook(ctx)
+
+
 def dump(reason: str) -> str | None:
     """Write every live communicator's entries to ``PYXCCL_DUMP_DIR`` (returns the path, or None
     when it is not set or cannot be written)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from .._errors import InvalidArgumentError
-from .traffic import TRAFFIC, _communicator
+from .traffic import TRAFFIC, communicator
 
 
 @dataclass
@@ -74,7 +74,7 @@ class ParallelGroups:
                 pg = dist.new_group(ranks, backend=backend)
                 if me in ranks:
                     mine = Group(name, ranks, ranks.index(me), pg)
-                    comm = _communicator(pg)
+                    comm = communicator(pg)
                     if comm is not None:
                         comm.label = name           # the timeline's lane says which group it is
             setattr(self, name, mine)

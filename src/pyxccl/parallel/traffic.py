@@ -34,7 +34,7 @@ class Row:
     received: int | None
 
 
-def _communicator(pg):
+def communicator(pg):
     """The pyxccl Communicator behind torch process group ``pg``, or None (another backend)."""
     if pg is None:
         return None
@@ -70,7 +70,7 @@ class Traffic:
     def watch(self, pg) -> None:
         """Read the counters of torch process group ``pg`` from now on (its pyxccl communicator's)."""
         with self._lock:
-            comm = _communicator(pg)
+            comm = communicator(pg)
             self._pgs[id(pg)] = pg
             self._base[id(pg)] = _wire(comm) if comm is not None else None
 
@@ -90,7 +90,7 @@ class Traffic:
         with self._lock:
             now = {}
             for k, pg in self._pgs.items():
-                comm = _communicator(pg)
+                comm = communicator(pg)
                 now[k] = _wire(comm) if comm is not None else None
             rows = []
             for (group, op), (calls, nbytes) in sorted(self._calls.items()):

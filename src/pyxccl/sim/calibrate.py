@@ -1,6 +1,6 @@
 """Figures of this machine that the tuner's probe does not keep, for the simulator's measured cluster.
 
-The probe (``tuning/probe.py``) runs at every init and must be short and robust to a busy moment, so
+The probe (``pyxccl/probe.py``) runs at every init and must be short and robust to a busy moment, so
 it keeps the fastest of a few batches. A prediction of what calls take needs what calls see:
 
 - the shared segment's round as a call sees it: the median of barrier calls on the segment, every
@@ -71,5 +71,5 @@ def measure(comm) -> dict:
     """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
-    seg = _timed(comm, lambda: comm.barrier(algorithm="shm"), 60)
+    seg = _timed(comm, lambda: comm.barrier(algorithm="segment"), 60)
     return {"seg": seg, "cma": _single_copy(comm)}

@@ -20,7 +20,7 @@ from operator import itemgetter
 import numpy as np
 
 from ..schedule import Copy, Recv, Schedule, Send
-from ..tuning.cost import _USER      # the call's buffers (in memory when the call is large)
+from ..tuning.cost import CALL_BUFFERS      # the call's buffers (in memory when the call is large)
 
 COPY, SEND, RECV = 0, 1, 2
 _KIND = {Copy: COPY, Send: SEND, Recv: RECV}
@@ -165,7 +165,7 @@ def _convert(scheds: list[Schedule]) -> Compact:
             o = flat[j]
             peers[j] = 0
             count[j] = o.count
-            touch[j] = (o.src in _USER) + (o.dst in _USER) * (2 if o.reduce else 1)
+            touch[j] = (o.src in CALL_BUFFERS) + (o.dst in CALL_BUFFERS) * (2 if o.reduce else 1)
             if o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
                 if skip is None:
                     skip = np.zeros(m, bool)

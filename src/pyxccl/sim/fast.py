@@ -1,7 +1,7 @@
 """The cost model's walk in C (``_simcore.c``) where it applies, else the Python reference.
 
 :func:`run` is ``tuning.cost.run`` (same arguments, same answer to the last bit): message schedules
-on a ``ClusterNet`` (``simulate.py``, folded or not) go through the C core over the arrays of
+on a ``ClusterNet`` (``net.py``, folded or not) go through the C core over the arrays of
 ``compact.py``; anything else (segment schedules, another Net, the C core not built, or
 ``PYXCCL_SIMCORE=0``) through ``tuning.cost.run``.
 """
@@ -15,6 +15,7 @@ from ..tuning import cost
 from ..tuning.cost import SOCKET_BUFFER, Estimate
 from . import compact as _compact
 from . import symmetric
+from .net import ClusterNet, Same
 
 try:
     from . import _simcore
@@ -28,8 +29,7 @@ def available() -> bool:
 
 def _fold(net) -> int | None:
     """0 (no folding), 1 (Shift), 2 (Xor), or None when the C core does not know the net."""
-    from .simulate import ClusterNet, _Same
-    if type(net) is not ClusterNet or type(net.stretch) is not _Same:
+    if type(net) is not ClusterNet or type(net.stretch) is not Same:
         return None
     sym = net.sym
     if sym is None:

@@ -13,78 +13,18 @@ import numpy as np
 
 from .. import algorithms
 from ..algorithms import registry
-from ..algorithms.shm import Window
+from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
 from ..schedule import Send
-from ..tuning.cost import DEFAULT_LINKS, Link, Net
+from ..tuning.cost import Link  # noqa: F401  (the docstrings' examples use it)
 from . import fast, symmetric
 from .fast import run as walk_model     # tuning.cost.run, in C where it applies (fast.py)
 from .cluster import Cluster
+from .net import ClusterNet
 
 MODES = ("auto", "message", "symmetric")
 #: auto runs at message level up to this many operations (all ranks: about 5 s in the C core), else symmetric if it can
 MESSAGE_BUDGET = 20_000_000
-
-
-class ClusterNet(Net):
-    """The cost model's view of a ``Cluster`` (see cluster.py for what is shared); with ``sym``,
-    of its folded form, where every host is host 0."""
-
-    timed = True        # steps started in time order: shared links taken first come, first served
-
-    def __init__(self, c: Cluster, sym=None):
-        self.c, self.sym = c, sym
-        self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
-        self.gamma, self.copy, self.mem, self.cache, self.cma = c.gamma, c.copy, c.mem, c.cache, c.cma
-        self.seg = c.seg or DEFAULT_LINKS["seg"]
-        self.stretch = _Same(max(1.0, c.per_host / c.cores) if c.cpu and c.cores else 1.0)
-        self._inside, self._between = ("shm", "tcp") if c.cpu else ("intra", "inter")
-
-    def local(self, r: int) -> int:
-        return self.c.per_host
-
-    def klass(self, a: int, b: int) -> str:
-        p = self.c.per_host
-        return self._inside if a // p == b // p else self._between
-
-    def link(self, kl: str) -> Link:
-        return self.c.intra if kl == self._inside else self.c.inter
-
-    def route(self, a: int, b: int, kl: str) -> tuple:
-        c, fold = self.c, self.sym is not None
-        p = c.per_host
-        ha, hb = a // p, b // p
-        if kl == self._inside:
-            if c.cpu:
-                return ()       # copies by the processes themselves: priced on their clocks
-            if c.intra_shared:
-                return (("bus", 0 if fold else ha),)
-            return ("out", a % p if fold else a), ("in", b % p if fold else b)
-        res = [("nic-out", 0 if fold else ha, a % p % c.nics), ("nic-in", 0 if fold else hb, b % p % c.nics)]
-        if c.topology == "ring" and c.hosts > 2:
-            fwd = (hb - ha) % c.hosts
-            step = 1 if fwd <= c.hosts - fwd else -1
-            h = ha
-            while h != hb:
-                res.append(("hop", 0 if fold else h, step))
-                h = (h + step) % c.hosts
-        return tuple(res)
-
-    def chan(self, a: int, b: int):
-        return (a, b) if self.sym is None else self.sym.key(a, b)
-
-    def wakes(self, r: int) -> int:
-        return r if self.sym is None else self.sym.rep(r)
-
-
-class _Same:
-    """A list of one value, as long as needed (the stretch of every rank)."""
-
-    def __init__(self, v: float):
-        self.v = v
-
-    def __getitem__(self, r: int) -> float:
-        return self.v
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""DDP communication hooks that average gradients with a ``pyxccl.compress`` compressor.
+"""DDP communication hooks that average gradients with a ``pyxccl.compression`` compressor.
 
->>> from pyxccl.compress import INT8, TopK                                  # doctest: +SKIP
+>>> from pyxccl.compression import INT8, TopK                               # doctest: +SKIP
 >>> from pyxccl.torch.hooks import CompressionState, compression_hook
 >>> ddp = DistributedDataParallel(model)                  # on a "pyxccl" (or "gloo") group
 >>> ddp.register_comm_hook(CompressionState(INT8()), compression_hook)
@@ -13,7 +13,7 @@ bucket's gradients averaged over the group (what DDP expects), the same on every
 
 - On a pyxccl group the compressed collective runs: ``comm.allreduce(bucket, op="avg",
   compression=..., key="bucket<i>")`` (a quantizer encodes every message of the algorithm, a
-  sparsifier all-gathers the (index, value) pairs; see ``pyxccl/compressed.py``).
+  sparsifier all-gathers the (index, value) pairs; see ``pyxccl/compression/collectives.py``).
 - On any other group (Gloo) the hook does the same compression itself: each rank encodes its
   bucket once, the encoded bytes are all-gathered (``all_gather_single`` of uint8; Threshold's
   pair counts first, padded to the largest) and decoded and summed in rank order on every rank.
@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 
 from .._errors import InvalidArgumentError
-from ..compress import Quantizer, Sparsifier, parse
-from ..compressed import dense_wins
+from ..compression import Quantizer, Sparsifier, parse
+from ..compression.collectives import dense_wins
 
 __all__ = ["CompressionState", "compression_hook"]
 

@@ -42,7 +42,7 @@ _MAX_ABORT = 64 << 10
 _COUNTING = threading.Lock()     # bytes landed and completion, when several threads fill one message
 
 
-def _newer(a: int, b: int) -> bool:
+def newer(a: int, b: int) -> bool:
     """Sequence number a comes after b (32-bit, wrapping)."""
     return 0 < (a - b) & 0xFFFFFFFF < 0x80000000
 
@@ -208,7 +208,7 @@ class Mailbox:
         with self._lock:
             self._done[comm_id] = seq
             early = self._early.get(comm_id)
-            late = [pk for pk in early if not _newer(pk[1][2], seq)] if early else ()
+            late = [pk for pk in early if not newer(pk[1][2], seq)] if early else ()
             msgs = [(pk, self._unexpected.pop(pk)[0]) for pk in late if pk in self._unexpected]
             for pk in late:
                 self._forget_early(pk)
@@ -220,7 +220,7 @@ class Mailbox:
         this rank runs ``seq`` on the one-host segment: the peer runs it over messages), or None."""
         with self._lock:
             for peer, key in self._early.get(comm_id, ()):
-                if not _newer(key[2], seq) and (peer, key) in self._unexpected:
+                if not newer(key[2], seq) and (peer, key) in self._unexpected:
                     return peer, self._unexpected[(peer, key)][0].call
         return None
 
@@ -241,7 +241,7 @@ class Mailbox:
         """(Under the lock.) A collective message with no receive for it is for a call this rank
         finished, or for the one it runs but with another fingerprint."""
         done = self._done.get(key[0])
-        if done is not None and not _newer(key[2], done):
+        if done is not None and not newer(key[2], done):
             return True
         running = self._running.get(key[0])
         return running is not None and running[0] == key[2] and running[1] != call

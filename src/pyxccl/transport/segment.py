@@ -1,6 +1,6 @@
 """A shared memory segment for the ranks of one communicator on one host.
 
-The one-host fast path runs segment schedules on it (``algorithms/shm.py``,
+The one-host fast path runs segment schedules on it (``algorithms/segment.py``,
 executed by ``core/onehost.py``): every rank owns a control line (its round
 counter, a futex word, flags saying who sleeps waiting on it, and the CPU it
 last ran on, which the native waits read), and

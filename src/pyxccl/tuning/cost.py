@@ -45,7 +45,7 @@ from ..walk import Semantics, walk
 
 
 SOCKET_BUFFER = 4 << 20     # bytes a TCP send hands to the kernel before it waits for the wire
-_USER = ("in", "out", "tmp")    # buffers of the call (in memory when large); "win" is the segment's window
+CALL_BUFFERS = ("in", "out", "tmp")    # buffers of the call (in memory when large); "win" is the segment's window
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ DEFAULT_LINKS = {"shm": Link(20e-6, 1 / 4e9), "tcp_local": Link(40e-6, 1 / 2e9),
 
 @dataclass
 class Machine:
-    """What one host's links and cores can do (measured by probe.py or read from a file)."""
+    """What one host's links and cores can do (measured by pyxccl/probe.py or read from a file)."""
     links: dict[str, Link] = field(default_factory=dict)
     gamma: float = 2e-10         # seconds per byte reduced
     copy: float = 1.5e-10        # seconds per byte copied locally
@@ -196,7 +196,7 @@ class Timing(Semantics):
     def _work(self, i, o, src_user: bool) -> float:
         """A local copy or reduction, or a Get (``src_user``: of a buffer its owner posted, read in place
         by a single copy from another process when it is not this rank's)."""
-        dst = (o.dst if type(o) is Copy else o.buf) in _USER
+        dst = (o.dst if type(o) is Copy else o.buf) in CALL_BUFFERS
         touches = src_user + dst * (2 if o.reduce else 1)
         rate = self.net.gamma if o.reduce else self.net.copy
         nbytes = o.count * self.itemsize
@@ -221,7 +221,7 @@ class Timing(Semantics):
             return
         if self.inplace and type(o) is Copy and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
             return      # the same buffer: the engine does not copy
-        self.clock[i] += self._work(i, o, o.src in _USER if type(o) is Copy else (o.peer, k - 1) in self.posted)
+        self.clock[i] += self._work(i, o, o.src in CALL_BUFFERS if type(o) is Copy else (o.peer, k - 1) in self.posted)
         if type(o) is Copy and o.dst == "win":
             self.sent[i] += o.count * self.itemsize
 

@@ -87,7 +87,7 @@ def _cpu_model() -> str:
 def fingerprint() -> dict:
     """What the figures depend on besides load: the machine, its cores for us, and the software."""
     import numpy
-    from .. import __version__
+    from .._version import __version__
     return {"format": FORMAT, "pyxccl": __version__, "host": socket.gethostname(), "cpu": _cpu_model(),
             "cpus": os.cpu_count() or 0, "affinity": job_cpus(), "kernel": platform.release(),
             "python": platform.python_version(), "numpy": numpy.__version__}

@@ -8,7 +8,7 @@ import logging
 
 from .. import algorithms
 from ..algorithms import registry
-from ..algorithms.shm import Window
+from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
 from .cost import Estimate, Machine, estimate
 

@@ -1,4 +1,6 @@
-"""``compression="auto"``: compress only where the cost model says it pays.
+"""What the planner decides for compressed calls: which algorithm a compressed call runs unless
+asked (``compressed_algorithm``; which algorithms leave every rank with the same bits is a fact on
+their record, ``Algorithm.settles``), and ``compression="auto"``: compress only where the cost model says it pays.
 
 For a call of ``nbytes`` the model prices (on the communicator's own topology and link figures):
 
@@ -16,13 +18,28 @@ from __future__ import annotations
 
 import logging
 
+from ..algorithms import registry
+from .codecs import FP16, INT8
+
 log = logging.getLogger("pyxccl")
 
 # Encoding and decoding (adding) one float32 byte costs this many local copies of a byte: measured
 # here (16 MiB, numpy; 2026-11-25). Priced in copies, with the machine's copy figure, which every rank
-# agrees on (tuning/probe.py): a rate each process timed for itself could differ by rank, and ranks
+# agrees on (pyxccl/probe.py): a rate each process timed for itself could differ by rank, and ranks
 # that chose differently would fail the call (the compressor is part of the fingerprint).
 COPIES = {"fp16": 20.0, "bf16": 5.0, "int8": 11.0}
+
+
+def compressed_algorithm(ctx, primitive: str) -> str:
+    """What a compressed call runs unless asked otherwise: an algorithm that settles (every rank ends
+    with the same quantized bits with no last round trip: each part is quantized by the rank that owns
+    it and passed on as sent; ``Algorithm.settles``), host-aware across hosts (it compresses only
+    between them), else the primitive's default if it settles."""
+    fit = [a for a in registry.records(primitive) if a.settles and not a.segment]
+    across = len(set(ctx.hosts)) > 1
+    best = [a for a in fit if a.wants_hosts == across] or fit
+    default = registry.default(primitive)
+    return next((a.name for a in best if a.name == default), best[0].name if best else default)
 
 
 def codec_cost(codec, machine) -> float:
@@ -33,8 +50,6 @@ def codec_cost(codec, machine) -> float:
 def choose(ctx, primitive: str, nbytes: int):
     """The quantizer to use for ``primitive`` of ``nbytes`` (a size bucket) on ``ctx``'s communicator, or
     None (the planner keeps the answer per bucket)."""
-    from ..compress import FP16, INT8
-    from ..core.dispatch import compressed_algorithm
     tuner, b = ctx.tuner, nbytes
     if tuner is None or ctx.size < 2:
         return None

@@ -1,6 +1,6 @@
 """Compressed collectives: allreduce, reduce_scatter and allgather with ``compression=``.
 
-Two ways, by the kind of compressor (``pyxccl.compress``):
+Two ways, by the kind of compressor (``pyxccl.compression``):
 
 - A **quantizer** (FP16, BF16, INT8) is applied to every message of the algorithm that runs (ring,
   tree, hierarchical, ...: a message algorithm; the shared segment moves data by reads): each hop
@@ -24,26 +24,22 @@ counts differ by rank, first all-gathers the counts, blocking).
 """
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 
-from ._checks import Check
-from .calls import Described
-from .compress import Compressor, Quantizer, Sparsifier, nbytes, parse
-from .ops import ReduceOp
-
-
-# A spec string names one compressor per communicator ("topk:0.01" and "TopK:0.010" the same): its
-# state (TopK's residuals per key, INT8's random stream) carries over from call to call, as it does
-# for a compressor object passed each time.
-_PARSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+from .._checks import Check
+from ..calls import Described
+from ..ops import ReduceOp
+from .codecs import Compressor, Quantizer, Sparsifier, nbytes, parse
 
 
 def _parsed(comm, compression):
+    """A spec string names one compressor per communicator ("topk:0.01" and "TopK:0.010" the same): its
+    state (TopK's residuals per key, INT8's random stream) carries over from call to call, as it does
+    for a compressor object passed each time. Kept on the communicator's context, whose close() drops
+    them (their residuals can be large)."""
     if not isinstance(compression, str):
         return parse(compression)
-    known = _PARSED.setdefault(comm, {})
+    known = comm._compressors()
     codec = known.get(compression)
     if codec is None:
         codec = parse(compression)
@@ -51,11 +47,6 @@ def _parsed(comm, compression):
             codec = known.setdefault(codec.spec, codec)
         codec = known.setdefault(compression, codec)     # setdefault: one winner if threads race
     return codec
-
-
-def forget(comm) -> None:
-    """Drop the compressors ``comm``'s spec strings named (on close: their residuals can be large)."""
-    _PARSED.pop(comm, None)
 
 
 def _codec(comm, c: Check, compression, buf: np.ndarray, op=None):

@@ -10,7 +10,7 @@ import numpy as np
 from ._base import Compressor, check_f32, check_u8, err
 
 try:        # the optional compiled kernels: the selection's one pass, the sum's scatter (setup.py)
-    from .._kernels import candidates as _candidates_native, scatter_add as _scatter_add_native, \
+    from ..._kernels import candidates as _candidates_native, scatter_add as _scatter_add_native, \
         sum_pairs as _sum_pairs_native
 except ImportError:          # pragma: no cover  (no C compiler where it was installed)
     _candidates_native = _scatter_add_native = _sum_pairs_native = None

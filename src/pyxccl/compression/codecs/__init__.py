@@ -35,7 +35,7 @@ compressor; ``None``/``"none"`` gives None and ``"auto"`` the string "auto".
 Example::
 
     import numpy as np
-    from pyxccl.compress import parse
+    from pyxccl.compression import parse
     q = parse("int8:block=128")
     x = np.random.randn(1000).astype(np.float32)
     buf = np.empty(q.nbytes(x.size), np.uint8)
@@ -53,7 +53,7 @@ from __future__ import annotations
 from ._base import Compressor
 from ._quant import BF16, FP16, FP16_MAX, INT8, Quantizer
 from ._sparse import Sparsifier, Threshold, TopK, accumulate, decompress, nbytes, pack, sum_packed, unpack
-from .._errors import InvalidArgumentError
+from ..._errors import InvalidArgumentError
 
 __all__ = [
     "Compressor", "Quantizer", "FP16", "BF16", "INT8", "FP16_MAX",

@@ -1,5 +1,6 @@
-"""Measuring link figures: a short ping-pong and bandwidth probe per link class, and the round of
-the one-host segment, at the first init on a host; kept in a file (``linkcache.py``: by default
+"""Measuring link figures by driving a communicator (so it sits above it, as doctor and trace do):
+a short ping-pong and bandwidth probe per link class, and the round of the one-host segment, at
+the first init on a host; kept in a file (``tuning/linkcache.py``: by default
 ``~/.cache/pyxccl/links.json``, or ``PYXCCL_LINKS``). Links between hosts ("tcp") are measured at
 every init instead: they depend on which hosts a job got and on the network between them.
 
@@ -22,9 +23,10 @@ import time
 
 import numpy as np
 
-from ..transport.topology import job_cpus
-from . import linkcache
-from .cost import Link, Machine
+from .transport.topology import job_cpus
+from .tuning import linkcache
+from .tuning.cost import Link, Machine
+from .tuning.figures import disagreements, last_level_cache, local_figures, memory_figure
 
 log = logging.getLogger("pyxccl")
 
@@ -33,51 +35,6 @@ _BW_BYTES = 4 << 20
 # (batches, calls per batch): the figure is the fastest batch's mean
 PROBE_PINGS, PROBE_ROUNDS, PROBE_BW = (5, 8), (3, 10), 3     # rounds: twice
 CHECK_PINGS, CHECK_ROUNDS = (3, 4), (3, 8)
-# A cached latency above WIDE times the one seen now (plus SLACK) was measured on a busy machine.
-WIDE, SLACK = 3.0, 0.5e-6
-
-
-def local_figures(clock=time.perf_counter) -> tuple[float, float]:
-    """(gamma, copy): seconds per byte of an in-place numpy add and of a copy, on 4 MiB; the fastest of 5."""
-    a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
-    best_add = best_copy = float("inf")
-    for _ in range(5):
-        t = clock()
-        np.add(a, b, out=a)
-        best_add = min(best_add, clock() - t)
-        t = clock()
-        np.copyto(a, b)
-        best_copy = min(best_copy, clock() - t)
-    return best_add / a.nbytes, best_copy / a.nbytes
-
-
-def last_level_cache() -> int:
-    """Bytes of the largest CPU cache (sysfs), 32 MiB when it cannot be read."""
-    best = 0
-    for idx in range(8):
-        try:
-            with open(f"/sys/devices/system/cpu/cpu0/cache/index{idx}/size") as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-        digits = text.rstrip("KkMmGg")
-        if digits.isdigit():
-            best = max(best, int(digits) * unit)
-    return best or 32 << 20
-
-
-def memory_figure(clock=time.perf_counter) -> float:
-    """Seconds per byte read or written in memory, by one process: a copy between buffers twice
-    the last-level cache (64 to 256 MiB each) reads and writes every byte once; the fastest of 3."""
-    nbytes = min(256 << 20, max(64 << 20, 2 * last_level_cache()))
-    a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
-    best = float("inf")
-    for _ in range(3):
-        t = clock()
-        np.copyto(a, b)
-        best = min(best, clock() - t)
-    return best / (2 * a.nbytes)
 
 
 def ping_alpha(comm, peer: int, lead: bool, shape: tuple[int, int], clock=time.perf_counter) -> float:
@@ -116,12 +73,12 @@ def pingpong(comm, peer: int, lead: bool, clock=time.perf_counter) -> Link:
 def round_alpha(comm, shape: tuple[int, int], clock=time.perf_counter) -> float:
     """Latency of one round of the one-host segment (its barrier; every rank takes part)."""
     batches, rounds = shape
-    comm.barrier(algorithm="shm")        # everyone in, so the first batch does not time the stragglers
+    comm.barrier(algorithm="segment")        # everyone in, so the first batch does not time the stragglers
     best = float("inf")
     for _ in range(batches):
         t = clock()
         for _ in range(rounds):
-            comm.barrier(algorithm="shm")
+            comm.barrier(algorithm="segment")
         best = min(best, (clock() - t) / rounds)
     return best
 
@@ -136,12 +93,6 @@ def observe(comm, peers: dict[str, int], seg: str | None, clock=time.perf_counte
     if seg is not None:
         seen[seg] = round_alpha(comm, CHECK_ROUNDS, clock)
     return seen
-
-
-def disagreements(entry: linkcache.Entry, seen: dict[str, float]) -> dict[str, tuple[float, float]]:
-    """Classes whose cached latency is far above the one seen now: class -> (cached, now)."""
-    return {k: (entry.links[k].alpha, a) for k, a in seen.items()
-            if k in entry.links and entry.links[k].alpha > WIDE * a + SLACK}
 
 
 def _us(wrong: dict) -> str:
@@ -159,7 +110,7 @@ def measure(comm, clock=time.perf_counter) -> Machine:
     for p in range(1, comm.size):
         peers.setdefault(comm.link_class(0, p), p)
     local = {k: p for k, p in peers.items() if k != "tcp"}      # "tcp" is measured at every init
-    seg = f"seg:{comm.size}" if "shm" in comm.algorithms("barrier") else None
+    seg = f"seg:{comm.size}" if "segment" in comm.algorithms("barrier") else None
     want = sorted(local) + ([seg] if seg else [])
     path, fp, why = linkcache.cache_path(), None, ""
     entry = None

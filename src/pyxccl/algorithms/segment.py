@@ -1,4 +1,4 @@
-"""The one-host fast path ("shm"): segment schedules on the ranks' shared segment.
+"""The one-host fast path (algorithm "segment"; "shm" is its old name, still accepted): segment schedules on the ranks' shared segment.
 
 Every rank of a one-host communicator owns a window (its area of the shared
 segment). A round: write my window, publish it, read the windows I need;
@@ -83,17 +83,17 @@ def _reduction(rank, n, count, window, root):
     return s
 
 
-@register("allreduce", "shm", segment=True)
+@register("allreduce", "segment", segment=True)
 def allreduce(rank: int, nranks: int, count: int, window: Window) -> Schedule:
     return _reduction(rank, nranks, count, window, None)
 
 
-@register("reduce", "shm", segment=True)
+@register("reduce", "segment", segment=True)
 def reduce(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
     return _reduction(rank, nranks, count, window, root)
 
 
-@register("reduce_scatter", "shm", segment=True)
+@register("reduce_scatter", "segment", segment=True)
 def reduce_scatter(rank: int, nranks: int, counts: list[int], window: Window) -> Schedule:
     """Each window holds, per piece, block q's piece at q * per: rank q reads its block from every window."""
     s = _new(rank, nranks, window, nranks)
@@ -125,12 +125,12 @@ def _gathering(rank, n, counts, window, root):
     return s
 
 
-@register("allgather", "shm", segment=True)
+@register("allgather", "segment", segment=True)
 def allgather(rank: int, nranks: int, counts: list[int], window: Window) -> Schedule:
     return _gathering(rank, nranks, counts, window, None)
 
 
-@register("gather", "shm", segment=True)
+@register("gather", "segment", segment=True)
 def gather(rank: int, nranks: int, counts: list[int], root: int, window: Window) -> Schedule:
     _equal(counts)
     return _gathering(rank, nranks, counts, window, root)
@@ -162,12 +162,12 @@ def _dealing(rank, n, send_counts, recv_counts, window, root):
     return s
 
 
-@register("alltoall", "shm", segment=True, equal_blocks=True)
+@register("alltoall", "segment", segment=True, equal_blocks=True)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], window: Window) -> Schedule:
     return _dealing(rank, nranks, send_counts, recv_counts, window, None)
 
 
-@register("scatter", "shm", segment=True)
+@register("scatter", "segment", segment=True)
 def scatter(rank: int, nranks: int, counts: list[int], root: int, window: Window) -> Schedule:
     most = _equal(counts)
     send = counts if rank == root else [0] * nranks
@@ -176,7 +176,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int, window: Window
     return _dealing(rank, nranks, send, recv, window, root)
 
 
-@register("broadcast", "shm", segment=True)
+@register("broadcast", "segment", segment=True)
 def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
     """Through the windows at every size: the root copies piece k+1 in while the others copy piece k
     out, so two cores copy at once; single-copy reads leave the root idle and were slower here at
@@ -191,7 +191,7 @@ def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> 
     return s
 
 
-@register("barrier", "shm", segment=True)
+@register("barrier", "segment", segment=True)
 def barrier(rank: int, nranks: int, window: Window) -> Schedule:
     s = _new(rank, nranks, window)
     _round(s, *(Sync(p) for p in range(nranks)))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._errors import InvalidArgumentError
+from ..._errors import InvalidArgumentError
 
 __all__ = ["Compressor", "InvalidArgumentError"]
 
