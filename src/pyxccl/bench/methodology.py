@@ -1,5 +1,5 @@
 """How a benchmark measures, the same for pyxccl and for its peers (MPI, Gloo),
-and the same as ../shared/peers: nccl-tests sizes, per-iteration max over ranks,
+(docs/peers.md): nccl-tests sizes, per-iteration max over ranks,
 median of the iterations, busbw by nccl-tests' factors (the primitives' sizes
 and factors are those of ``pyxccl.primitives``)."""
 from __future__ import annotations
