@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from pyxccl.algorithms import registry
-from pyxccl.algorithms.shm import Window
+from pyxccl.algorithms.segment import Window
 from pyxccl.core import onehost
 from pyxccl.ops import ReduceOp, reducer
 from pyxccl.primitives import PRIMITIVES
@@ -356,7 +356,7 @@ _REFUSALS = textwrap.dedent('''
     import numpy as np
     from pyxccl import ProtocolError
     from pyxccl.algorithms import registry
-    from pyxccl.algorithms.shm import Window
+    from pyxccl.algorithms.segment import Window
     from pyxccl.core import onehost
     from pyxccl.transport.segment import HostSegment
 

@@ -64,7 +64,7 @@ class Mesh:
         self.cores: list[int] = [job_cpus()]
         self.numa: list[int] = [numa_node()]
         self.kinds: list[list[str]] = []    # transport kind between every pair of world ranks
-        self.machine = None                 # link figures, once measured (tuning.probe)
+        self.machine = None                 # link figures, once measured (pyxccl/probe.py)
         self._contexts: dict[int, object] = {}     # communicator id -> its context
         self._graceful: set[int] = set()
         self._closed = False
