@@ -31,9 +31,9 @@ def test_the_forms_cover_every_collective_and_algorithm(pools):
         assert any(name.startswith(prim + " ") for name in names), prim
     for must in ("gather float32 c=3 algo=None root=2 recvbuf=None at the root (allocates)",
                  "gatherv int64 counts=[600, 650, 0] root=1 recvbuf=None at the root (allocates)",
-                 "alltoall uint8 c=0 algo=pairwise", "reduce float16 c=5 algo=shm root=2 out everywhere",
-                 "allgather float32 c=3 algo=shm recvbuf=None", "reduce_scatter int64 c=700 algo=shm in place",
-                 "scatter float32 c=3 algo=binomial root=1 in place at the root", "barrier algo=shm"):
+                 "alltoall uint8 c=0 algo=pairwise", "reduce float16 c=5 algo=segment root=2 out everywhere",
+                 "allgather float32 c=3 algo=segment recvbuf=None", "reduce_scatter int64 c=700 algo=segment in place",
+                 "scatter float32 c=3 algo=binomial root=1 in place at the root", "barrier algo=segment"):
         assert must in names, must
 
 
