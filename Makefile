@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 NPROC  ?= $(shell nproc)
 
-.PHONY: install install-test run test peers clean
+.PHONY: install install-test run test test-fast peers clean
 
 $(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c src/pyxccl/_kernels.c src/pyxccl/sim/_simcore.c
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: install-test
 	PYXCCL_NATIVE=0 $(PY) -m pytest -q tests/test_prepared.py tests/test_collectives.py tests/test_buffers.py \
 		tests/test_call_forms.py \
 		tests/test_errors.py tests/test_compress.py -k "not sigkill and not close_leaves and not host_faults"
+
+# The loop while working (under two minutes): everything but the tests marked slow (tests/conftest.py).
+test-fast: install-test
+	$(PY) -m pytest -q -x -m "not slow"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so src/pyxccl/sim/*.so

@@ -60,3 +60,21 @@ def torch_pools(pools):
     for n in (1, 2, 3, 4):
         assert pools(n).run(torchfns.init_torch, free_port(), timeout=120) == [("pyxccl", n)] * n
     return pools
+
+
+# What `make test-fast` leaves out (`-m "not slow"`): whole files that start many processes, torch, emulated
+# hosts or fuzzers, and the checker's proofs up to 64 ranks (the same algorithms are proven up to 9 ranks
+# and run on real ranks in the fast set), and the 5- and 8-rank cases of the pool sweeps. `make test` and CI run everything.
+SLOW_FILES = {"test_faults.py", "test_convergence.py", "test_fuzz.py", "test_security.py", "test_multihost.py",
+              "test_host_faults.py", "test_torch_backend.py", "test_torch_hooks.py", "test_parallel.py",
+              "test_parallel_dp.py", "test_parallel_ep.py", "test_parallel_pp.py", "test_parallel_tp.py",
+              "test_parallel_zero.py", "test_tuner_cache.py", "test_launcher.py", "test_errors.py",
+              "test_sim_fidelity.py", "test_bench.py"}
+SLOW_TESTS = ("1_to_64_ranks", "forced_matches_numpy", "-8]", "[8]", "-5]", "[5]", "with_new_data[4]",
+              "docstring_examples_run")        # the sweeps' 5- and 8-rank cases: 2-4 ranks stay
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES or any(s in item.name for s in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
