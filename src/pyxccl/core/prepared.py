@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
+from time import monotonic
 
 import numpy as np
 
@@ -44,11 +44,16 @@ class _NoKey(Exception):
     """A call that cannot be kept: something about it is not in its key."""
 
 
+_NONE = (2, None, None)
+
+
 def _form(obj) -> tuple:
     """What a key says of a buffer argument: (kind, dtype, size), kind 0 for numpy, 1 for torch, 2 for
     None (the kind comes first: a numpy dtype is never compared with a torch one)."""
+    if type(obj) is np.ndarray:
+        return 0, obj.dtype, obj.size
     if obj is None:
-        return 2, None, None
+        return _NONE
     torch = sys.modules.get("torch")
     if torch is not None and type(obj) is torch.Tensor:
         return 1, obj.dtype, obj.numel()
@@ -58,16 +63,16 @@ def _form(obj) -> tuple:
 def key(name: str, inp, out, root, op, algorithm, timeout, thread: int):
     """The key a call is kept under (None: it cannot be): ``inp`` and ``out`` are the objects this rank
     reads and writes (None: none, or ``out`` to be allocated), ``thread`` the issuing thread's digest
-    in the fingerprints (0 when not checked). A flat tuple: it is made and hashed on every call."""
+    in the fingerprints (0 when not checked). Made and hashed on every call: two numpy arrays make a
+    flat tuple (comm.py makes that one inline), anything else one with a (kind, dtype, size) per buffer."""
     if root is not None and type(root) is not int:
         return None
     if type(inp) is np.ndarray and type(out) is np.ndarray:
         return (name, 0, inp.dtype, inp.size, 0, out.dtype, out.size, inp is out, root, op, algorithm, timeout,
                 type(timeout), thread)
     try:
-        return (name, *((0, inp.dtype, inp.size) if type(inp) is np.ndarray else _form(inp)),
-                *((0, out.dtype, out.size) if type(out) is np.ndarray else _form(out)), inp is out, root, op,
-                algorithm, timeout, type(timeout), thread)
+        return (name, _NONE if inp is None else _form(inp), _NONE if out is None else _form(out), inp is out, root,
+                op, algorithm, timeout, type(timeout), thread)
     except _NoKey:
         return None
 
@@ -148,7 +153,7 @@ class Prepared:
             ctx.seq += 1
             seq = ctx.seq
             ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
-            deadline = time.monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
+            deadline = monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
             inline = not async_op and eng.claim()
             if inline:
                 entry = ctx.recorder.begin(seq, cseq, self.what)
