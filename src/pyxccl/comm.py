@@ -8,7 +8,6 @@ itself (primitive, buffers, counts, root, op; the rules are those of
 """
 from __future__ import annotations
 
-
 from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
@@ -19,7 +18,6 @@ from .core.context import Context
 from .core.onehost import attach_segment
 from .core.prepared import FULL_PATH, key
 from .ops import ReduceOp
-from numpy import ndarray
 from .primitives import PRIMITIVES
 
 
@@ -53,11 +51,7 @@ class Communicator(Description, ObjectCollectives):
         else the full path (``calls.DESCRIBE[name](check, rank, size, *args)``), which keeps what it
         prepared under the key for the next call."""
         ctx = self._ctx
-        if type(inp) is ndarray and type(out) is ndarray and (root is None or type(root) is int):   # inline: hot
-            k = (name, 0, inp.dtype, inp.size, 0, out.dtype, out.size, inp is out, root, op, algorithm, timeout,
-                 type(timeout), ctx.thread_word())
-        else:
-            k = key(name, inp, out, root, op, algorithm, timeout, ctx.thread_word())
+        k = key(name, inp, out, root, op, algorithm, timeout, ctx.thread_word())
         try:
             p = ctx.prepared.get(k)
         except TypeError:       # an unhashable op object: never kept

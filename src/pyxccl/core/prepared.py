@@ -64,7 +64,7 @@ def key(name: str, inp, out, root, op, algorithm, timeout, thread: int):
     """The key a call is kept under (None: it cannot be): ``inp`` and ``out`` are the objects this rank
     reads and writes (None: none, or ``out`` to be allocated), ``thread`` the issuing thread's digest
     in the fingerprints (0 when not checked). Made and hashed on every call: two numpy arrays make a
-    flat tuple (comm.py makes that one inline), anything else one with a (kind, dtype, size) per buffer."""
+    flat tuple (the common case, cheapest), anything else one with a (kind, dtype, size) per buffer."""
     if root is not None and type(root) is not int:
         return None
     if type(inp) is np.ndarray and type(out) is np.ndarray:
