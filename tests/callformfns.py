@@ -57,6 +57,23 @@ def _same(fails, what, got, want):
                      f"({type(want).__name__})")
 
 
+def _gathered(fails, what, is_root, got, o, wo, exp) -> None:
+    """What a gather or gatherv returned: None off the root; at the root the recvbuf passed (``wo``,
+    its array ``o``) or, with none passed, a new numpy array; the root's holds ``exp``."""
+    if not is_root:
+        if got is not None:
+            fails.append(f"{what}: a non-root got {type(got).__name__} back, want None")
+        return
+    if o is None:
+        if type(got) is not np.ndarray:
+            fails.append(f"{what}: the root got {type(got).__name__}, want a new numpy array")
+            return
+        o = got
+    else:
+        _same(fails, what, got, wo)
+    _cmp(fails, what, o, exp)
+
+
 def _desc(x):
     return "" if x is None else f"{getattr(x, 'dtype', '')}{tuple(getattr(x, 'shape', ()))}"
 
@@ -227,20 +244,9 @@ def forms(comm, wrap) -> list:
                             send = o[r * c:(r + 1) * c]
                     wo = W(o)
                     got = cc.gather(W(send), wo, root, algorithm=algo)
-                    if r != root:
-                        if got is not None:
-                            fails.append(f"{t} {form}: a non-root got {type(got).__name__} back, want None")
-                        if o is not None:
-                            _cmp(fails, f"{t} {form}: non-root recvbuf untouched", o, sentinel(c * n, dt))
-                        return
-                    if form == "recvbuf=None at the root (allocates)":
-                        if type(got) is not np.ndarray:
-                            fails.append(f"{t} {form}: the root got {type(got).__name__}, want a new numpy array")
-                            return
-                        o = got
-                    else:
-                        _same(fails, f"{t} {form}", got, wo)
-                    _cmp(fails, f"{t} {form}", o, exp)
+                    if r != root and o is not None:
+                        _cmp(fails, f"{t} {form}: non-root recvbuf untouched", o, sentinel(c * n, dt))
+                    _gathered(fails, f"{t} {form}", r == root, got, o, wo, exp)
                 for form in ("provided at the root, None elsewhere", "provided everywhere (ignored off the root)",
                              "recvbuf=None at the root (allocates)", "in place at the root"):
                     add(f"{t} {form}", lambda cc, k, f, ga=ga, form=form: ga(cc, k, f, form))
@@ -260,18 +266,7 @@ def forms(comm, wrap) -> list:
                         send = o[offs[r]:offs[r + 1]]
                 wo = W(o)
                 got = cc.gatherv(W(send), wo, cnt, root)
-                if r != root:
-                    if got is not None:
-                        fails.append(f"{t} {form}: a non-root got {type(got).__name__} back, want None")
-                    return
-                if o is None:
-                    if type(got) is not np.ndarray:
-                        fails.append(f"{t} {form}: the root got {type(got).__name__}, want a new numpy array")
-                        return
-                    o = got
-                else:
-                    _same(fails, f"{t} {form}", got, wo)
-                _cmp(fails, f"{t} {form}", o, exp)
+                _gathered(fails, f"{t} {form}", r == root, got, o, wo, exp)
             for form in ("counts at the root only", "counts everywhere", "recvbuf=None at the root (allocates)",
                          "in place at the root"):
                 add(f"{t} {form}", lambda cc, k, f, gv=gv, form=form: gv(cc, k, f, form))
