@@ -33,11 +33,10 @@ from ..transport.mailbox import (ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIME
 from .engine import Engine, InlineCall, Work, annotate
 from .dispatch import Planner
 from . import recorder
-from .prepared import Prepared, PreparedCalls
+from .prepared import RECENT_CALLS, Prepared, PreparedCalls
 from .recorder import Recorder, ended, started
 from .counters import Traffic
 
-_RECENT_CALLS = 8        # calls remembered for naming them in mismatch errors (prepared.py writes cseq & 7)
 _BLAME_SECONDS = 2.0     # a timed-out rank's wait for the others' progress (oversubscribed ranks answer late)
 
 
@@ -67,9 +66,9 @@ class Context:
         self.engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         self._lock = threading.Lock()
         self._inflight: set[RecvRequest] = set()
-        # the last few collectives, for naming them in mismatch errors: at cseq % _RECENT_CALLS, (cseq, (plan,
+        # the last few collectives, for naming them in mismatch errors: at cseq % RECENT_CALLS, (cseq, (plan,
         # call, size, thread, words)); a prepared call writes its slot (one store: this is on every call)
-        self.recent: list = [(None, None)] * _RECENT_CALLS
+        self.recent: list = [(None, None)] * RECENT_CALLS
         self._scratch = np.empty(0, np.uint8)
         self._telling: threading.Thread | None = None
         self.recorder = Recorder()  # the flight recorder: the last operations, dumped on failure
@@ -289,7 +288,7 @@ class Context:
     def mismatch(self, peer: int, seq: int, theirs, their_seq: int | None = None) -> CollectiveMismatchError:
         """The error for this rank's collective ``seq`` against ``peer``'s fingerprint words ``theirs``."""
         their_seq = seq if their_seq is None else their_seq
-        at, record = self.recent[seq % _RECENT_CALLS]
+        at, record = self.recent[seq % RECENT_CALLS]
         plan, name, size, thread, words = record if at == seq else (None,) * 5
         call = plan.call(name, size, thread) if plan else None
         mine = call.describe(seq) if call else f"collective #{seq}"

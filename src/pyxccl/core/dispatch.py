@@ -87,11 +87,10 @@ class Plan:
     def run(self, s, bufs: dict, seq: int, words, op: str, deadline: float, codec=None) -> None:
         """Run schedule ``s`` on ``bufs`` (scratch included, as "tmp"); ``codec``: the call's own
         compressor (the plan's has the same spec, but a compressor may carry state: INT8's random
-        stream). A prepared call (core/prepared.py) runs it, and divides for AVG."""
+        stream). A prepared call (core/prepared.py) runs it, and divides for AVG; a plan with native
+        ``codes`` it runs as its compiled program instead."""
         codec = self.codec if codec is None else codec
-        if self.codes is not None:          # natively: no numpy reductions, no error state to enter
-            onehost.run(self.ctx, s, bufs, None, seq, words, op, deadline, self.dtype, self.codes)
-        elif codec is not None:
+        if codec is not None:
             messages.run(self.ctx, s, bufs, self.reduce, seq, words, op, deadline, self.dtype, codec,
                          self.compressed)
             if self.primitive == "allreduce" and not self.algo.settles:

@@ -34,6 +34,7 @@ from .counters import schedule_io
 
 native_run = _native.run if _native is not None else None
 _KEPT = 256              # prepared calls kept per communicator
+RECENT_CALLS = 8         # collectives a context remembers for naming them in mismatch errors (a power of 2)
 _EMPTY = np.empty(0, np.uint8)
 
 
@@ -48,12 +49,10 @@ _NONE = (2, None, None)
 
 
 def _form(obj) -> tuple:
-    """What a key says of a buffer argument: (kind, dtype, size), kind 0 for numpy, 1 for torch, 2 for
-    None (the kind comes first: a numpy dtype is never compared with a torch one)."""
+    """What a key says of a buffer argument other than None (``_NONE``): (kind, dtype, size), kind 0 for
+    numpy, 1 for torch (the kind comes first: a numpy dtype is never compared with a torch one)."""
     if type(obj) is np.ndarray:
         return 0, obj.dtype, obj.size
-    if obj is None:
-        return _NONE
     torch = sys.modules.get("torch")
     if torch is not None and type(obj) is torch.Tensor:
         return 1, obj.dtype, obj.numel()
@@ -78,11 +77,7 @@ def key(name: str, inp, out, root, op, algorithm, timeout, thread: int):
 
 
 class _Refused(Exception):
-    pass
-
-
-def _refuse(msg: str) -> _Refused:
-    return _Refused(msg)
+    """What ``as_array`` raises for a buffer a repeat cannot use as it is (the full path says why)."""
 
 
 def _array(obj, writable: bool):
@@ -91,7 +86,7 @@ def _array(obj, writable: bool):
         f = obj.flags
         return obj if f.c_contiguous and (f.writeable or not writable) else None
     try:
-        return as_array(obj, what="", writable=writable, ctx=_refuse)
+        return as_array(obj, what="", writable=writable, ctx=_Refused)
     except _Refused:
         return None
 
@@ -109,7 +104,7 @@ class Prepared:
         self.what = what                                        # for the flight recorder
         self.io = (what[3], *schedule_io(s, itemsize, plan.codec, plan.compressed))    # for comm.traffic()
         self.counts = ctx.traffic.counter(name)
-        self.prog = onehost.program(s, itemsize) if plan.codes is not None and native_run else None
+        self.prog = onehost.program(s, itemsize) if plan.codes is not None else None   # else plan.run
         self.settings = self.prog and (*ctx.segment.waits, *plan.codes)
         self.avg, self.writes, self.alloc = plan.avg, writes, allocates     # alloc: elements of a new output
         self.prim = PRIMITIVES[plan.primitive]
@@ -180,7 +175,7 @@ class Prepared:
         try:
             if ctx.closed or ctx.error is not None:       # a call queued behind one that failed
                 ctx.usable(self.name)
-            ctx.recent[cseq & 7] = (cseq, self.record)      # names it in a mismatch error (the last 8)
+            ctx.recent[cseq & (RECENT_CALLS - 1)] = (cseq, self.record)    # names it in a mismatch error
             c, (nbytes, sent, received) = self.counts, self.io
             c[0] += 1
             c[1] += nbytes
