@@ -38,6 +38,13 @@ class Store(ABC):
     def delete_key(self, key: str) -> bool:
         """Remove ``key``; True if it existed."""
 
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
+        """The values of ``keys``, waiting up to ``timeout`` s in all for each to be set (as torch's
+        ``Store.multi_get``). A store that can answers in one request (the TCP store does), so a rank
+        learns what it needs at init in one round trip, not one per key."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        return [self.get(k, max(0.0, deadline - time.monotonic())) for k in keys]
+
     def wait(self, keys: list[str], timeout: float | None = None) -> None:
         """Block until every key in ``keys`` exists; one deadline covers them all."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)

@@ -30,5 +30,8 @@ class PrefixStore(Store):
     def delete_key(self, key: str) -> bool:
         return self.store.delete_key(self.prefix + key)
 
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
+        return self.store.multi_get([self.prefix + k for k in keys], timeout)
+
     def wait(self, keys: list[str], timeout: float | None = None) -> None:
         self.store.wait([self.prefix + k for k in keys], timeout)
