@@ -1,12 +1,16 @@
 """One rank of a multi-host test job (tests/test_multihost.py): runs every check, writes the results.
 
-    pyxccl run --nnodes H --node-rank i --nproc-per-node 2,1,2 ... multihost_worker.py OUTDIR
+    pyxccl run --nnodes H --node-rank i --nproc-per-node 2,1,2 ... multihost_worker.py OUTDIR [light]
 
 Each check runs functions of rankfns.py (the checks of the one-host suite) on the world
 communicator; their failure descriptions start with the primitive's name, so they are filed per
 primitive. An exception is filed under the primitive that was running; the primitives of that check
 not reached are filed as such. One JSON line per primitive goes to OUTDIR/rank<R>.jsonl, written as
 soon as its check ends, so a job that hangs or dies still leaves what it did.
+
+``light`` (the 8 hosts x 8 ranks layout): every check and every primitive still runs, on fewer
+sizes, dtype/op pairs and dtypes (one of each kind: float and integer arithmetic, a 2-byte float,
+and one message past 1 MiB), so that 64 ranks on a small machine finish in minutes.
 """
 from __future__ import annotations
 
@@ -32,6 +36,12 @@ BIG = 300_001                       # > 1 MiB of float32: several TCP pieces and
 MOVE_DTYPES = rf.DTYPES
 HIER_PAIRS = [(np.float32, ReduceOp.SUM), (np.int64, ReduceOp.PROD), (rf.bfloat16, ReduceOp.MAX)]
 HIER_COUNTS = (0, 1, 7, 1000, 20_000)     # 20_000: past hierarchical broadcast's sharding threshold
+if sys.argv[2:3] == ["light"]:
+    COUNTS = (1, 1000)
+    PAIRS = [(np.float32, ReduceOp.SUM), (np.int64, ReduceOp.PROD), (rf.bfloat16, ReduceOp.MAX),
+             (np.int32, ReduceOp.BAND)]
+    MOVE_DTYPES = (np.float32, np.int8, rf.bfloat16)
+    HIER_COUNTS = (1, 20_000)
 HIERARCHICAL = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "gather", "scatter")
 
 P2P = {"irecv": "send_recv", "recv": "send_recv", "irecv(src=None)": "send_recv"}
