@@ -22,7 +22,9 @@ Columns (times are the slowest rank's, so a straggler counts):
 A --model table follows: a + b*(n-1) fitted per library (benchmarks/scale_model.py).
 
 pyxccl's link figures are cached once, before the first row, in a file of this run
-(PYXCCL_LINKS), so every init reads a warm cache as a user's second job does.
+(PYXCCL_LINKS), so every init reads a warm cache as a user's second job does; and pyxccl's sources
+are compiled to bytecode first (as pip does for a wheel, `make bytecode` for a checkout), unless
+--no-compile: otherwise, under PYTHONDONTWRITEBYTECODE, every rank compiles pyxccl at import.
 """
 from __future__ import annotations
 
@@ -157,6 +159,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compile_pyxccl() -> None:
+    """Bytecode for the pyxccl the ranks import (this process's: the same PYTHONPATH)."""
+    import pyxccl
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.dirname(pyxccl.__file__)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 def warm_links(links: str, timeout: float) -> None:
     """Measure this host's links once into ``links`` (a 2-rank job), so no measured init does it."""
     with tempfile.TemporaryDirectory() as out:
@@ -222,6 +231,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--calls", type=int, default=20, help="steady 8 B calls after the first two")
     ap.add_argument("--timeout", type=float, default=None, help="deadline of one job, s (default 60 + 3 s per rank)")
     ap.add_argument("--emulated", metavar="HOSTSxRANKS", help="also run pyxccl across emulated hosts, e.g. 8x8 (root)")
+    ap.add_argument("--no-compile", action="store_true", help="do not compile pyxccl to bytecode first")
     ap.add_argument("--fit-from", type=int, default=4, help="fit the model on rows with n >= this")
     ap.add_argument("--json", help="write every row (all rounds) to this file")
     a = ap.parse_args(argv)
@@ -247,6 +257,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as work:
         links = os.path.join(work, "links.json")
         if "pyxccl" in a.libs or a.emulated:
+            if not a.no_compile:
+                compile_pyxccl()
             warm_links(links, 120)
         for n in a.ranks:
             timeout = a.timeout or 60 + 3 * n

@@ -1,7 +1,7 @@
 """The per-peer model of benchmarks/scale.py: fit a + b * peers to the measured rows, extrapolate.
 
-For each library and per-process figure (threads, open descriptors, RSS, init time; the max over
-ranks) an ordinary least-squares line over the rows with n >= fit_from, peers = n - 1 (every other
+For each library and per-process figure (threads, open descriptors, RSS: of the largest rank and of
+the median rank; init time of the slowest rank) an ordinary least-squares line over the rows with n >= fit_from, peers = n - 1 (every other
 rank of the world: the peers today's pyxccl connects to at init). A library that connects on first
 use keeps ``b`` near 0 for this job, which is the point of measuring it. The limits beside the
 extrapolation are the published ones cited in docs/scale.md; this machine's own are read from /proc.
@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 
-FIGURES = (("threads", "threads"), ("fds", "open fds"), ("rss_mib", "RSS MiB"), ("init_s", "init s"))
+#: (row key, name): the slowest or largest rank's figure, and the median rank's where one rank (the
+#: store's) differs from the others.
+FIGURES = (("threads", "threads, max rank"), ("threads_med", "threads, median rank"), ("fds", "open fds, max rank"),
+           ("fds_med", "open fds, median rank"), ("rss_mib", "RSS MiB, max rank"),
+           ("rss_mib_med", "RSS MiB, median rank"), ("init_s", "init s, slowest rank"))
 TARGETS = (4096, 100_000)
 #: Linux's default soft RLIMIT_NOFILE (docs/scale.md cites it); the hard default is 4096 on systemd systems.
 SOFT_NOFILE = 1024
@@ -67,8 +71,8 @@ def table(rows: list[dict], fit_from: int) -> str:
             vals = []
             for t in TARGETS:
                 v = a + b * (t - 1)
-                flag = " (> soft NOFILE 1024)" if key == "fds" and v > SOFT_NOFILE else ""
-                vals.append(f"{v:,.1f}{flag}" if key in ("init_s", "rss_mib") else f"{v:,.0f}{flag}")
+                flag = " (> soft NOFILE 1024)" if key.startswith("fds") and v > SOFT_NOFILE else ""
+                vals.append(f"{v:,.1f}{flag}" if key.startswith(("init", "rss")) else f"{v:,.0f}{flag}")
             lines.append(f"| {label} | {name} | {a:.4g} + {b:.4g}*(n-1) | {','.join(map(str, used))} | "
                          + " | ".join(vals) + " |")
     lim = machine_limits()
