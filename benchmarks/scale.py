@@ -2,7 +2,7 @@
 
     python benchmarks/scale.py                                   # n = 2..64, pyxccl (auto) vs MPICH
     python benchmarks/scale.py --ranks 2,4,8,16,32,64,128 --transport shm,tcp --json out.json
-    python benchmarks/scale.py --emulated 8x8                    # 8 emulated hosts x 8 ranks (root)
+    python benchmarks/scale.py --ranks '' --emulated 8x8         # 8 emulated hosts x 8 ranks only (root)
 
 Per n, every library runs issue 26's job once per round, alternating (pyxccl with each
 --transport, then MPICH), each in its own process tree with a deadline (a hang fails its row):
@@ -20,6 +20,11 @@ Columns (times are the slowest rank's, so a straggler counts):
   wall         the launcher's whole run, as a user waits for it (start-up and teardown included)
   threads, fds, RSS  per process after the calls: max / median over ranks
 A --model table follows: a + b*(n-1) fitted per library (benchmarks/scale_model.py).
+
+--emulated HxL runs the same job on H emulated hosts (network namespaces, tests/netns.py) of L ranks
+each: pyxccl as one `pyxccl run --nnodes H` per host; MPICH as one mpiexec on host 0 whose hydra
+starts its proxies on the others through emuhost_rsh.sh (its remote shell). Each library picks its
+own transports (pyxccl: shared memory inside a host, TCP between hosts; MPICH: its defaults).
 
 pyxccl's link figures are cached once, before the first row, in a file of this run
 (PYXCCL_LINKS), so every init reads a warm cache as a user's second job does; and pyxccl's sources
@@ -176,28 +181,28 @@ def warm_links(links: str, timeout: float) -> None:
 
 # --- emulated hosts -----------------------------------------------------------------------------------
 
-def run_emulated(hosts_n: int, per_host: int, calls: int, links: str, timeout: float) -> dict:
-    """The pyxccl job on ``hosts_n`` emulated hosts (tests/netns.py) of ``per_host`` ranks each, one
-    `pyxccl run --nnodes` per host; the hosts are removed afterwards, even on failure."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
+def _emulated_job(hosts, lib: str, hosts_n: int, per_host: int, calls: int, env: dict, timeout: float) -> dict:
+    """One job of ``lib`` on the emulated ``hosts``: pyxccl as one `pyxccl run --nnodes` per host, MPICH
+    as one mpiexec on host 0 that starts its proxies on the others through emuhost_rsh.sh."""
     import netns
-    why = netns.unavailable()
-    if why:
-        raise SystemExit(f"scale.py --emulated: {why}")
     n, port = hosts_n * per_host, 29650
-    label = f"pyxccl {hosts_n}x{per_host} hosts"
-    with netns.EmulatedHosts(hosts_n) as hosts, tempfile.TemporaryDirectory() as out:
+    label = f"{'pyxccl' if lib == 'pyxccl' else 'MPICH'} {hosts_n}x{per_host} hosts"
+    with tempfile.TemporaryDirectory() as out:
         os.chmod(out, 0o777)
-        env = _env(PYXCCL_LINKS=links)
+        rank = [str(RANK), lib, out, str(calls)]
+        if lib == "pyxccl":
+            argvs = [[sys.executable, "-m", "pyxccl", "run", "--nnodes", str(hosts_n), "--node-rank", str(i),
+                      "--nproc-per-node", str(per_host), "--master-addr", hosts.addrs[0], "--master-port",
+                      str(port), *rank] for i in range(hosts_n)]
+        else:
+            env = dict(env, EMU_ROOT_MNT=f"/proc/{os.getpid()}/ns/mnt", EMU_INHOST=str(netns.NETNS_DIR / "inhost.sh"))
+            argvs = [[*mpiexec(), "-launcher", "rsh", "-launcher-exec", str(HERE / "emuhost_rsh.sh"), "-hosts",
+                      ",".join(hosts.names[:hosts_n]), "-n", str(n), "-ppn", str(per_host), sys.executable, *rank]]
         procs = []
         t0 = time.perf_counter()
-        for i in range(hosts_n):
+        for i, argv in enumerate(argvs):
             f = open(os.path.join(out, f"host{i}.log"), "wb")
-            procs.append((hosts.popen(i, [sys.executable, "-m", "pyxccl", "run", "--nnodes", str(hosts_n),
-                                          "--node-rank", str(i), "--nproc-per-node", str(per_host),
-                                          "--master-addr", hosts.addrs[0], "--master-port", str(port),
-                                          str(RANK), "pyxccl", out, str(calls)],
-                                         env=env, stdout=f, stderr=subprocess.STDOUT), f))
+            procs.append((hosts.popen(i, argv, env=env, stdout=f, stderr=subprocess.STDOUT), f))
         codes = []
         for p, f in procs:
             try:
@@ -215,8 +220,29 @@ def run_emulated(hosts_n: int, per_host: int, calls: int, links: str, timeout: f
             with open(os.path.join(out, f"host{i}.log"), errors="replace") as fh:
                 tail = f"host {i}: " + fh.read()[-1500:]
         row = summarize(label, n, out, bad, wall, tail)
-        row["emulated"] = f"{hosts_n}x{per_host}"
+    row["emulated"] = f"{hosts_n}x{per_host}"
     return row
+
+
+def run_emulated(hosts_n: int, per_host: int, libs: list[str], rounds: int, calls: int, links: str,
+                 timeout: float) -> list[dict]:
+    """The job of each of ``libs`` on ``hosts_n`` emulated hosts (tests/netns.py) of ``per_host`` ranks
+    each, alternating for ``rounds``; the hosts are removed afterwards, even on failure."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import netns
+    why = netns.unavailable()
+    if why:
+        raise SystemExit(f"scale.py --emulated: {why}")
+    rows = []
+    with netns.EmulatedHosts(hosts_n) as hosts:
+        for rnd in range(rounds):
+            for lib in libs:
+                row = _emulated_job(hosts, lib, hosts_n, per_host, calls, _env(PYXCCL_LINKS=links), timeout)
+                row["round"] = rnd
+                rows.append(row)
+                print(f"# emulated {hosts_n}x{per_host} {row['label']} round {rnd}: "
+                      f"{'ok' if row['ok'] else 'FAILED ' + row['why'][:300]}", file=sys.stderr, flush=True)
+    return rows
 
 
 # --- main ---------------------------------------------------------------------------------------------
@@ -230,7 +256,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=1, help="jobs per n and library, alternated (rows: the last)")
     ap.add_argument("--calls", type=int, default=20, help="steady 8 B calls after the first two")
     ap.add_argument("--timeout", type=float, default=None, help="deadline of one job, s (default 60 + 3 s per rank)")
-    ap.add_argument("--emulated", metavar="HOSTSxRANKS", help="also run pyxccl across emulated hosts, e.g. 8x8 (root)")
+    ap.add_argument("--emulated", metavar="HOSTSxRANKS",
+                    help="also run the job across emulated hosts, e.g. 8x8 (root; network namespaces)")
     ap.add_argument("--no-compile", action="store_true", help="do not compile pyxccl to bytecode first")
     ap.add_argument("--fit-from", type=int, default=4, help="fit the model on rows with n >= this")
     ap.add_argument("--json", help="write every row (all rounds) to this file")
@@ -275,11 +302,9 @@ def main(argv=None) -> int:
                     print(f"# n={n} {label} round {rnd}: {state} ({wall:.1f} s)", file=sys.stderr, flush=True)
         if a.emulated:
             h, l = (int(x) for x in a.emulated.lower().split("x"))
-            row = run_emulated(h, l, a.calls, links, a.timeout or 120 + 3 * h * l)
-            rows.append(row)
-            last[(h * l, row["label"])] = row
-            print(f"# emulated {a.emulated}: {'ok' if row['ok'] else 'FAILED ' + row['why'][:300]}",
-                  file=sys.stderr, flush=True)
+            for row in run_emulated(h, l, a.libs, a.rounds, a.calls, links, a.timeout or 120 + 3 * h * l):
+                rows.append(row)
+                last[(h * l, row["label"])] = row
     shown = list(last.values())
     print(table(shown))
     fit_rows = [r for r in shown if not r.get("emulated")]
