@@ -269,6 +269,11 @@ def parse(argv=None) -> argparse.Namespace:
         ap.error(f"--transport takes tcp, shm, auto, not {bad}")
     if bad := [x for x in a.libs if x not in ("pyxccl", "mpi")]:
         ap.error(f"--libs takes pyxccl, mpi, not {bad}")
+    if a.emulated:
+        try:
+            a.hosts, a.per_host = (int(x) for x in a.emulated.lower().split("x"))
+        except ValueError:
+            ap.error(f"--emulated takes HOSTSxRANKS (e.g. 8x8), not {a.emulated!r}")
     return a
 
 
@@ -301,7 +306,7 @@ def main(argv=None) -> int:
                     state = "ok" if row["ok"] else "FAILED " + row["why"][:200]
                     print(f"# n={n} {label} round {rnd}: {state} ({wall:.1f} s)", file=sys.stderr, flush=True)
         if a.emulated:
-            h, l = (int(x) for x in a.emulated.lower().split("x"))
+            h, l = a.hosts, a.per_host
             for row in run_emulated(h, l, a.libs, a.rounds, a.calls, links, a.timeout or 120 + 3 * h * l):
                 rows.append(row)
                 last[(h * l, row["label"])] = row
@@ -309,7 +314,7 @@ def main(argv=None) -> int:
     print(table(shown))
     fit_rows = [r for r in shown if not r.get("emulated")]
     print()
-    print(f"Model (per process, max over ranks; least squares over n >= {a.fit_from}, peers = n - 1):")
+    print(f"Model (per process; least squares over n >= {a.fit_from}, peers = n - 1):")
     print()
     print(scale_model.table(fit_rows, a.fit_from))
     if a.json:
