@@ -1,12 +1,17 @@
 """One rank of a multi-host test job (tests/test_multihost.py): runs every check, writes the results.
 
-    pyxccl run --nnodes H --node-rank i --nproc-per-node 2,1,2 ... multihost_worker.py OUTDIR
+    pyxccl run --nnodes H --node-rank i --nproc-per-node 2,1,2 ... multihost_worker.py OUTDIR [light]
 
 Each check runs functions of rankfns.py (the checks of the one-host suite) on the world
 communicator; their failure descriptions start with the primitive's name, so they are filed per
 primitive. An exception is filed under the primitive that was running; the primitives of that check
 not reached are filed as such. One JSON line per primitive goes to OUTDIR/rank<R>.jsonl, written as
 soon as its check ends, so a job that hangs or dies still leaves what it did.
+
+``light`` (the 8 hosts x 8 ranks layout): every check and every primitive still runs, on fewer
+sizes, dtype/op pairs and dtypes (one of each kind: float and integer arithmetic, a 2-byte float,
+and one message past 1 MiB; the compressed checks on smaller inputs, as every rank makes every
+rank's), so that 64 ranks on a small machine finish in minutes and fit in its memory.
 """
 from __future__ import annotations
 
@@ -32,6 +37,16 @@ BIG = 300_001                       # > 1 MiB of float32: several TCP pieces and
 MOVE_DTYPES = rf.DTYPES
 HIER_PAIRS = [(np.float32, ReduceOp.SUM), (np.int64, ReduceOp.PROD), (rf.bfloat16, ReduceOp.MAX)]
 HIER_COUNTS = (0, 1, 7, 1000, 20_000)     # 20_000: past hierarchical broadcast's sharding threshold
+SPLIT_BIG = BIG // 5                # per-rank block of the split primitives' large case
+HOSTS_COUNTS = {}                   # compressfns.check_hosts' defaults
+if sys.argv[2:3] == ["light"]:
+    SPLIT_BIG = BIG // 64           # still > 1 MiB in all at 64 ranks, not 64 x that
+    HOSTS_COUNTS = dict(count=1 << 14, quantized_counts=(64,))     # every rank holds all ranks' inputs
+    COUNTS = (1, 1000)
+    PAIRS = [(np.float32, ReduceOp.SUM), (np.int64, ReduceOp.PROD), (rf.bfloat16, ReduceOp.MAX),
+             (np.int32, ReduceOp.BAND)]
+    MOVE_DTYPES = (np.float32, np.int8, rf.bfloat16)
+    HIER_COUNTS = (1, 20_000)
 HIERARCHICAL = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "gather", "scatter")
 
 P2P = {"irecv": "send_recv", "recv": "send_recv", "irecv(src=None)": "send_recv"}
@@ -96,18 +111,18 @@ def checks():
     yield ["allreduce"], lambda c: rf.check_allreduce(c, COUNTS, PAIRS) + rf.check_allreduce(c, (BIG,), big)
     yield ["reduce"], lambda c: rf.check_reduce(c, COUNTS, PAIRS) + rf.check_reduce(c, (BIG,), big)
     yield ["reduce_scatter", "reduce_scatterv"], lambda c: (rf.check_reduce_scatter(c, COUNTS, PAIRS)
-                                                            + rf.check_reduce_scatter(c, (BIG // 5,), big))
+                                                            + rf.check_reduce_scatter(c, (SPLIT_BIG,), big))
     movement = ["broadcast", "gather", "scatter", "allgather", "allgatherv", "gatherv", "scatterv", "alltoall",
                 "alltoallv"]
     yield movement, lambda c: (rf.check_movement(c, COUNTS, MOVE_DTYPES)
-                               + rf.check_movement(c, (BIG // 5,), (np.float32,)))
+                               + rf.check_movement(c, (SPLIT_BIG,), (np.float32,)))
     yield ["send_recv"], lambda c: rf.check_p2p(c, COUNTS + (BIG,))
     yield ["barrier"], check_barrier
     yield ["objects_split"], rf.check_objects_and_split
     for p in HIERARCHICAL:
         if "hierarchical" in algorithms(p):
             yield [f"hierarchical_{p}"], lambda c, p=p: check_hierarchical(c, p)
-    yield ["compressed"], cf.check_hosts
+    yield ["compressed"], lambda c: cf.check_hosts(c, **HOSTS_COUNTS)
 
 
 def _filed(text: str, primitives: list[str]) -> str:
