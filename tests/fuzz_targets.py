@@ -234,7 +234,9 @@ def _store_seeds() -> list[bytes]:
     session = (b"PXS1open" + _request(wire.SET, b"k", b"v" * 10) + _request(wire.GET, b"k", wire.TIMEOUT.pack(0.01))
                + _request(wire.ADD, b"n", b"5") + _request(wire.ADD, b"k", b"1") + _request(wire.CHECK, b"k", b"")
                + _request(wire.DELETE, b"k", b"") + _request(wire.SET, b"big", b"x" * 1000)
-               + _request(wire.SET, b"more", b"y" * 1000) + _request(wire.GET, b"none", wire.TIMEOUT.pack(0.0)))
+               + _request(wire.SET, b"more", b"y" * 1000) + _request(wire.GET, b"none", wire.TIMEOUT.pack(0.0))
+               + _request(wire.MULTI_GET, b"", wire.pack_keys(0.01, [b"n", b"more", b"n"]))
+               + _request(wire.MULTI_GET, b"", wire.pack_keys(0.0, [b"n", b"none"])))
     greeting = wire.reply(wire.OK, struct.pack("<4sBQ16s", b"PXS1", 0, 1024, bytes(16)))
     return [b"\0" + session, b"\1" + bytes(48), b"\2" + greeting + wire.reply(wire.OK, b"1"),
             b"\2" + wire.reply(wire.REFUSED, b"full"), b"\3" + greeting.replace(b"PXS1\0", b"PXS1\1")]

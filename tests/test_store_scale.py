@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import logging
+import resource
 import socket
 import struct
 import threading
@@ -193,6 +194,24 @@ def test_4096_clients_at_once_with_strangers_among_them(monkeypatch, caplog):
     for name, (says, _) in kinds.items():
         assert sum(says in m for m in refusals) == BAD, (name, [m for m in refusals if says in m][:3])
     assert len(refusals) == BAD * len(kinds), refusals[:10]
+
+
+def test_a_store_for_a_big_world_makes_room_for_its_clients(monkeypatch):
+    """Started for a world size, the server raises the soft descriptor limit (to the hard one) when it is
+    too low for that many clients, and says how many descriptors are missing when even the hard one is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    monkeypatch.setenv("PYXCCL_SECRET", "fds")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fds.open_fds() + 64, hard))
+        TCPStore("127.0.0.1", 0, is_server=True, timeout=5, world_size=4096).close()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= fds.open_fds() + 4096
+        if hard != resource.RLIM_INFINITY:
+            with pytest.raises(pyxccl.RendezvousError, match=r"rank 0: the store at .* short\); raise it") as e:
+                TCPStore("127.0.0.1", 0, is_server=True, timeout=5, world_size=hard + 1,
+                         limits=Limits(max_connections=hard + 1))
+            assert "ulimit -Hn" in str(e.value)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 # --- MULTI_GET ----------------------------------------------------------------------------------------------

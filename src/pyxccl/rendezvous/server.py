@@ -100,17 +100,23 @@ class StoreServer:
     def _run(self) -> None:
         try:
             while not self.closed:
-                for key, mask in self._sel.select(self._until_next()):
-                    now = time.monotonic()
-                    if key.data is _LISTEN:
-                        self._accept(now)
-                    elif key.data is _WAKE:
-                        self._woken(now)
-                    elif not key.data.closed:      # (dropped by an earlier event of this turn)
-                        self._event(key.data, mask, now)
-                self._expire(time.monotonic())
+                try:
+                    self._turn()
+                except Exception:              # a bug outside one client's handling: keep serving the rest
+                    log.error("pyxccl %s: the store's event loop failed; it goes on", self.where, exc_info=True)
         finally:
             self._shut()
+
+    def _turn(self) -> None:
+        for key, mask in self._sel.select(self._until_next()):
+            now = time.monotonic()
+            if key.data is _LISTEN:
+                self._accept(now)
+            elif key.data is _WAKE:
+                self._woken(now)
+            elif not key.data.closed:          # (dropped by an earlier event of this turn)
+                self._event(key.data, mask, now)
+        self._expire(time.monotonic())
 
     def _until_next(self) -> float | None:
         now = time.monotonic()
