@@ -261,11 +261,11 @@ def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, ca
         with pytest.raises(pyxccl.RendezvousError, match="limit of 4 connections") as e:
             TCPStore("127.0.0.1", server.port, is_server=False, timeout=5, rank=7)
         assert "PYXCCL_STORE_MAX_CONNECTIONS" in str(e.value) and "rank 7" in str(e.value)
-        most, flooding = [0], threading.Event()
+        most, flooding, name = [0], threading.Event(), f"pyxccl-store-{server.port}"
 
         def count():                                      # the server's threads while the flood lasts
             while flooding.is_set():
-                most[0] = max(most[0], sum(t.name.startswith("pyxccl-store") for t in threading.enumerate()))
+                most[0] = max(most[0], sum(t.name == name for t in threading.enumerate()))
                 time.sleep(0.001)
         flooding.set()
         sampler = threading.Thread(target=count)

@@ -30,7 +30,7 @@ _NAMED = 8                       # missing keys a multi_get's error names (then 
 class TCPStore(Store):
     """A store served over TCP.
 
-    ``is_server=True`` starts the server in this process (daemon threads, a
+    ``is_server=True`` starts the server in this process (one daemon thread, a
     socket bound to ``host:port``; ``port=0`` picks a free one, see
     ``.port``), and the object is also a client of it. Clients retry
     connecting, with backoff, for up to ``timeout`` s, since the server may

@@ -73,10 +73,11 @@ class Limits:
     (``PYXCCL_STORE_MAX_CONNECTIONS``, 65,536: one event loop serves them all,
     each costs a descriptor and a few KiB); ``max_value``: bytes of one
     value (``PYXCCL_STORE_MAX_VALUE``, 16 MiB); ``max_bytes``: keys and values
-    held at once, counting values being received (``PYXCCL_STORE_MAX_BYTES``,
-    256 MiB); ``opening_timeout``: seconds a new connection has to open (say
-    hello, or prove the secret); ``request_timeout``: seconds a request may
-    stall between two bytes. A client may stay idle between requests as long
+    held at once, counting values (and MULTI_GET requests) being received or
+    waiting (``PYXCCL_STORE_MAX_BYTES``, 256 MiB); ``opening_timeout``: seconds
+    a new connection has, from being accepted, to open (say hello, or prove
+    the secret); ``request_timeout``: seconds a request may stall between two
+    bytes, and a reply stay unread between two pieces. A client may stay idle between requests as long
     as it likes (each rank keeps one connection for the whole job).
     """
     max_connections: int = 65536
