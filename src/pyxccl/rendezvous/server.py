@@ -68,7 +68,9 @@ class StoreServer:
             fds.ensure_fds(min(clients, self.limits.max_connections) + _SPARE_FDS,
                            f"rank 0: the store at {host}:{port}")
         try:
-            self.sock = socket.create_server((host, port), backlog=min(self.limits.max_connections, 65535))
+            # A deep queue of connections not yet accepted (the kernel caps it at net.core.somaxconn): when
+            # thousands of ranks dial at once, a full queue drops their SYNs and each retries after 1, 3, 7 s.
+            self.sock = socket.create_server((host, port), backlog=65535)
         except OSError as e:
             raise RendezvousError(f"rank 0: could not serve the store on {host}:{port} ({e}); choose another "
                                   f"MASTER_PORT (or port) or stop the process that holds it", rank=0,
