@@ -128,6 +128,20 @@ def test_wait_for_several_keys(stores):
         a.wait(["x", "z"], timeout=0.2)
 
 
+def test_multi_get_waits_for_its_last_key(stores):
+    """Every kind of store: values in the order asked, the wait covers the late key, a timeout names a
+    missing key (the TCP store answers in one request, the file store by a get per key)."""
+    a, b = stores.client(), stores.client()
+    a.set("x", b"1")
+    with ThreadPoolExecutor(1) as ex:
+        got = ex.submit(b.multi_get, ["x", "y", "x"], 20)
+        a.set("y", b"2")
+        assert got.result(timeout=20) == [b"1", b"2", b"1"]
+    with pytest.raises(RendezvousError, match="'z'"):
+        b.multi_get(["x", "z"], timeout=0.2)
+    assert b.multi_get([]) == []
+
+
 def test_one_client_shared_by_threads(stores):
     """A get blocked in one thread must not hold up a set from another thread on the same object."""
     c = stores.client()

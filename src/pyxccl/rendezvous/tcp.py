@@ -4,13 +4,15 @@ The wire format and the opening of a connection are in ``wire.py``, the server
 (its limits on connections, sizes, memory and silence) in ``server.py``. With
 ``PYXCCL_SECRET`` set, every connection proves the job's secret both ways
 before it carries a request; without it the store serves any process that
-can reach its port (see "Trust" in docs/design.md). A blocking ``get`` waits
-on the server, so clients never poll.
+can reach its port (see "Trust" in docs/design.md). A blocking ``get`` (and
+``multi_get``, many keys in one request) waits on the server, so clients never
+poll.
 """
 from __future__ import annotations
 
 import math
 import socket
+import struct
 import threading
 import time
 
@@ -19,22 +21,25 @@ from ..transport import auth
 from . import wire
 from .base import Store
 from .server import StoreServer
-from .wire import ADD, CHECK, DELETE, ERR, FULL, GET, MISSING, SET
+from .wire import ADD, CHECK, DELETE, ERR, FULL, GET, MISSING, MULTI_GET, SET
 
-_NAMES = {SET: "set", GET: "get", ADD: "add", CHECK: "check", DELETE: "delete_key"}
+_NAMES = {SET: "set", GET: "get", ADD: "add", CHECK: "check", DELETE: "delete_key", MULTI_GET: "multi_get"}
+_NAMED = 8                       # missing keys a multi_get's error names (then how many more)
 
 
 class TCPStore(Store):
     """A store served over TCP.
 
-    ``is_server=True`` starts the server in this process (daemon threads, a
+    ``is_server=True`` starts the server in this process (one daemon thread, a
     socket bound to ``host:port``; ``port=0`` picks a free one, see
     ``.port``), and the object is also a client of it. Clients retry
     connecting, with backoff, for up to ``timeout`` s, since the server may
     start later. One object may be used from several threads: each concurrent
     call gets its own connection, so a blocked ``get`` never holds up a
-    ``set`` from another thread. ``world_size`` is accepted for torch's
-    signature and not needed; ``rank`` (when known) is named in errors.
+    ``set`` from another thread. ``world_size`` (when known, with
+    ``is_server``) makes room for that many clients' descriptors in this
+    process (RendezvousError, saying how many are missing, when the hard
+    limit is too low); ``rank`` (when known) is named in errors.
     The server's limits are ``limits`` (default :meth:`wire.Limits.from_env`).
     Both ends take the job's secret from ``PYXCCL_SECRET`` when the object
     is made.
@@ -47,7 +52,7 @@ class TCPStore(Store):
                  world_size: int | None = None, rank: int | None = None, limits: wire.Limits | None = None):
         super().__init__(timeout)
         self._secret = auth.env_secret()
-        self._server = StoreServer(host, port, limits, self._secret) if is_server else None
+        self._server = StoreServer(host, port, limits, self._secret, clients=world_size) if is_server else None
         self.host, self.port = host, (self._server.port if self._server else int(port))
         self.world_size, self.rank = world_size, rank
         self._where = f"{'' if rank is None else f'rank {rank}: '}the store at {self.address}"
@@ -94,13 +99,21 @@ class TCPStore(Store):
     def _call(self, op: int, key: str, value: bytes = b"", wait: float = 0.0) -> bytes:
         """One request/response on a connection of our own; raise on an error reply."""
         what = f"{_NAMES[op]} of key {key[:64]!r}"
-        if self._closed:
-            raise RendezvousError(f"{self._where}: this client was closed; {what} refused", rank=self.rank,
-                                  op="store")
         k = key.encode()
         if len(k) > wire.MAX_KEY:
             raise InvalidArgumentError(f"{self._where}: {_NAMES[op]} of a key of {len(k)} bytes, over the store's "
                                        f"limit of {wire.MAX_KEY}; use a shorter key", rank=self.rank, op="store")
+        status, payload = self._exchange(op, k, value, wait, what, max(self._max_value, wire.MAX_MESSAGE))
+        if status == MISSING:
+            raise RendezvousError(f"{self._where}: key {key!r} did not appear within {wait:g} s; a rank did not "
+                                  f"start, failed, or started with other settings", rank=self.rank, op="store")
+        return payload
+
+    def _exchange(self, op: int, k: bytes, value: bytes, wait: float, what: str, limit: int) -> tuple[int, bytes]:
+        """Send one request, read its reply (at most ``limit`` bytes); raise on ERR and FULL."""
+        if self._closed:
+            raise RendezvousError(f"{self._where}: this client was closed; {what} refused", rank=self.rank,
+                                  op="store")
         with self._lock:
             sock = self._idle.pop() if self._idle else None
         try:
@@ -112,7 +125,7 @@ class TCPStore(Store):
                     rank=self.rank, op="store")
             sock.settimeout(self.timeout + wait + 5.0)   # a dead server host must not hang us forever
             sock.sendall(wire.REQ.pack(op, len(k)) + k + wire.LEN.pack(len(value)) + value)
-            status, payload = wire.read_reply(sock, max(self._max_value, wire.MAX_MESSAGE))
+            status, payload = wire.read_reply(sock, limit)
         except (RendezvousError, InvalidArgumentError):
             if sock is not None:
                 self._keep(sock)
@@ -129,10 +142,7 @@ class TCPStore(Store):
         if status == FULL:
             raise RendezvousError(f"{self._where}: {what}: {payload.decode(errors='replace')}", rank=self.rank,
                                   op="store")
-        if status == MISSING:
-            raise RendezvousError(f"{self._where}: key {key!r} did not appear within {wait:g} s; a rank did not "
-                                  f"start, failed, or started with other settings", rank=self.rank, op="store")
-        return payload
+        return status, payload
 
     def _keep(self, sock: socket.socket) -> None:
         """Back to the idle connections, for the next call (or closed, if this client is)."""
@@ -145,12 +155,51 @@ class TCPStore(Store):
     def set(self, key: str, value: bytes) -> None:
         self._call(SET, key, bytes(value))
 
-    def get(self, key: str, timeout: float | None = None) -> bytes:
+    def _timeout(self, timeout: float | None, what: str) -> float:
         timeout = self.timeout if timeout is None else float(timeout)
         if math.isnan(timeout) or timeout < 0:
-            raise InvalidArgumentError(f"{self._where}: get of key {key!r}: timeout must be >= 0, not {timeout}",
+            raise InvalidArgumentError(f"{self._where}: {what}: timeout must be >= 0, not {timeout}",
                                        rank=self.rank, op="store")
+        return timeout
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        timeout = self._timeout(timeout, f"get of key {key!r}")
         return self._call(GET, key, wire.TIMEOUT.pack(timeout), wait=timeout)
+
+    def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
+        """The values of ``keys``, in one request answered when the last of them is set (RendezvousError
+        naming those still missing after ``timeout`` s). At most ``wire.MAX_KEYS`` keys, whose request and
+        whose values each fit the store's largest value (InvalidArgumentError otherwise)."""
+        keys = list(keys)
+        what = f"multi_get of {len(keys)} keys"
+        timeout = self._timeout(timeout, what)
+        if not keys:
+            return []
+        if len(keys) > wire.MAX_KEYS:
+            raise InvalidArgumentError(f"{self._where}: {what}: over the store's limit of {wire.MAX_KEYS} keys "
+                                       f"in one request; ask in several", rank=self.rank, op="store")
+        encoded = [k.encode() for k in keys]
+        longest = max(encoded, key=len)
+        if len(longest) > wire.MAX_KEY:
+            raise InvalidArgumentError(f"{self._where}: {what}: key {keys[encoded.index(longest)][:64]!r}... has "
+                                       f"{len(longest)} bytes, over the store's limit of {wire.MAX_KEY}; use "
+                                       f"shorter keys", rank=self.rank, op="store")
+        status, payload = self._exchange(MULTI_GET, b"", wire.pack_keys(timeout, encoded), timeout, what,
+                                         self._max_value + 8 * len(keys) + wire.MAX_MESSAGE)
+        try:
+            if status == MISSING:
+                absent = [keys[i] for i in struct.unpack(f"<{len(payload) // 4}I", payload)]
+                named = ", ".join(repr(k) for k in absent[:_NAMED])
+                more = f" and {len(absent) - _NAMED} more" if len(absent) > _NAMED else ""
+                raise RendezvousError(f"{self._where}: {len(absent)} of {len(keys)} keys did not appear within "
+                                      f"{timeout:g} s: {named}{more}; a rank did not start, failed, or started "
+                                      f"with other settings", rank=self.rank, op="store")
+            return wire.split_values(payload, len(keys))
+        except (struct.error, IndexError, ConnectionError) as e:
+            if isinstance(e, RendezvousError):
+                raise
+            raise RendezvousError(f"{self._where}: {what}: a reply that does not fit the request ({e}); is that "
+                                  f"port rank 0's store?", rank=self.rank, op="store") from None
 
     def add(self, key: str, amount: int) -> int:
         value = str(int(amount)).encode()

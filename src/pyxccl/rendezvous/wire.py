@@ -13,12 +13,20 @@ Little-endian, no pickle. The server speaks first::
       request:  op (u8) | key length (u32) | key (UTF-8) | value length (u64) | value
       reply:    status (u8) | length (u64) | payload
 
+    SET, ADD (value: decimal), CHECK, DELETE: one key. GET: the value is the wait (f64 seconds).
+    MULTI_GET: no key; the value is the wait (f64) | count (u32) | count x (key length (u32) | key);
+      reply OK:      count x value length (u64) | the values, in the order asked
+            MISSING: the positions (u32 each) of the keys still missing when the wait ran out
+
 The MACs are ``pyxccl.transport.auth``'s on channel ``STORE_CHANNEL``, which
 no connection between ranks uses, so neither kind of proof passes for the
 other. The server is in proof mode when it has a secret (``PYXCCL_SECRET``),
 and a client with a secret accepts only a server in proof mode that proves it
 too. Every length is checked against the limits before a byte of what it
-announces is read, and read in bounded pieces.
+announces is read (a MULTI_GET's at most ``MAX_KEYS`` keys and ``max_value``
+bytes of request, and at most ``max_value`` bytes of values in its reply).
+The server reads what a client sends as it arrives, in its event loop
+(``session.py`` parses it); the client side here reads blocking sockets.
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 from .._errors import InvalidArgumentError, RendezvousError
 from ..transport import auth
 
-SET, GET, ADD, CHECK, DELETE = range(1, 6)
+SET, GET, ADD, CHECK, DELETE, MULTI_GET = range(1, 7)
 OK, MISSING, ERR, REFUSED, FULL = range(5)
 REQ = struct.Struct("<BI")
 LEN = struct.Struct("<Q")
@@ -43,11 +51,18 @@ _MAGIC, _OPEN_HELLO = b"PXS1", b"PXS1open"
 MAX_KEY = 4096                   # bytes of UTF-8; pyxccl's keys are tens of bytes
 MAX_MESSAGE = 4096               # a greeting's or an error's text
 MAX_ADD = 32                     # bytes of a counter increment, in decimal
+MAX_KEYS = 1 << 16               # keys of one MULTI_GET: every rank's address in jobs of up to 65,536 ranks
+COUNT = struct.Struct("<I")
 _CHUNK = 1 << 16
 
 
 class BadClient(ConnectionError):
-    """A client broke the protocol or failed its proof (internal: the server logs it and drops the client)."""
+    """A client broke the protocol or failed its proof (internal: the server logs it and drops the client,
+    after sending it ``reply`` if there is one)."""
+
+    def __init__(self, why: str, reply: bytes = b""):
+        super().__init__(why)
+        self.reply = reply
 
 
 @dataclass(frozen=True)
@@ -55,15 +70,17 @@ class Limits:
     """What one store server accepts.
 
     ``max_connections``: clients at once, a refusal beyond it
-    (``PYXCCL_STORE_MAX_CONNECTIONS``, 1024); ``max_value``: bytes of one
+    (``PYXCCL_STORE_MAX_CONNECTIONS``, 65,536: one event loop serves them all,
+    each costs a descriptor and a few KiB); ``max_value``: bytes of one
     value (``PYXCCL_STORE_MAX_VALUE``, 16 MiB); ``max_bytes``: keys and values
-    held at once, counting values being received (``PYXCCL_STORE_MAX_BYTES``,
-    256 MiB); ``opening_timeout``: seconds a new connection has to open (say
-    hello, or prove the secret); ``request_timeout``: seconds a request may
-    stall between two bytes. A client may stay idle between requests as long
+    held at once, counting values (and MULTI_GET requests) being received or
+    waiting (``PYXCCL_STORE_MAX_BYTES``, 256 MiB); ``opening_timeout``: seconds
+    a new connection has, from being accepted, to open (say hello, or prove
+    the secret); ``request_timeout``: seconds a request may stall between two
+    bytes, and a reply stay unread between two pieces. A client may stay idle between requests as long
     as it likes (each rank keeps one connection for the whole job).
     """
-    max_connections: int = 1024
+    max_connections: int = 65536
     max_value: int = 16 << 20
     max_bytes: int = 256 << 20
     opening_timeout: float = 10.0
@@ -95,57 +112,103 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def discard(sock: socket.socket, n: int) -> None:
-    """Read and drop ``n`` bytes (a value the server has no room for) through a small buffer."""
-    scratch = bytearray(min(n, _CHUNK))
-    while n:
-        k = sock.recv_into(scratch, min(n, len(scratch)))
-        if not k:
-            raise ConnectionResetError("connection closed in the middle of a value")
-        n -= k
-
-
 def reply(status: int, payload: bytes = b"") -> bytes:
     return REP.pack(status, len(payload)) + payload
 
 
 def check_key(op: int, klen: int) -> None:
     """BadClient unless a request's op and key length fit the protocol."""
-    if op not in (SET, GET, ADD, CHECK, DELETE) or klen > MAX_KEY:
+    if op not in (SET, GET, ADD, CHECK, DELETE, MULTI_GET) or klen > MAX_KEY or (op == MULTI_GET and klen):
         raise BadClient(f"not the store protocol (op {op}, key length {klen})")
 
 
 def check_value(op: int, vlen: int, max_value: int) -> None:
     """BadClient unless a request's value length fits its op and the limits."""
-    want = {SET: max_value, GET: TIMEOUT.size, ADD: MAX_ADD}.get(op, 0)
-    if vlen > want or (op == GET and vlen != want):
+    want = {SET: max_value, GET: TIMEOUT.size, ADD: MAX_ADD, MULTI_GET: max_value}.get(op, 0)
+    if vlen > want or (op == GET and vlen != want) or (op == MULTI_GET and vlen < TIMEOUT.size + COUNT.size):
         raise BadClient(f"a {vlen}-byte value for op {op}, over the store's limit of {want} bytes")
 
 
-# --- opening: server side ----------------------------------------------------------------------------
+# --- MULTI_GET -----------------------------------------------------------------------------------------
 
-def refuse(conn: socket.socket, why: str) -> None:
-    """Tell a client why it is not served (it reads the greeting before sending anything)."""
-    conn.sendall(reply(REFUSED, why.encode()[:MAX_MESSAGE]))
+def pack_keys(timeout: float, keys: list[bytes]) -> bytes:
+    """A MULTI_GET's value: the wait and the (UTF-8) keys."""
+    return b"".join([TIMEOUT.pack(timeout), COUNT.pack(len(keys))] + [COUNT.pack(len(k)) + k for k in keys])
 
 
-def open_server(conn: socket.socket, secret: bytes | None, limits: Limits) -> None:
-    """Greet a new client and take its hello (open) or its proof (with a secret); BadClient if it fails."""
-    ns = secrets.token_bytes(auth.NONCE)
-    conn.sendall(reply(OK, _GREETING.pack(_MAGIC, secret is not None, limits.max_value, ns)))
+def unpack_keys(value: bytes) -> tuple[float, list[str]]:
+    """The wait and keys of a MULTI_GET's value; BadClient if it does not parse or is over the limits."""
+    (timeout,), (n,) = TIMEOUT.unpack_from(value), COUNT.unpack_from(value, TIMEOUT.size)
+    if n > MAX_KEYS:
+        raise BadClient(f"a multi-get of {n} keys, over the store's limit of {MAX_KEYS}")
+    keys, at = [], TIMEOUT.size + COUNT.size
     try:
-        if secret is None:
-            if recv_exactly(conn, len(_OPEN_HELLO)) != _OPEN_HELLO:
-                raise BadClient("not a store client's hello")
-            return
-        answer = recv_exactly(conn, auth.NONCE + auth.MAC_BYTES)
-    except ConnectionResetError:
-        raise BadClient("hung up before opening (saying hello, or proving the job's secret)") from None
+        for _ in range(n):
+            (klen,) = COUNT.unpack_from(value, at)
+            if klen > MAX_KEY or at + COUNT.size + klen > len(value):
+                raise BadClient(f"a multi-get's key of {klen} bytes that its request does not hold or is over "
+                                f"the limit of {MAX_KEY}")
+            keys.append(value[at + COUNT.size:at + COUNT.size + klen].decode())
+            at += COUNT.size + klen
+    except struct.error:
+        raise BadClient(f"a multi-get announcing {n} keys in a {len(value)}-byte request") from None
+    except UnicodeDecodeError:
+        raise BadClient("a key that is not UTF-8") from None
+    if at != len(value):
+        raise BadClient(f"a multi-get with {len(value) - at} bytes after its {n} keys")
+    return timeout, keys
+
+
+def values_reply(values: list[bytes]) -> list[bytes]:
+    """A MULTI_GET's OK reply as pieces to send in order (the values themselves are not copied)."""
+    lengths = struct.pack(f"<{len(values)}Q", *map(len, values))
+    return [REP.pack(OK, len(lengths) + sum(map(len, values))), lengths, *values]
+
+
+def split_values(payload: bytes, n: int) -> list[bytes]:
+    """The ``n`` values in a MULTI_GET's OK reply; ConnectionError if they do not add up."""
+    if len(payload) < 8 * n:
+        raise ConnectionResetError(f"a multi-get reply of {len(payload)} bytes for {n} keys: not a pyxccl store")
+    lengths = struct.unpack_from(f"<{n}Q", payload)
+    if 8 * n + sum(lengths) != len(payload):
+        raise ConnectionResetError("a multi-get reply whose lengths do not add up: not a pyxccl store")
+    out, at = [], 8 * n
+    for k in lengths:
+        out.append(payload[at:at + k])
+        at += k
+    return out
+
+
+# --- opening: server side (as steps: the server's event loop runs them as bytes arrive) ---------------
+
+def refusal(why: str) -> bytes:
+    """What a client that is not served reads instead of a greeting."""
+    return reply(REFUSED, why.encode()[:MAX_MESSAGE])
+
+
+def greeting(secret: bytes | None, limits: Limits) -> tuple[bytes, bytes]:
+    """A new connection's greeting, and the server's nonce in it (for ``opening_reply``)."""
+    ns = secrets.token_bytes(auth.NONCE)
+    return reply(OK, _GREETING.pack(_MAGIC, secret is not None, limits.max_value, ns)), ns
+
+
+def opening_size(secret: bytes | None) -> int:
+    """Bytes a client sends to open, after the greeting: its hello, or its nonce and proof."""
+    return len(_OPEN_HELLO) if secret is None else auth.NONCE + auth.MAC_BYTES
+
+
+def opening_reply(secret: bytes | None, ns: bytes, answer: bytes) -> bytes:
+    """What the server sends when the client's ``opening_size`` bytes are ``answer`` (nothing in open
+    mode, its own proof with a secret); BadClient if they are not a hello or not a proof of the secret."""
+    if secret is None:
+        if answer != _OPEN_HELLO:
+            raise BadClient("not a store client's hello")
+        return b""
     nc, theirs = answer[:auth.NONCE], answer[auth.NONCE:]
     if not hmac.compare_digest(theirs, auth.mac(secret, b"D", ns, nc, 0, auth.STORE_CHANNEL)):
-        conn.sendall(reply(ERR, b"wrong secret: this process's PYXCCL_SECRET is not the store's"))
-        raise BadClient("proved a wrong secret (a different PYXCCL_SECRET, or not a process of this job)")
-    conn.sendall(reply(OK, auth.mac(secret, b"A", nc, ns, 0, auth.STORE_CHANNEL)))
+        raise BadClient("proved a wrong secret (a different PYXCCL_SECRET, or not a process of this job)",
+                        reply(ERR, b"wrong secret: this process's PYXCCL_SECRET is not the store's"))
+    return reply(OK, auth.mac(secret, b"A", nc, ns, 0, auth.STORE_CHANNEL))
 
 
 # --- opening: client side ----------------------------------------------------------------------------
