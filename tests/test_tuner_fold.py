@@ -140,3 +140,17 @@ def test_a_host_unlike_the_others_is_not_folded():
     tuner = Tuner(n, hl, klass, Machine({"shm": SHM, "tcp": TCP}, GAMMA, COPY, 4), [4] * n)
     assert tuner.net().shape() is None
     assert tuner.model("allreduce", "ring", 1 << 20).time == _full(tuner, "allreduce", "ring", 1 << 20)
+
+
+@pytest.mark.parametrize("primitive,hosts,per_host,nbytes", [("allreduce", 16, 8, 1 << 20), ("allgather", 16, 8, 1 << 12),
+                                                             ("alltoall", 16, 4, 1 << 16), ("broadcast", 4, 4, 1 << 16)])
+def test_choose_leaves_out_only_what_cannot_be_the_argmin(primitive, hosts, per_host, nbytes):
+    """choose() walks algorithms in the order of their bounds and leaves out those bounded above the
+    best so far: its choice is the full table's argmin, every bound is below its algorithm's estimate,
+    and something was left out (the bound does work)."""
+    tuner, _ = _pair(hosts, per_host, per_host)
+    table = tuner.table(primitive, nbytes)
+    costs, skipped = tuner._argmin(primitive, nbytes, 4)
+    assert tuner.choose(primitive, nbytes) == min(table, key=lambda a: (table[a].time, a))
+    assert skipped and all(table[a].time > b for a, b in skipped.items())
+    assert all(costs[a] == table[a] for a in costs) and set(costs) | set(skipped) == set(table)

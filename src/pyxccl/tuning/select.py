@@ -23,7 +23,7 @@ from ..algorithms import registry
 from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
 from . import compact, fast, symmetric
-from .cost import Estimate, Machine, Net
+from .cost import SOCKET_BUFFER, Estimate, Machine, Net
 
 log = logging.getLogger("pyxccl")
 
@@ -90,18 +90,12 @@ class Tuner:
                 return False
         return True
 
-    def _walked(self, algo: registry.Algorithm, build) -> tuple[list, Net]:
+    def _walked(self, algo: registry.Algorithm, get) -> tuple[list, Net]:
         """(the schedules to walk, the net to walk them on): host 0's, folded, where the communicator
-        and the algorithm allow; else every rank's (in the C core where the hosts are alike)."""
+        and the algorithm allow; else every rank's (in the C core where the hosts are alike).
+        ``get(rank)``: the rank's schedule (built once)."""
         net = self.net()
         shape = net.shape()
-        built: dict[int, object] = {}
-
-        def get(r: int):
-            s = built.get(r)
-            if s is None:
-                s = built[r] = build(r)
-            return s
         if shape is not None and shape.hosts > 1 and self.n > FOLD_ABOVE and not algo.segment:
             sym, reps = symmetric.find(get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
@@ -111,18 +105,30 @@ class Tuner:
             net = Net(self.machine, self.klass, self.stretch, self.hosts)       # Python: klass pair by pair
         return scheds, net
 
-    def model(self, primitive: str, name: str, nbytes: int, itemsize: int = 4) -> Estimate | None:
-        """The model's estimate for ``name`` (None if the algorithm can't run this call here)."""
+    def _builder(self, primitive: str, name: str, nbytes: int, itemsize: int):
+        """(the algorithm, its schedule of a rank, built once), or None where it cannot run here."""
         algo = registry.lookup(primitive, name)
         if not self.usable(algo):
             return None
         args = PRIMITIVES[primitive].sized(self.n, nbytes, itemsize)
         window = Window.of(self.segment[0], itemsize, self.segment[1]) if algo.segment else None
+        built: dict[int, object] = {}
 
-        def build(r):
-            return algo.schedule(r, self.n, hosts=self.hosts, window=window, **args)
+        def get(r: int):
+            s = built.get(r)
+            if s is None:
+                s = built[r] = algo.schedule(r, self.n, hosts=self.hosts, window=window, **args)
+            return s
+        return algo, get
+
+    def model(self, primitive: str, name: str, nbytes: int, itemsize: int = 4) -> Estimate | None:
+        """The model's estimate for ``name`` (None if the algorithm can't run this call here)."""
+        got = self._builder(primitive, name, nbytes, itemsize)
+        return None if got is None else self._estimate(*got, itemsize)
+
+    def _estimate(self, algo, get, itemsize: int) -> Estimate | None:
         try:
-            scheds, net = self._walked(algo, build)
+            scheds, net = self._walked(algo, get)
         except ValueError:
             return None
         # No working set: the tuner leaves out the memory term (cost.py). With it, the message path
@@ -130,6 +136,34 @@ class Tuner:
         # ranks than cores it is not: measured here, 4 ranks on 2 cores, a 64 MiB allgather takes
         # 71 ms by recursive doubling and 22-30 ms on the segment (docs/sim.md, "Fidelity").
         return fast.run(scheds, itemsize, net)[0]
+
+    def bound(self, sched, itemsize: int) -> float:
+        """A time the model's estimate of the algorithm cannot be below: what rank ``sched.rank`` spends
+        on its own processor (``cost.Timing``: its copies; in each step the larger of its sends, one
+        after the other, and its receives, handled one by one), from its schedule alone; 0 where the
+        communicator has no shape, ``sched`` is not a message schedule or its peers' classes are not the
+        shape's."""
+        shape = self.net().shape()
+        if shape is None or not compact.message_schedules([sched]) or not self._classes([sched], shape):
+            return 0.0
+        c = compact.convert([sched], written=True)
+        f, p = shape.stretch, shape.per_host
+        nb = c.count.astype(float) * itemsize
+        inside = c.peer // p == sched.rank // p
+        half = np.where(inside, shape.intra.alpha, shape.inter.alpha) / 2 * f
+        shm = inside & shape.shm_inside
+        wire = np.where(shm, nb * shape.intra.beta * f, np.where(inside, nb * shape.intra.beta, 0.0))
+        tcp = np.maximum(nb - SOCKET_BUFFER, 0.0) * shape.inter.beta * ~inside
+        copy = nb * np.where(c.red != 0, shape.gamma, shape.copy) * f
+        kind = c.kind
+        per = [np.where(kind == compact.COPY, copy, 0.0), np.where(kind == compact.SEND, half + wire + tcp, 0.0),
+               np.where(kind == compact.RECV, half + np.where(shm, nb * shape.intra.beta * f, 0.0), 0.0)]
+        sums = []
+        for x in per:
+            cs = np.concatenate(([0.0], np.cumsum(x)))
+            sums.append(cs[c.step_start[1:]] - cs[c.step_start[:-1]])
+        # cumulative sums round: a margin keeps the bound below the walk's sum of the same terms
+        return float((sums[0] + np.maximum(sums[1], sums[2])).sum()) * (1 - 1e-9)
 
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:
         out = {}
@@ -144,10 +178,39 @@ class Tuner:
         key = (primitive, bucket, itemsize)
         name = self._cache.get(key)
         if name is None:
-            costs = self.table(primitive, bucket, itemsize)
+            costs, skipped = self._argmin(primitive, bucket, itemsize)
             name = min(costs, key=lambda a: (costs[a].time, a))
             self._cache[key] = name
             if log.isEnabledFor(logging.INFO):
                 alts = ", ".join(f"{a} {c.time * 1e6:.1f}us" for a, c in sorted(costs.items(), key=lambda x: x[1].time))
-                log.info("%s %d B on %d ranks: %s (model: %s)", primitive, bucket, self.n, name, alts)
+                more = "".join(f", {a} >{b * 1e6:.1f}us" for a, b in sorted(skipped.items(), key=lambda x: x[1]))
+                log.info("%s %d B on %d ranks: %s (model: %s%s)", primitive, bucket, self.n, name, alts, more)
         return name
+
+    def _argmin(self, primitive: str, nbytes: int, itemsize: int) -> tuple[dict[str, Estimate], dict[str, float]]:
+        """The table's entries that can be the argmin: algorithms walked in the order of their bounds
+        (``bound``, from rank 0's schedule), and those whose bound is above the best estimate so far
+        left out (their estimates cannot be below it). (estimates, bounds of those left out)"""
+        todo = []
+        for name in algorithms.algorithms(primitive):
+            got = self._builder(primitive, name, nbytes, itemsize)
+            if got is None:
+                continue
+            try:
+                lb = 0.0 if got[0].segment else self.bound(got[1](0), itemsize)
+            except ValueError:
+                continue                # cannot run this call here
+            todo.append((lb, name, got))
+        todo.sort(key=lambda x: (x[0], x[1]))
+        costs: dict[str, Estimate] = {}
+        skipped: dict[str, float] = {}
+        best = None
+        for lb, name, (algo, get) in todo:
+            if best is not None and lb > best:
+                skipped[name] = lb
+                continue
+            est = self._estimate(algo, get, itemsize)
+            if est is not None:
+                costs[name] = est
+                best = est.time if best is None else min(best, est.time)
+        return costs, skipped
