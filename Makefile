@@ -6,7 +6,7 @@ NPROC  ?= $(shell nproc)
 
 .PHONY: install install-test run test test-fast peers clean
 
-$(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c src/pyxccl/_kernels.c src/pyxccl/sim/_simcore.c
+$(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c src/pyxccl/_kernels.c src/pyxccl/tuning/_simcore.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[bench]'
@@ -40,4 +40,4 @@ test-fast: install-test
 	$(PY) -m pytest -q -x -m "not slow"
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so src/pyxccl/sim/*.so
+	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so src/pyxccl/sim/*.so src/pyxccl/tuning/*.so
