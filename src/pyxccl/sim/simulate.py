@@ -119,7 +119,8 @@ def _schedules(build, cluster: Cluster, mode: str, name: str):
                 return reps, ClusterNet(cluster, sym), True
             if mode == "symmetric":
                 raise ValueError(f"{name} cannot run in symmetric mode here: {reps}")
-    return fast.message_level(lambda r: _try(build, r, name), cluster.hosts, cluster.per_host), ClusterNet(cluster), False
+    scheds = fast.message_level(lambda r: _try(build, r, name), cluster.hosts, cluster.per_host)
+    return scheds, ClusterNet(cluster), False
 
 
 def _far(reps, c: Cluster) -> bool:
