@@ -157,3 +157,16 @@ def test_choose_leaves_out_only_what_cannot_be_the_argmin(primitive, hosts, per_
     assert tuner.choose(primitive, nbytes) == min(table, key=lambda a: (table[a].time, a))
     assert skipped and all(table[a].time > b for a, b in skipped.items())
     assert all(costs[a] == table[a] for a in costs) and set(costs) | set(skipped) == set(table)
+
+
+@pytest.mark.skipif(fast._simcore is None, reason="the C core (pyxccl.tuning._simcore) is not built")
+@pytest.mark.parametrize("primitive", ["allreduce", "alltoall"])
+def test_the_folded_walk_in_python_is_the_c_cores(primitive, monkeypatch):
+    """Without the C core (PYXCCL_SIMCORE=0) the tuner's folded net (cost.Net with a symmetry: channels,
+    wakes and host links folded) gives what the C core gives on the same folded schedules, bit for bit."""
+    monkeypatch.setattr(select, "FOLD_ABOVE", 0)
+    tuner, _ = _pair(4, 4, 2)
+    names = [a for a in algorithms.algorithms(primitive) if not registry.lookup(primitive, a).segment]
+    with_core = {a: tuner.model(primitive, a, 1 << 20) for a in names}
+    monkeypatch.setenv("PYXCCL_SIMCORE", "0")
+    assert {a: tuner.model(primitive, a, 1 << 20) for a in names} == with_core

@@ -1,6 +1,6 @@
 """Running algorithms on a modelled cluster: the cost model's walk of the real schedules.
 
-Message level: every rank's schedule, every message. Symmetric mode (``symmetric.py``):
+Message level: every rank's schedule, every message. Symmetric mode (``tuning/symmetric.py``):
 host 0's ranks only, for algorithms whose schedules are the same on every host, moved;
 it agrees with the message level where both run (tested) and reaches 100,000 ranks.
 """
