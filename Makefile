@@ -6,7 +6,7 @@ NPROC  ?= $(shell nproc)
 
 .PHONY: install install-test bytecode run test test-fast peers clean
 
-$(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c src/pyxccl/_kernels.c src/pyxccl/sim/_simcore.c
+$(VENV)/.installed: pyproject.toml setup.py src/pyxccl/_native.c src/pyxccl/_kernels.c src/pyxccl/tuning/_simcore.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[bench]'
@@ -46,5 +46,5 @@ test-fast: install-test bytecode
 	$(PY) -m pytest -q -x -m "not slow"
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so src/pyxccl/sim/*.so
+	rm -rf $(VENV) build src/*.egg-info src/pyxccl/*.so src/pyxccl/sim/*.so src/pyxccl/tuning/*.so
 	find src -name __pycache__ -prune -exec rm -rf {} +

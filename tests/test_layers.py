@@ -63,7 +63,7 @@ ALLOWED = {
     "launch_env": BASE,
     "launcher": BASE | {"launch_env", "transport"},
     "info": BASE | {"algorithms", "pyxccl", "tuning"},
-    "sim": BASE | {"_simcore", "algorithms", "bench", "plan", "primitives", "schedule", "transport", "tuning",
+    "sim": BASE | {"algorithms", "bench", "plan", "primitives", "schedule", "transport", "tuning",
                    "walk"},
     "plan": BASE | {"sim", "transport", "tuning"},
     "bench": BASE | {"launcher", "primitives", "pyxccl"},

@@ -1,4 +1,4 @@
-"""The simulator's C core (sim/_simcore.c through sim/fast.py) gives exactly what the Python
+"""The cost model's C core (tuning/_simcore.c through tuning/fast.py) gives exactly what the Python
 reference (tuning.cost.run) gives: every algorithm of the message primitives, several modelled
 clusters (CPU and DMA machines, fat tree and ring of hosts, NICs, a shared bus), sizes, message
 level and symmetric mode; the arrays derived from host 0's (compact.all_ranks) are the arrays of
@@ -11,12 +11,12 @@ import pytest
 from pyxccl.algorithms import registry
 from pyxccl.primitives import PRIMITIVES
 from pyxccl.schedule import Copy, Recv, Schedule, Send
-from pyxccl.sim import Cluster, Link, compact, fast, symmetric
+from pyxccl.sim import Cluster, Link
 from pyxccl.sim import run as sim_run
 from pyxccl.sim.simulate import ClusterNet, candidates
-from pyxccl.tuning import cost
+from pyxccl.tuning import compact, cost, fast, symmetric
 
-pytestmark = pytest.mark.skipif(fast._simcore is None, reason="the C core (pyxccl.sim._simcore) is not built")
+pytestmark = pytest.mark.skipif(fast._simcore is None, reason="the C core (pyxccl.tuning._simcore) is not built")
 
 PRIMS = ["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce", "gather", "scatter"]
 SIZES = [8, 64 << 10, 4 << 20]
@@ -107,7 +107,7 @@ def test_c_core_on_large_messages_of_a_cpu_machine():
 def test_the_c_core_is_used():
     c = CLUSTERS["8x2-dma-nics2"]
     scheds = [_builder("allreduce", "ring", c, 1 << 20)(r) for r in range(c.nranks)]
-    assert fast._fold(ClusterNet(c)) == 0 and compact.message_schedules(scheds)
+    assert fast._core(ClusterNet(c))[1] == 0 and compact.message_schedules(scheds)
 
 
 @pytest.mark.parametrize("cname", ["2x2-dma", "2x2-cpu"])

@@ -1,9 +1,10 @@
 """The cost model's view of a modelled cluster: where its ranks are, which links and resources a
-transfer holds (``tuning/cost.py``'s ``Net``, for a ``Cluster``). Below ``simulate.py`` and ``fast.py``,
-which both read it."""
+transfer holds (``tuning/cost.py``'s ``Net``, for a ``Cluster``), and its shape for the C core
+(``tuning/fast.py``). Below ``simulate.py``."""
 from __future__ import annotations
 
 from ..tuning.cost import DEFAULT_LINKS, Link, Net
+from ..tuning.fast import Shape
 from .cluster import Cluster
 
 
@@ -23,6 +24,15 @@ class ClusterNet(Net):
 
     def local(self, r: int) -> int:
         return self.c.per_host
+
+    def shape(self) -> Shape | None:
+        """What the C core needs (None: a stretch that is not one value for every rank)."""
+        c = self.c
+        if type(self.stretch) is not Same:
+            return None
+        return Shape(c.per_host, c.hosts, c.intra, c.inter, self.gamma, self.copy, self.stretch.v, bool(self.cpu),
+                     bool(self.reduce_overlap), c.nics, c.intra_shared, c.topology == "ring", True, self.mem,
+                     self.cache)
 
     def klass(self, a: int, b: int) -> str:
         p = self.c.per_host

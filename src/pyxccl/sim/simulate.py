@@ -1,6 +1,6 @@
 """Running algorithms on a modelled cluster: the cost model's walk of the real schedules.
 
-Message level: every rank's schedule, every message. Symmetric mode (``symmetric.py``):
+Message level: every rank's schedule, every message. Symmetric mode (``tuning/symmetric.py``):
 host 0's ranks only, for algorithms whose schedules are the same on every host, moved;
 it agrees with the message level where both run (tested) and reaches 100,000 ranks.
 """
@@ -17,8 +17,8 @@ from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
 from ..schedule import Send
 from ..tuning.cost import Link  # noqa: F401  (the docstrings' examples use it)
-from . import fast, symmetric
-from .fast import run as walk_model     # tuning.cost.run, in C where it applies (fast.py)
+from ..tuning import fast, symmetric
+from ..tuning.fast import run as walk_model     # tuning.cost.run, in C where it applies (tuning/fast.py)
 from .cluster import Cluster
 from .net import ClusterNet
 
@@ -119,7 +119,8 @@ def _schedules(build, cluster: Cluster, mode: str, name: str):
                 return reps, ClusterNet(cluster, sym), True
             if mode == "symmetric":
                 raise ValueError(f"{name} cannot run in symmetric mode here: {reps}")
-    return fast.message_level(lambda r: _try(build, r, name), cluster), ClusterNet(cluster), False
+    scheds = fast.message_level(lambda r: _try(build, r, name), cluster.hosts, cluster.per_host)
+    return scheds, ClusterNet(cluster), False
 
 
 def _far(reps, c: Cluster) -> bool:

@@ -37,7 +37,8 @@ The model's answer for a collective is the time of the slowest rank.
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from copy import copy as shallow_copy
 from dataclasses import dataclass, field
 
 from ..schedule import Copy, Get, Post, Recv, Schedule
@@ -100,25 +101,38 @@ class Net:
 
     This one is the tuner's: a communicator's ranks on hosts (``hosts``, or None for one
     host), every transfer between hosts holding its source host's outgoing link and its
-    destination host's incoming one.
+    destination host's incoming one. ``shape``: its ``fast.Shape`` when its hosts are alike (the C
+    core can walk it); ``sym``: folded (``symmetric.py``), host 0's ranks standing for every host's.
 
-    ``timed``: steps are started in the order of time (the simulator's nets). The tuner's is
-    walked rank by rank, as before the simulator: started in time order, its estimates between
-    hosts changed choices for the worse where measured (2 hosts x 2, 1 Gbit/s: alltoall pairwise
-    instead of direct, 7-14% slower at 4-16 MiB; the model prices pairwise's steps too low).
-    On one host the two orders give the same estimates."""
+    Steps are started in the order of time (``timed``), as the simulator's nets are: one model for
+    both, so that the tuner chooses what ``pyxccl sim`` predicts. (Walked rank by rank, as before
+    the simulator, a rank running ahead books a host's link into the future; the one measured case
+    that walk got right, 2 hosts x 2 at 1 Gbit/s where time order picks alltoall pairwise over
+    direct, 7-14% slower at 4-16 MiB, is the model pricing pairwise's steps too low.) On one host
+    the two orders give the same estimates."""
     cpu = True
     reduce_overlap = False
-    timed = False
+    timed = True
 
-    def __init__(self, machine: Machine, klass, stretch: list[float], hosts: list | None = None):
+    def __init__(self, machine: Machine, klass, stretch: list[float], hosts: list | None = None,
+                 shape=None, sym=None):
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
         self.gamma, self.copy, self.mem, self.cache = machine.gamma, machine.copy, machine.mem, machine.cache
         self.cma = machine.cma
         self._links = machine.link
         self.seg = machine.link("seg")
-        per = {h: hosts.count(h) for h in set(hosts)} if hosts is not None else None
+        self._shape, self.sym = shape, sym
+        per = Counter(hosts) if hosts is not None else None
         self._local = [per[h] for h in hosts] if per else None
+
+    def folded(self, sym) -> "Net":
+        """This net folded by ``sym`` (its hosts alike: ``shape`` is not None)."""
+        net = shallow_copy(self)
+        net.sym = sym
+        return net
+
+    def shape(self):
+        return self._shape
 
     def local(self, r: int) -> int:
         """Ranks on ``r``'s host (they share its memory bandwidth)."""
@@ -130,15 +144,17 @@ class Net:
     def route(self, a: int, b: int, kl: str) -> tuple:
         if kl != "tcp" or self.hosts is None:
             return ()
+        if self.sym is not None:        # every host's links are host 0's
+            return ("up", 0), ("down", 0)
         return ("up", self.hosts[a]), ("down", self.hosts[b])
 
     def chan(self, a: int, b: int):
-        """The key of the message channel a -> b (the simulator's symmetric mode folds them)."""
-        return a, b
+        """The key of the message channel a -> b (folded: what the move leaves unchanged)."""
+        return (a, b) if self.sym is None else self.sym.key(a, b)
 
     def wakes(self, r: int) -> int:
         """The rank walked for ``r`` (a message to ``r`` may let it go on)."""
-        return r
+        return r if self.sym is None else self.sym.rep(r)
 
 
 class Timing(Semantics):

@@ -20,7 +20,7 @@ from operator import itemgetter
 import numpy as np
 
 from ..schedule import Copy, Recv, Schedule, Send
-from ..tuning.cost import CALL_BUFFERS      # the call's buffers (in memory when the call is large)
+from .cost import CALL_BUFFERS      # the call's buffers (in memory when the call is large)
 
 COPY, SEND, RECV = 0, 1, 2
 _KIND = {Copy: COPY, Send: SEND, Recv: RECV}

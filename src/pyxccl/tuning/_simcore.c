@@ -1,6 +1,7 @@
-/* The C core of the simulator: walk.py's timed walk (_walk_timed) with tuning/cost.py's Timing
- * semantics for message schedules on a sim.simulate.ClusterNet, over the flat arrays of
- * sim/compact.py. It must give exactly what the Python reference gives (sim/fast.py falls back
+/* The C core of the cost model (the tuner's and the simulator's): walk.py's timed walk (_walk_timed)
+ * with tuning/cost.py's Timing semantics for message schedules on a net of hosts alike (the tuner's
+ * Net of a regular communicator, the simulator's ClusterNet), over the flat arrays of
+ * tuning/compact.py. It must give exactly what the Python reference gives (tuning/fast.py falls back
  * to it whenever this module or the case is missing): same floating-point operations in the same
  * order, same heap order (clock, then index), same wake rule.
  *
@@ -8,8 +9,11 @@
  *   kind int8 (0 copy, 1 send, 2 recv; a step's ops in that order), red int8, peer int64,
  *   count int64 (elements), step_start int64 (steps + 1), rank_start int64 (schedules + 1),
  *   ranks int64 (the rank of each schedule);
- *   params: (n, per_host, hosts, nics, cpu, reduce_overlap, intra_shared, ring, fold, itemsize,
- *            socket_buffer, intra_alpha, intra_beta, inter_alpha, inter_beta, gamma, copy, stretch)
+ *   params: (n, per_host, hosts, nics, cpu, reduce_overlap, intra_shared, ring, fold, shm_inside, itemsize,
+ *            socket_buffer, intra_alpha, intra_beta, inter_alpha, inter_beta, gamma, copy, stretch,
+ *            memshare, membyte)
+ *   shm_inside (CPU machines): the link inside a host is shared memory, copied by the processes (the
+ *   sender's and the receiver's copies); 0: TCP on one host ("tcp_local": bytes * beta at the sender).
  *   fold: 0 none (channel a -> b), 1 Shift, 2 Xor (symmetric.py: channel keys, wakes to the rep,
  *   every resource on host 0).
  */
@@ -21,7 +25,7 @@
 
 typedef struct {
     int64_t n, p, hosts, nics;
-    int cpu, overlap, shared, ring, fold;
+    int cpu, overlap, shared, ring, fold, shm_in;
     int64_t itemsize, sockbuf;
     double ia, ib, ea, eb, gamma, copy, stretch;
     double memshare, membyte;       /* Timing.memshare, Timing.membyte[i] (the same for every rank) */
@@ -223,9 +227,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *o[10];
     Params P;
     int movekind;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiLLddddddddd)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLddddddddd)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
-                          &P.ring, &P.fold, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
+                          &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
                           &P.stretch, &P.memshare, &P.membyte, &movekind))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
@@ -348,7 +352,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                         for (int x = 0; x < nr; x++) freeat[res[x]] = arrive;
                         t = dmax(t, arrive - (double)(nb < P.sockbuf ? nb : P.sockbuf) * beta);
                     } else {
-                        t += inside ? cost(&P, nb, beta, 1) : (double)nb * beta;
+                        t += inside && P.shm_in ? cost(&P, nb, beta, 1) : (double)nb * beta;
                         arrive = t;
                     }
                     T[i] = t;
@@ -381,7 +385,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     out_done[i] = dmax(out_done[i], done);
                     continue;
                 }
-                if (q / P.p == r / P.p)
+                if (P.shm_in && q / P.p == r / P.p)      /* Timing.take: klass "shm" */
                     arrive = dmax(arrive, recv_free[i] + cost(&P, nb, P.ib, 1 + (red[j] != 0)));
                 double done = dmax(recv_free[i], arrive) + extra;
                 recv_free[i] = done;
@@ -435,11 +439,11 @@ fail_buffers:
 }
 
 static PyMethodDef methods[] = {
-    {"walk", walk, METH_VARARGS, "The timed walk of message schedules on a ClusterNet (see sim/fast.py)."},
+    {"walk", walk, METH_VARARGS, "The timed walk of message schedules on a net of hosts alike (see tuning/fast.py)."},
     {NULL, NULL, 0, NULL}
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyxccl.sim._simcore",
-                                    "The C core of the simulator's timed walk.", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyxccl.tuning._simcore",
+                                    "The C core of the cost model's timed walk.", -1, methods};
 
 PyMODINIT_FUNC PyInit__simcore(void) { return PyModule_Create(&module); }
