@@ -14,6 +14,7 @@ deadlines. A lost peer needs no telling: every rank sees its connection end.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import threading
@@ -122,9 +123,10 @@ class Context:
         from ..tuning import Tuner
         if self.mesh.machine is None or self.size < 2:
             return
-        cls = [[self.link_class(a, b) for b in range(self.size)] for a in range(self.size)]
         seg = self.segment
-        self.tuner = Tuner(self.size, self.hosts, lambda a, b: cls[a][b], self.mesh.machine,
+        # The classes of the pairs the tuner asks for, as it asks: a table of every pair would be n^2
+        # calls at init (16.7 million at 4,096 ranks).
+        self.tuner = Tuner(self.size, self.hosts, functools.cache(self.link_class), self.mesh.machine,
                            [self.mesh.cores[w] for w in self.world_ranks],
                            segment=(seg.area, seg.cma) if seg is not None else None)
         self.replan()           # choices made before the tuner are stale
