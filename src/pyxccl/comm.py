@@ -266,7 +266,7 @@ def _ready(comm: Communicator, tune: bool = False) -> Communicator:
     """Give a new communicator its one-host segment, link figures (``tune``) and tuner (collective).
     The set-up's own calls come from whichever thread makes the communicator: not checked."""
     ctx = comm._ctx
-    ctx.thread_check = False
+    ctx.thread_check, ctx.setting_up = False, True
     try:
         attach_segment(ctx, comm.broadcast_object, comm.allgather_object)
         if tune and comm.size > 1:
@@ -275,8 +275,9 @@ def _ready(comm: Communicator, tune: bool = False) -> Communicator:
     except BaseException:
         comm.close()
         raise
+    ctx.thread_check, ctx.setting_up = True, False
+    ctx.replan()            # the set-up's plans are not the user's
     ctx.make_tuner()
-    ctx.thread_check = True
     return comm
 
 

@@ -58,6 +58,7 @@ class Context:
         self.splits = 0           # split() calls made (each child's id depends on it)
         self.prepared = PreparedCalls()   # calls made before, by key (core/prepared.py)
         self.thread_check = True  # fingerprints name the issuing thread
+        self.setting_up = False   # comm._ready runs the set-up's calls (dispatch.SETUP's algorithms)
         self._here = threading.local()   # .me: (this thread, its name, its name in fingerprints, digest)
         self.segment = None       # the one-host fast path's HostSegment (onehost.attach_segment)
         self.tuner = None

@@ -158,6 +158,8 @@ class Planner:
             tuner = self.ctx.tuner
             if name is None and tuner is not None:
                 name = tuner.choose(primitive, bucket(nbytes), dtype.itemsize)
+            elif name is None and self.ctx.setting_up:
+                name = SETUP.get(primitive)
         try:
             algo = registry.lookup(primitive, name)
         except KeyError:
@@ -187,6 +189,12 @@ class Planner:
     def usable(self, primitive: str) -> list[str]:
         return [n for n in registry.algorithms(primitive)
                 if self.ctx.segment is not None or not registry.lookup(primitive, n).segment]
+
+
+# A communicator's set-up (its segment, its link figures) gathers small objects before it has a
+# tuner: it takes the algorithms with the fewest rounds (ceil(log2 n), where ring's default takes
+# n-1), so what every rank learns at init costs O(log n) rounds.
+SETUP = {"allgather": "bruck"}
 
 
 def _parse_algo_env(spec: str) -> dict[str, str]:
