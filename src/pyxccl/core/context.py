@@ -129,7 +129,7 @@ class Context:
         # calls at init (16.7 million at 4,096 ranks).
         self.tuner = Tuner(self.size, self.hosts, functools.cache(self.link_class), self.mesh.machine,
                            [self.mesh.cores[w] for w in self.world_ranks],
-                           segment=(seg.area, seg.cma) if seg is not None else None)
+                           segment=(seg.area, seg.cma) if seg is not None else None, links=self.mesh.how[0])
         self.replan()           # choices made before the tuner are stale
 
     def scratch(self, count: int, dt: np.dtype) -> np.ndarray:

@@ -14,6 +14,7 @@ and the segment's schedules are walked in Python, as before."""
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 
 import numpy as np
@@ -22,8 +23,9 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
-from . import compact, fast, symmetric
+from . import compact, fast, linkcache, symmetric
 from .cost import SOCKET_BUFFER, Estimate, Machine, Net
+from .shared import SharedTable
 
 log = logging.getLogger("pyxccl")
 
@@ -36,15 +38,20 @@ FOLD_ABOVE = 64
 
 class Tuner:
     def __init__(self, nranks: int, hosts: list[int], klass, machine: Machine, cores: list[int],
-                 segment: tuple[int, bool] | None = None):
+                 segment: tuple[int, bool] | None = None, links: str | None = None):
         """``segment``: (bytes of a rank's window, single-copy reads work) of the one-host fast path,
-        or None where there is none."""
+        or None where there is none. ``links``: what, with ``hosts``, decides ``klass`` (the
+        transport asked for); given, the host's processes share their choices (``shared.py``)."""
         self.n, self.hosts, self.klass, self.machine = nranks, hosts, klass, machine
         self.segment = segment
         per_host = Counter(hosts)
         self.stretch = [max(1.0, per_host[hosts[r]] / max(1, cores[r])) for r in range(nranks)]
         self._cache: dict[tuple, str] = {}
         self._net: Net | None = None
+        self._shared = None
+        if links is not None and nranks > 1:
+            inputs = (links, nranks, hosts, self.stretch, machine.to_json(), machine.cma, segment)
+            self._shared = SharedTable.open(os.path.dirname(linkcache.cache_path()), inputs, linkcache.max_age())
 
     def usable(self, algo: registry.Algorithm) -> bool:
         return self.segment is not None or not algo.segment
@@ -178,13 +185,21 @@ class Tuner:
         key = (primitive, bucket, itemsize)
         name = self._cache.get(key)
         if name is None:
-            costs, skipped = self._argmin(primitive, bucket, itemsize)
-            name = min(costs, key=lambda a: (costs[a].time, a))
+            if self._shared is None:
+                name = self._priced(primitive, bucket, itemsize)
+            else:
+                name = self._shared.choice(f"{primitive}/{bucket}/{itemsize}",
+                                           lambda: self._priced(primitive, bucket, itemsize))
             self._cache[key] = name
-            if log.isEnabledFor(logging.INFO):
-                alts = ", ".join(f"{a} {c.time * 1e6:.1f}us" for a, c in sorted(costs.items(), key=lambda x: x[1].time))
-                more = "".join(f", {a} >{b * 1e6:.1f}us" for a, b in sorted(skipped.items(), key=lambda x: x[1]))
-                log.info("%s %d B on %d ranks: %s (model: %s%s)", primitive, bucket, self.n, name, alts, more)
+        return name
+
+    def _priced(self, primitive: str, bucket: int, itemsize: int) -> str:
+        costs, skipped = self._argmin(primitive, bucket, itemsize)
+        name = min(costs, key=lambda a: (costs[a].time, a))
+        if log.isEnabledFor(logging.INFO):
+            alts = ", ".join(f"{a} {c.time * 1e6:.1f}us" for a, c in sorted(costs.items(), key=lambda x: x[1].time))
+            more = "".join(f", {a} >{b * 1e6:.1f}us" for a, b in sorted(skipped.items(), key=lambda x: x[1]))
+            log.info("%s %d B on %d ranks: %s (model: %s%s)", primitive, bucket, self.n, name, alts, more)
         return name
 
     def _argmin(self, primitive: str, nbytes: int, itemsize: int) -> tuple[dict[str, Estimate], dict[str, float]]:
