@@ -94,8 +94,7 @@ class Context:
         if a == b:
             return "self"
         wa, wb, me = self.world_ranks[a], self.world_ranks[b], self.mesh.rank
-        kind = self.mesh.peer(wb).kind if wa == me else (
-            self.mesh.peer(wa).kind if wb == me else self.mesh.kind_between(wa, wb))
+        kind = self.mesh.kind_between(wa, wb)      # the mesh's table: asking must not connect
         if kind == "shm":
             return "shm"
         return "tcp_local" if self.hosts[a] == self.hosts[b] else "tcp"
