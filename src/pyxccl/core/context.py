@@ -234,7 +234,7 @@ class Context:
 
     def failed(self, err: BaseException, remote: bool) -> None:
         """The mesh's news: an error in one of this communicator's calls, found by this rank's
-        receiver threads (then the others are told) or by another rank (``remote``)."""
+        progress thread (then the others are told) or by another rank (``remote``)."""
         if remote and isinstance(err, CommTimeoutError) and err.peer is not None:
             err.peer = self.to_comm(err.peer)       # the mailbox names world ranks
         self.abort(err, tell=not remote)

@@ -6,12 +6,20 @@ A transport connects this process to one peer process. Its whole interface:
   flat uint8 numpy array; ``call``: the two fingerprint words of a collective's
   message), blocking until it no longer needs ``payload``; a message is
   delivered even when the receiver has not posted its receive yet;
-- incoming messages go to ``mailbox.deliver(...)`` from the transport's own
-  thread; a lost connection goes to ``on_lost(peer, exc)``;
-- ``close()``: say goodbye and release everything.
+- incoming messages go to ``mailbox.deliver(...)`` from the mesh's progress
+  thread (``progress.py``: one ``selectors`` loop serves every socket of the
+  process; ``start(progress)`` hands a peer's sockets to it, and the loop has
+  the peer read one frame whenever a socket is readable); a lost connection
+  goes to ``on_lost(peer, exc)`` (a clean end, a GOODBYE: graceful; ETIMEDOUT:
+  the link died; a malformed frame: ProtocolError);
+- ``close()``: say goodbye and release everything (no thread is left: the loop
+  drops the peer's sockets before they are closed).
 
-A new transport is one file implementing :class:`Peer`, plus passing
-``pyxccl.testing.conformance``.
+A peer has no thread of its own. The loop may block reading the rest of a
+frame (senders write frames whole, from their own threads), but never waits
+for anything a thread of this process must do.
+
+A new transport is one file implementing :class:`Peer`.
 """
 from __future__ import annotations
 

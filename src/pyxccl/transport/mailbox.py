@@ -18,7 +18,7 @@ broadcast root, hears of a disagreement that way). Such errors, and the
 A message that arrives before its receive is posted is kept ("unexpected"),
 so that a sender never waits for the receiver to call recv: this is what keeps
 send-send-recv-recv patterns from deadlocking. Transports deliver a message in
-one or more chunks, in order, from their receiver thread. Empty queues are
+one or more chunks, in order, from the mesh's progress thread. Empty queues are
 dropped, so a long run of calls leaves nothing behind.
 """
 from __future__ import annotations
@@ -271,7 +271,7 @@ class Mailbox:
             if req.nbytes == 0:
                 req.complete()
 
-    # --- called by transports' receiver threads ----------------------------------
+    # --- called by the transports (from the progress thread) ----------------------------------
     def target(self, peer: int, key, dtype_code: int, total: int, off: int, n: int, call=None):
         """Where chunk [off, off+n) of a ``total``-byte message from ``peer`` goes (chunks come in
         order; a transport that spreads a message over several connections claims it whole, n=total,

@@ -175,7 +175,7 @@ class _Ended(Exception):
 def _detect_link_loss(sock: socket.socket, seconds: float) -> None:
     """Make the kernel notice a dead link within about ``seconds``: keepalive probes once idle
     for a while (a rank waiting to receive sends nothing), and a cap on how long sent data may
-    stay unacknowledged. The receiver thread then sees ETIMEDOUT and reports the peer lost,
+    stay unacknowledged. The progress thread then sees ETIMEDOUT and reports the peer lost,
     instead of every rank waiting for its deadline. 0 turns it off."""
     if seconds <= 0 or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
