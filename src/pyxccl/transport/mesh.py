@@ -34,10 +34,12 @@ import socket
 import threading
 import time
 
+import numpy as np
+
 from . import auth
 from .._errors import InvalidArgumentError, PeerLostError, RendezvousError
 from .fds import ensure_fds
-from .mailbox import Mailbox, lost_error
+from .mailbox import LOST, Mailbox, lost_error
 from .progress import Progress
 from .topology import host_id, job_cpus, local_address, numa_node
 from .shm import ShmPeer, ring
@@ -45,6 +47,7 @@ from .tcp import TcpPeer
 
 log = logging.getLogger("pyxccl")
 _HANDSHAKE_SECONDS = 10.0     # a connection that has not proved itself by then is dropped
+_NOTHING = np.empty(0, np.uint8)
 
 
 class SelfPeer:
@@ -75,6 +78,7 @@ class Mesh:
         self.mailbox = Mailbox(rank)
         self.mailbox.on_comm_error = self._comm_error
         self.mailbox.on_progress = self._progress
+        self.mailbox.on_lost_news = self._lost_news
         self.peers: dict[int, object] = {rank: SelfPeer(rank, self.mailbox)}     # the connections made so far
         self.hosts: list[str] = []
         self.cores: list[int] = [job_cpus()]
@@ -135,6 +139,38 @@ class Mesh:
         self.mailbox.calls(comm_id, None)
 
     def on_lost(self, peer: int, err: BaseException, graceful: bool = False) -> None:
+        """A connection to ``peer`` ended (``graceful``: it said goodbye). A peer lost otherwise is news
+        for every rank: connections are made on first use, so others may hold none to it and would
+        otherwise learn only at their deadline. This rank tells them (LOST) from a thread of its own."""
+        first = self.mailbox.lost(peer) is None
+        self._mark_lost(peer, err, graceful)
+        if first and not graceful and not self._closed and self.size > 2:
+            threading.Thread(target=self._tell_lost, args=(peer,), daemon=True,
+                             name=f"pyxccl-lost-{self.rank}").start()
+
+    def _tell_lost(self, lost: int) -> None:
+        end = time.monotonic() + 5.0
+        for w in [*range(self.rank + 1, self.size), *range(self.rank)]:
+            if w == lost or self.mailbox.lost(w) is not None or self._closed:
+                continue
+            try:
+                p = self.peers.get(w) or self._connect(w, end)
+                p.send((0, LOST, lost + 1), 0, _NOTHING, end)
+            except Exception:  # noqa: BLE001  (that rank is gone or stuck too: it learns otherwise)
+                pass
+
+    def _lost_news(self, sender: int, lost: int) -> None:
+        """Rank ``sender`` lost its connection to ``lost`` (from the progress thread)."""
+        if 0 <= lost < self.size and lost != self.rank and self.mailbox.lost(lost) is None:
+            self._mark_lost(lost, lost_error(self.rank, lost, f"rank {sender} lost its connection to it",
+                                             self._host(lost)))
+
+    def _host(self, p: int) -> str | None:
+        if not self._infos:
+            return None
+        return "{} ({})".format(self._infos[p]["host"].split("/")[0], self._infos[p]["tcp"][0])
+
+    def _mark_lost(self, peer: int, err: BaseException, graceful: bool = False) -> None:
         if graceful:
             self._graceful.add(peer)
         self.mailbox.peer_lost(peer, err)
@@ -171,8 +207,8 @@ class Mesh:
             return f"its unix socket @{info['unix']} on {info['host'].split('/')[0]}"
         return "{}:{}".format(*info["tcp"])
 
-    def _connect(self, p: int):
-        deadline = time.monotonic() + self.timeout
+    def _connect(self, p: int, deadline: float | None = None):
+        deadline = time.monotonic() + self.timeout if deadline is None else deadline
         with self._cv:
             while True:
                 got = self.peers.get(p)
@@ -186,7 +222,7 @@ class Mesh:
         try:
             made = self._dial(p, deadline)
         except PeerLostError as e:
-            self.on_lost(p, e)          # nothing listens there: receives from it fail now, not at their deadline
+            self._mark_lost(p, e)       # nothing listens there: receives from it fail now, not at their deadline
             raise
         finally:
             with self._cv:
@@ -256,8 +292,7 @@ class Mesh:
             made = ShmPeer(self.rank, p, self.mailbox, self.on_lost, socks[0], rings=rings)
         else:
             made = TcpPeer(self.rank, p, self.mailbox, self.on_lost, socks[0], lanes=socks[1:])
-        info = self._infos[p]
-        made.host = "{} ({})".format(info["host"].split("/")[0], info["tcp"][0])
+        made.host = self._host(p)
         return made
 
     def _register(self, p: int, made, how: str) -> None:
