@@ -296,11 +296,12 @@ class Mesh:
         return made
 
     def _register(self, p: int, made, how: str) -> None:
-        with self._cv:
+        with self._cv:              # one step: never neither in peers nor in _dialing/_joining
             closed = self._closed
+            self._joining.pop(p, None)
             if not closed:
                 self.peers[p] = made
-                self._cv.notify_all()
+            self._cv.notify_all()
         if closed:
             made.close()
             return
@@ -383,8 +384,8 @@ class Mesh:
                 acc.finish(auth.ACCEPT)
             if not complete:
                 return
-            with self._cv:
-                socks = self._joining.pop(p)
+            with self._cv:          # kept in _joining until registered: a thread asking meanwhile waits
+                socks = dict(self._joining[p])
             socks = [socks[c] for c in sorted(socks)]
             for c in socks:
                 c.setblocking(True)
