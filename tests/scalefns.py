@@ -144,3 +144,38 @@ def _ends(peer) -> tuple:
     if s.family == 1:           # AF_UNIX: the acceptor's end has the listener's name, the dialer's none
         return (str(s.getsockname()), str(s.getpeername()))
     return (tuple(s.getsockname()), tuple(s.getpeername()))
+
+
+def ring_then_all(comm, tag: str) -> dict:
+    """A bare mesh: every rank sends to its right neighbour and receives from its left (a ring's
+    pattern), then sends to and receives from every rank. The peers connected and the descriptors
+    added after each step."""
+    from pyxccl.rendezvous import PrefixStore, TCPStore
+    from pyxccl.transport.mailbox import RecvRequest
+    from pyxccl.transport.mesh import build_mesh
+    store = TCPStore("127.0.0.1", int(os.environ["PYXCCL_POOL_STORE_PORT"]), is_server=False)
+    n, r = comm.size, comm.rank
+    mesh = build_mesh(PrefixStore(tag, store), r, n, transport=comm.transport((r + 1) % n), master_addr=None,
+                      timeout=30)
+
+    def exchange(step: int, to: list[int], frm: list[int]) -> None:
+        reqs = [RecvRequest(p, (9, step, 0), np.zeros(2, np.int64)) for p in frm]
+        for req in reqs:
+            mesh.mailbox.post(req)
+        comm.barrier()
+        for p in to:
+            mesh.peer(p).send((9, step, 0), 0, np.array([r, step], np.int64).view(np.uint8), time.monotonic() + 30)
+        for p, req in zip(frm, reqs):
+            assert req.event.wait(30) and req.error is None and list(req.dst) == [p, step], (p, req.error)
+        comm.barrier()
+    try:
+        fds0 = _fds()
+        exchange(1, [(r + 1) % n], [(r - 1) % n])
+        ring, fds1 = sorted(p for p in mesh.peers if p != r), _fds()
+        others = [p for p in range(n) if p != r]
+        exchange(2, others, others)
+        every, fds2 = sorted(p for p in mesh.peers if p != r), _fds()
+    finally:
+        mesh.close()
+        store.close()
+    return dict(ring=ring, every=every, fds=(fds0, fds1, fds2))
