@@ -71,7 +71,7 @@ SLOW_FILES = {"test_faults.py", "test_convergence.py", "test_fuzz.py", "test_sec
               "test_parallel_zero.py", "test_tuner_cache.py", "test_launcher.py", "test_errors.py",
               "test_sim_fidelity.py", "test_bench.py"}
 SLOW_TESTS = ("1_to_64_ranks", "forced_matches_numpy", "-8]", "[8]", "-5]", "[5]", "with_new_data[4]",
-              "docstring_examples_run")        # the sweeps' 5- and 8-rank cases: 2-4 ranks stay
+              "docstring_examples_run", "64_ranks_hold")        # the sweeps' 5- and 8-rank cases: 2-4 ranks stay
 
 
 def pytest_collection_modifyitems(config, items):
