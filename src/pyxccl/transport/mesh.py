@@ -20,8 +20,9 @@ handshake (``pyxccl.transport.auth``): a connection that fails it is logged and
 dropped, and never reaches a transport. Two ranks that dial each other at once
 keep one connection, the one the lower rank dialed: the acceptor answers DEFER
 when its own dial wins (or the pair is connected already), and the deferred
-dialer waits for that connection. Listening sockets bind to this rank's chosen
-address only.
+dialer waits for that connection. A peer lost without a goodbye is news for
+every rank: this rank tells the others (a LOST notice), since they may hold no
+connection to it. Listening sockets bind to this rank's chosen address only.
 """
 from __future__ import annotations
 
