@@ -99,6 +99,7 @@ class Mesh:
         self._joining: dict[int, dict] = {}     # peer -> {channel: socket}: accepted, not all channels in yet
         self._shaking: dict = {}            # socket -> (its Acceptor, kind, deadline): handshakes under way
         self._listeners: list = []
+        self._parked: list | None = []     # proven connections waiting for the addresses (None: known)
         self._infos: list[dict] = []
         self._secret = b""
         self._channels = {"shm": 1, "tcp": 1}
@@ -192,15 +193,31 @@ class Mesh:
             ctx.failed(err, remote)
 
     # --- connections on first use --------------------------------------------------------
-    def open(self, infos: list[dict], secret: bytes, channels: dict, tcp_l, unix_l) -> None:
-        """Start serving: the progress loop, the listeners (``infos``: every rank's address)."""
-        self._infos, self._secret, self._channels = infos, secret, channels
+    def listen(self, secret: bytes, tcp_l, unix_l) -> None:
+        """Start serving the listeners on the progress loop (before the address is published: a
+        stranger is refused at once even while this rank waits for the others' addresses)."""
+        self._secret = secret
         self.progress = Progress(f"pyxccl-progress-{self.rank}")
         self._listeners = [(tcp_l, "tcp"), (unix_l, "shm")]
         for lst, kind in self._listeners:
             lst.setblocking(False)
             self.progress.add(lst, lambda lst=lst, kind=kind: self._incoming(lst, kind))
         self.progress.every(self._expire)
+
+    def learn(self, infos: list[dict], channels: dict) -> None:
+        """Every rank's address is known (``infos``): connections may be made, and those that proved
+        themselves meanwhile are decided (on the loop)."""
+        self._infos, self._channels = infos, channels
+        self.progress.call(self._unpark)
+
+    def _unpark(self) -> None:
+        parked, self._parked = self._parked, None
+        for acc, kind in parked or ():
+            try:
+                self._decide(acc, kind)
+            except (OSError, auth.AuthError) as e:
+                auth.refused(f"rank {self.rank}", acc.sock, e)
+                acc.drop()
 
     def _where(self, p: int) -> str:
         info = self._infos[p]
@@ -337,6 +354,10 @@ class Mesh:
         try:
             if not acc.step():
                 return True
+            if self._parked is not None:        # proven before this rank knows the others: decided then
+                self._parked.append((acc, kind))
+                del self._shaking[conn]
+                return False
             self._decide(acc, kind)
         except (OSError, auth.AuthError) as e:
             self._refuse(conn, e)
@@ -435,6 +456,8 @@ class Mesh:
             p.close()
         for lst, _ in self._listeners:
             lst.close()
+        for acc, _ in self._parked or ():
+            acc.drop()
         for acc, _, _ in list(self._shaking.values()):
             acc.drop()
         self._shaking.clear()
@@ -470,28 +493,32 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
     try:
         unix_l.bind(unix_name)
         unix_l.listen(max(16, min(size, 4096)))
+    except BaseException:
+        tcp_l.close()
+        unix_l.close()
+        raise
+    mesh.listen(secret, tcp_l, unix_l)
+    try:
         store.set(f"addr/{rank}", json.dumps({"host": me, "tcp": [addr, tcp_l.getsockname()[1]],
                                               "unix": unix_name[1:], "pid": os.getpid(),
                                               "cores": job_cpus(), "nsocks": nsocks,
                                               "numa": numa_node()}).encode())
         infos = [json.loads(v) for v in store.multi_get([f"addr/{r}" for r in range(size)], timeout)]
+        mesh.hosts = [i["host"] for i in infos]
+        mesh.cores = [i["cores"] for i in infos]
+        mesh.numa = [i["numa"] for i in infos]
+        mesh.kinds = [["self" if a == b else "shm" if mesh.hosts[a] == mesh.hosts[b] and transport != "tcp"
+                       else "tcp" for b in range(size)] for a in range(size)]
+        for p in range(size):
+            if transport == "shm" and mesh.hosts[p] != me:
+                raise RendezvousError(
+                    f"rank {rank}: PYXCCL_TRANSPORT=shm but rank {p} is on host {mesh.hosts[p]!r} and this "
+                    f"rank on {me!r}; use PYXCCL_TRANSPORT=auto or tcp across hosts", rank=rank, peer=p,
+                    op="init")
     except BaseException:
-        tcp_l.close()
-        unix_l.close()
+        mesh.close()
         raise
-    mesh.hosts = [i["host"] for i in infos]
-    mesh.cores = [i["cores"] for i in infos]
-    mesh.numa = [i["numa"] for i in infos]
-    mesh.kinds = [["self" if a == b else "shm" if mesh.hosts[a] == mesh.hosts[b] and transport != "tcp"
-                   else "tcp" for b in range(size)] for a in range(size)]
-    for p in range(size):
-        if transport == "shm" and mesh.hosts[p] != me:
-            tcp_l.close()
-            unix_l.close()
-            raise RendezvousError(
-                f"rank {rank}: PYXCCL_TRANSPORT=shm but rank {p} is on host {mesh.hosts[p]!r} and this "
-                f"rank on {me!r}; use PYXCCL_TRANSPORT=auto or tcp across hosts", rank=rank, peer=p, op="init")
-    mesh.open(infos, secret, {"shm": 1, "tcp": infos[0].get("nsocks", 1)}, tcp_l, unix_l)
+    mesh.learn(infos, {"shm": 1, "tcp": infos[0].get("nsocks", 1)})
     return mesh
 
 

@@ -62,6 +62,10 @@ class Progress:
         """Run ``fn()`` on the loop about every 50 ms, until it returns False."""
         self._call(lambda: self._ticks.append(fn))
 
+    def call(self, fn) -> None:
+        """Run ``fn()`` on the loop, soon."""
+        self._call(fn)
+
     def in_loop(self) -> bool:
         return threading.current_thread() is self.thread
 
