@@ -72,6 +72,7 @@ SLOW_FILES = {"test_faults.py", "test_convergence.py", "test_fuzz.py", "test_sec
               "test_sim_fidelity.py", "test_bench.py"}
 SLOW_TESTS = ("1_to_64_ranks", "forced_matches_numpy", "-8]", "[8]", "-5]", "[5]", "with_new_data[4]",
               "docstring_examples_run",        # the sweeps' 5- and 8-rank cases: 2-4 ranks stay
+              "64_ranks_hold",                 # test_scale_transport's 64-rank case
               "8x8")                           # test_multihost's 8 emulated hosts x 8 ranks (issue 26)
 
 

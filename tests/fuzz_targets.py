@@ -5,8 +5,9 @@
 - ``frames``: a connected peer's frames, read by a transport's receive loop
   (``StreamPeer._recv_loop``, ``parse``, ``TcpPeer._on_frame`` or
   ``ShmPeer._on_frame``, the mailbox behind them);
-- ``handshake``: the HMAC handshake between ranks (``auth.accept`` as the mesh's
-  listener runs it, ``auth.dial`` as a dialing rank reads the reply);
+- ``handshake``: the HMAC handshake between ranks (``auth.accept``: the acceptor's state machine
+  that the mesh's progress loop runs, here driven blocking; ``auth.dial`` as a dialing rank reads
+  the reply);
 - ``store``: the TCP store, both ends: the server serving a connection
   (``StoreServer.serve``: its event loop serving one connection, with and without a secret) and a client opening one and
   reading a reply (``wire.open_client``, ``wire.read_reply``).
@@ -163,7 +164,7 @@ def handshake(data: bytes) -> None:
 
 
 def _handshake_seeds() -> list[bytes]:
-    hello = struct.pack("<8sIB16s", b"pyxccl02", 1, 0, bytes(16))
+    hello = struct.pack("<8sIB16s", b"pyxccl03", 1, 0, bytes(16))
     return [b"\0" + hello + bytes(32), b"\0" + hello[:10], b"\1" + bytes(48), b"\1"]
 
 

@@ -62,7 +62,7 @@ def _rank_strangers(addr, got: list[bytes]) -> list[str]:
     tried = {
         "wrong secret": lambda s: auth.dial(s, b"not the job's secret", 1),
         "random bytes": lambda s: s.sendall(np.random.default_rng(0).bytes(4096)),
-        "truncated header": lambda s: s.sendall(b"pyxccl02\x01\x00"),
+        "truncated header": lambda s: s.sendall(b"pyxccl03\x01\x00"),
         "1 TB header": lambda s: s.sendall(HEADER.pack(MAGIC, DATA, 0, 0, 0, 0, TB, 0, TB, 0, 0, 0)),
         "a store's proof": lambda s: auth.dial(s, b"not the job's secret", 0, auth.STORE_CHANNEL),
     }

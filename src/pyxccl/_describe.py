@@ -14,14 +14,20 @@ class Description:
         return list(self._ctx.world_ranks)
 
     def transport(self, peer: int) -> str:
-        """How data moves to ``peer``: "shm", "tcp" or "self"."""
-        return self._ctx.peer(peer).kind
+        """How data moves to ``peer``: "shm", "tcp" or "self" (asking does not connect)."""
+        return self._ctx.mesh.kind_to(self._ctx.world_ranks[peer])
 
     def connection(self, peer: int) -> dict:
         """How this rank reaches ``peer``: ``transport`` ("shm", "tcp", "self"), the peer's ``host``
-        ("name (address)"; None for itself) and the ``connections`` of the pair (PYXCCL_NSOCKS)."""
+        ("name (address)"; None for itself) and the ``connections`` of the pair (PYXCCL_NSOCKS).
+        Connects to ``peer`` if nothing has yet (connections are made on first use)."""
         p = self._ctx.peer(peer)
         return dict(transport=p.kind, host=getattr(p, "host", None), connections=getattr(p, "connections", 1))
+
+    def connections(self) -> dict:
+        """How many peers this process holds a connection to, per transport ("tcp", "shm"): connections
+        are made on first use, so this counts the peers this rank has exchanged messages with."""
+        return self._ctx.mesh.connections()
 
     def link_class(self, a: int, b: int) -> str:
         """Link class between ranks ``a`` and ``b``: "self", "shm", "tcp_local" (one host) or "tcp"."""

@@ -22,14 +22,16 @@ def _size(n: int) -> str:
 
 def report() -> None:
     comm = pyxccl.init()
-    rows = comm.allgather_object((os.uname().nodename, os.getpid()))
+    # connections are made on first use: what a rank holds after init (its set-up's calls)
+    rows = comm.allgather_object((os.uname().nodename, os.getpid(), sum(comm.connections().values())))
     if comm.rank == 0:
         topo = comm.topology()
         print(f"pyxccl {pyxccl.__version__}: {comm.size} ranks on {len({t['host'] for t in topo})} host(s)")
-        print(f"{'rank':>4}  {'host':<20}{'pid':>8}{'cores':>6}{'numa':>5}  transport to each rank")
-        for r, (node, pid) in enumerate(rows):
+        print(f"{'rank':>4}  {'host':<20}{'pid':>8}{'cores':>6}{'numa':>5}{'conns':>6}  transport to each rank")
+        for r, (node, pid, conns) in enumerate(rows):
             kinds = " ".join(_ABBREV[comm.link_class(r, p)] for p in range(comm.size))
-            print(f"{r:>4}  {node:<20}{pid:>8}{topo[r]['cores']:>6}{topo[r]['numa']:>5}  {kinds}")
+            print(f"{r:>4}  {node:<20}{pid:>8}{topo[r]['cores']:>6}{topo[r]['numa']:>5}{conns:>6}  {kinds}")
+        print("(conns: peers a rank is connected to; connections are made on first use)")
         m = comm.link_figures()
         if m is not None:
             from .tuning.linkcache import cache_path

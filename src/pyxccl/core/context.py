@@ -96,8 +96,7 @@ class Context:
         if a == b:
             return "self"
         wa, wb, me = self.world_ranks[a], self.world_ranks[b], self.mesh.rank
-        kind = self.mesh.peer(wb).kind if wa == me else (
-            self.mesh.peer(wa).kind if wb == me else self.mesh.kind_between(wa, wb))
+        kind = self.mesh.kind_between(wa, wb)      # the mesh's table: asking must not connect
         if kind == "shm":
             return "shm"
         return "tcp_local" if self.hosts[a] == self.hosts[b] else "tcp"
@@ -238,7 +237,7 @@ class Context:
 
     def failed(self, err: BaseException, remote: bool) -> None:
         """The mesh's news: an error in one of this communicator's calls, found by this rank's
-        receiver threads (then the others are told) or by another rank (``remote``)."""
+        progress thread (then the others are told) or by another rank (``remote``)."""
         if remote and isinstance(err, CommTimeoutError) and err.peer is not None:
             err.peer = self.to_comm(err.peer)       # the mailbox names world ranks
         self.abort(err, tell=not remote)

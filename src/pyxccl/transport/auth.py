@@ -4,11 +4,17 @@ Every connection between ranks starts with a handshake in which each side
 proves it knows the job's secret without sending it (the store's own, with
 the same MACs on channel ``STORE_CHANNEL``, is in ``pyxccl.rendezvous.wire``)::
 
-    dialer   -> acceptor   HELLO: magic "pyxccl02", dialer's rank (u32), channel (u8), nonce_d (16 B)
+    dialer   -> acceptor   HELLO: magic "pyxccl03", dialer's rank (u32), channel (u8), nonce_d (16 B)
     acceptor -> dialer     nonce_a (16 B), HMAC(secret, "A" | nonce_d | nonce_a | rank | channel)
-    dialer   -> acceptor   HMAC(secret, "D" | nonce_a | nonce_d | rank | channel)
+    dialer   -> acceptor   HMAC(secret, "D" | nonce_a | nonce_d | rank | channel)   [shm: + its ring]
+    acceptor -> dialer     status (1 B): ACCEPT [shm: + its ring], or DEFER
 
-(``channel``: which of a peer pair's connections this is, see PYXCCL_NSOCKS.)
+(``channel``: which of a peer pair's connections this is, see PYXCCL_NSOCKS. Over shared memory
+each side's ring, a memfd, rides with its last message as SCM_RIGHTS.) Connections are made on
+first use, so two ranks may dial each other at once: the acceptor answers DEFER when it dials the
+dialer itself and its own connection wins (the one dialed by the lower rank), or when the pair is
+connected already; the dialer then waits for that connection instead. Exactly one connection per
+pair survives (``pyxccl.transport.mesh``).
 
 Each side checks the other's MAC (constant-time compare) before the
 connection carries anything else; fresh nonces on both sides make a recorded
@@ -26,6 +32,7 @@ no secret (whoever can read the store reads it), and warns once
 """
 from __future__ import annotations
 
+import array
 import hashlib
 import hmac
 import logging
@@ -38,7 +45,8 @@ import warnings
 log = logging.getLogger("pyxccl")
 
 _HELLO = struct.Struct("<8sIB16s")
-_MAGIC = b"pyxccl02"
+_MAGIC = b"pyxccl03"
+ACCEPT, DEFER = 1, 2        # the acceptor's last word: this connection is the pair's, or wait for mine
 NONCE, MAC_BYTES = 16, 32
 STORE_CHANNEL = 255      # proofs made for the store: a channel no rank-to-rank connection uses
 
@@ -105,8 +113,11 @@ def _read(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def dial(sock: socket.socket, secret: bytes, rank: int, channel: int = 0) -> None:
-    """Prove ``rank``'s membership to the acceptor at the other end of ``sock``, and check its proof."""
+def dial(sock: socket.socket, secret: bytes, rank: int, channel: int = 0,
+         ring: int | None = None) -> tuple[int, int | None]:
+    """Prove ``rank``'s membership to the acceptor at the other end of ``sock``, and check its proof.
+    ``ring``: this side's shared-memory ring, handed over with the proof. Returns the acceptor's
+    status (ACCEPT or DEFER) and, with ACCEPT over shared memory, its ring."""
     nd = secrets.token_bytes(NONCE)
     sock.sendall(_HELLO.pack(_MAGIC, rank, channel, nd))
     reply = _read(sock, NONCE + MAC_BYTES)
@@ -114,26 +125,113 @@ def dial(sock: socket.socket, secret: bytes, rank: int, channel: int = 0) -> Non
     if not hmac.compare_digest(theirs, mac(secret, b"A", nd, na, rank, channel)):
         raise AuthError("the other end does not know this job's secret (another job on this port, "
                         "or PYXCCL_SECRET differs)")
-    sock.sendall(mac(secret, b"D", na, nd, rank, channel))
+    proof = mac(secret, b"D", na, nd, rank, channel)
+    if ring is None:
+        sock.sendall(proof)
+        status, fds = sock.recv(1), []
+    else:
+        socket.send_fds(sock, [proof], [ring])
+        status, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if len(status) != 1 or status[0] not in (ACCEPT, DEFER) or len(fds) > (status[:1] == bytes([ACCEPT])):
+        for fd in fds:
+            os.close(fd)
+        raise AuthError("the other end hung up instead of accepting the connection (it took another "
+                        "connection from this rank, or is not a rank of this job)" if not status else
+                        f"the other end answered {status!r} instead of accepting or deferring")
+    return status[0], fds[0] if fds else None
 
 
 def accept(sock: socket.socket, secret: bytes) -> tuple[int, int]:
-    """Check the dialer's proof; return the rank and channel it claims. AuthError if it is not one of ours."""
-    magic, rank, channel, nd = _HELLO.unpack(_read(sock, _HELLO.size))
-    if magic != _MAGIC:
-        raise AuthError(f"not a pyxccl handshake (first bytes {magic[:8]!r})")
-    if channel == STORE_CHANNEL:
-        raise AuthError("a store's handshake sent to a rank")   # never an oracle for the store's proofs
-    na = secrets.token_bytes(NONCE)
-    sock.sendall(na + mac(secret, b"A", nd, na, rank, channel))
-    why = f"claimed rank {rank} but {{}} (a different PYXCCL_SECRET, or not a rank of this job)"
-    try:
-        theirs = _read(sock, MAC_BYTES)
-    except AuthError:
-        raise AuthError(why.format("hung up instead of proving it knows the job's secret")) from None
-    if not hmac.compare_digest(theirs, mac(secret, b"D", na, nd, rank, channel)):
-        raise AuthError(why.format("proved a wrong secret"))
-    return rank, channel
+    """Check the dialer's proof and accept it, blocking; return the rank and channel it claims.
+    AuthError if it is not one of ours. (The mesh runs :class:`Acceptor` step by step instead.)"""
+    a = Acceptor(sock, secret)
+    while not a.step():
+        pass
+    a.finish(ACCEPT)
+    return a.rank, a.channel
+
+
+class Acceptor:
+    """The acceptor's side of one handshake, a step per call: the mesh's progress loop calls
+    :meth:`step` when the socket is readable (non-blocking sockets: a step never waits), then,
+    once the dialer has proven itself, decides and calls :meth:`finish`."""
+
+    def __init__(self, sock: socket.socket, secret: bytes, rings: bool = False):
+        self.sock, self.secret, self.rings = sock, secret, rings
+        self.rank = self.channel = None
+        self.ring: int | None = None        # the dialer's ring (shared memory), once proven
+        self._buf = bytearray()
+        self._want = _HELLO.size
+        self._proving = False
+        self._nd = self._na = b""
+
+    def step(self) -> bool:
+        """Read what has come; True once the dialer has proven it knows the secret. AuthError if not."""
+        n = self._want - len(self._buf)
+        try:
+            if self._proving and self.rings:
+                data, anc, _, _ = self.sock.recvmsg(n, socket.CMSG_SPACE(4))
+                for level, kind, fds in anc:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                        got = array.array("i")
+                        got.frombytes(fds[:len(fds) - len(fds) % got.itemsize])
+                        for fd in got:
+                            if self.ring is None:
+                                self.ring = fd
+                            else:
+                                os.close(fd)
+            else:
+                data = self.sock.recv(n)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not data:
+            if self._proving:
+                raise AuthError(self._why("hung up instead of proving it knows the job's secret"))
+            raise AuthError(f"closed after {len(self._buf)} of {self._want} handshake bytes")
+        self._buf += data
+        if len(self._buf) < self._want:
+            return False
+        if not self._proving:
+            magic, rank, channel, nd = _HELLO.unpack(self._buf)
+            if magic != _MAGIC:
+                raise AuthError(f"not a pyxccl handshake (first bytes {magic[:8]!r})")
+            if channel == STORE_CHANNEL:
+                raise AuthError("a store's handshake sent to a rank")   # never an oracle for the store's proofs
+            self.rank, self.channel, self._nd = rank, channel, nd
+            self._na = secrets.token_bytes(NONCE)
+            self._send(self._na + mac(self.secret, b"A", nd, self._na, rank, channel))
+            self._buf, self._want, self._proving = bytearray(), MAC_BYTES, True
+            return False
+        if not hmac.compare_digest(bytes(self._buf), mac(self.secret, b"D", self._na, self._nd, self.rank,
+                                                         self.channel)):
+            raise AuthError(self._why("proved a wrong secret"))
+        return True
+
+    def finish(self, status: int, ring: int | None = None) -> None:
+        """Answer the proven dialer: ACCEPT (with this side's ``ring`` over shared memory) or DEFER."""
+        if ring is None:
+            self._send(bytes([status]))
+        elif self.sock.sendmsg([bytes([status])], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                     array.array("i", [ring]))]) != 1:
+            raise AuthError("could not answer the handshake")
+
+    def drop(self) -> None:
+        """Close what it holds (the dialer's ring) and the socket."""
+        if self.ring is not None:
+            os.close(self.ring)
+            self.ring = None
+        self.sock.close()
+
+    def _send(self, data: bytes) -> None:
+        # A few dozen bytes into an empty socket buffer: all or nothing, or the dialer is no rank.
+        try:
+            if self.sock.send(data) != len(data):
+                raise AuthError("does not read its handshake")
+        except (BlockingIOError, InterruptedError):
+            raise AuthError("does not read its handshake") from None
+
+    def _why(self, what: str) -> str:
+        return f"claimed rank {self.rank} but {what} (a different PYXCCL_SECRET, or not a rank of this job)"
 
 
 def refused(what: str, sock: socket.socket, err: BaseException) -> None:

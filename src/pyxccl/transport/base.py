@@ -6,12 +6,20 @@ A transport connects this process to one peer process. Its whole interface:
   flat uint8 numpy array; ``call``: the two fingerprint words of a collective's
   message), blocking until it no longer needs ``payload``; a message is
   delivered even when the receiver has not posted its receive yet;
-- incoming messages go to ``mailbox.deliver(...)`` from the transport's own
-  thread; a lost connection goes to ``on_lost(peer, exc)``;
-- ``close()``: say goodbye and release everything.
+- incoming messages go to ``mailbox.deliver(...)`` from the mesh's progress
+  thread (``progress.py``: one ``selectors`` loop serves every socket of the
+  process; ``start(progress)`` hands a peer's sockets to it, and the loop has
+  the peer read one frame whenever a socket is readable); a lost connection
+  goes to ``on_lost(peer, exc)`` (a clean end, a GOODBYE: graceful; ETIMEDOUT:
+  the link died; a malformed frame: ProtocolError);
+- ``close()``: say goodbye and release everything (no thread is left: the loop
+  drops the peer's sockets before they are closed).
 
-A new transport is one file implementing :class:`Peer`, plus passing
-``pyxccl.testing.conformance``.
+A peer has no thread of its own. The loop may block reading the rest of a
+frame (senders write frames whole, from their own threads), but never waits
+for anything a thread of this process must do.
+
+A new transport is one file implementing :class:`Peer`.
 """
 from __future__ import annotations
 
@@ -79,7 +87,7 @@ def recv_into_all(sock: socket.socket, view) -> None:
 
 
 class StreamPeer(Peer):
-    """A peer over one connected stream socket, with a receiver thread.
+    """A peer over one connected stream socket, served by a progress loop (``progress.py``).
 
     Subclasses say how a DATA frame's payload travels (inline, or in shared
     memory) by overriding ``send`` and ``_on_frame``.
@@ -90,12 +98,24 @@ class StreamPeer(Peer):
         self.sock = sock
         self._send_lock = threading.Lock()
         self._closing = False
+        self._ended = False
         self._hdr = bytearray(HEADER.size)
-        self._thread = threading.Thread(target=self._recv_loop, daemon=True,
-                                        name=f"pyxccl-recv-{rank}<-{peer}")
+        self._progress = None
+        self._own_progress = False
 
-    def start(self) -> None:
-        self._thread.start()
+    def sockets(self) -> list:
+        """Every socket of this peer (the progress loop serves them all)."""
+        return [self.sock]
+
+    def start(self, progress=None) -> None:
+        """Have ``progress`` (a mesh's loop) read this peer's frames; without one, a loop of its own
+        (a peer made by hand, as tests do)."""
+        if progress is None:
+            from .progress import Progress
+            progress = Progress(f"pyxccl-progress-{self.rank}<-{self.peer}")
+            self._own_progress = True
+        self._progress = progress
+        progress.add(self.sock, self._readable)
 
     # --- sending ---------------------------------------------------------------
     def _send_frames(self, bufs: list, deadline: float, sock=None, lock=None) -> None:
@@ -132,32 +152,60 @@ class StreamPeer(Peer):
         return HEADER.pack(MAGIC, kind, dtype_code, key[0], key[1], key[2], total, off, n, aux, w0, w1)
 
     # --- receiving -------------------------------------------------------------
-    def _recv_loop(self) -> None:
-        np.seterr(all="ignore")         # this thread reduces incoming data: overflow is no warning (ops.reducer)
-        view = memoryview(self._hdr)
+    def _readable(self) -> bool:
+        """The progress loop's handler: read one frame. False once the connection is over."""
         try:
-            while True:
-                if not recv_exact(self.sock, view):
-                    break
-                magic, kind, dcode, comm, tag, seq, total, off, n, aux, w0, w1 = self.parse(self._hdr)
-                if kind == GOODBYE:
-                    self.closed_by_peer = True
-                    break
-                self._on_frame(kind, dcode, (comm, tag, seq), total, off, n, aux, (w0, w1) if w0 else None)
-        except BaseException as e:  # noqa: BLE001  (the thread must report every failure)
-            if not self._closing:
-                if isinstance(e, ProtocolError):
-                    err = e
-                elif getattr(e, "errno", None) == errno.ETIMEDOUT:
-                    err = self._lost("its link stopped answering: host down or network cut")
-                else:
-                    err = self._lost(f"connection error: {e}")
-                    err.__cause__ = e   # what broke, for whoever debugs it
-                self.on_lost(self.peer, err)
+            if self._read_frame():
+                return True
+            self._end(None)
+        except BaseException as e:  # noqa: BLE001  (every failure is reported)
+            self._end(e)
+        return False
+
+    def _recv_loop(self) -> None:
+        """Read frames until the connection ends, on the calling thread (the fuzzer's harness)."""
+        while self._readable():
+            pass
+
+    def _read_frame(self) -> bool:
+        """Read and handle one frame; False on the end of the stream or a GOODBYE."""
+        if not recv_exact(self.sock, memoryview(self._hdr)):
+            return False
+        magic, kind, dcode, comm, tag, seq, total, off, n, aux, w0, w1 = self.parse(self._hdr)
+        if kind == GOODBYE:
+            self.closed_by_peer = True
+            return False
+        self._on_frame(kind, dcode, (comm, tag, seq), total, off, n, aux, (w0, w1) if w0 else None)
+        return True
+
+    def _end(self, e: BaseException | None) -> None:
+        """The connection is over (``e``: why, None for a clean end): stop serving it and, unless this
+        side is closing, tell the mesh."""
+        if self._ended:
             return
-        if not self._closing:
+        self._ended = True
+        self._detach()
+        if self._closing:
+            return
+        if e is None:
             why = "it closed its communicator" if self.closed_by_peer else "its process exited or was killed"
             self.on_lost(self.peer, self._lost(why), graceful=self.closed_by_peer)
+            return
+        if isinstance(e, ProtocolError):
+            err = e
+        elif getattr(e, "errno", None) == errno.ETIMEDOUT:
+            err = self._lost("its link stopped answering: host down or network cut")
+        else:
+            err = self._lost(f"connection error: {e}")
+            err.__cause__ = e   # what broke, for whoever debugs it
+        self.on_lost(self.peer, err)
+
+    def _detach(self) -> None:
+        """No handler of this peer runs once this returns (from the loop: at once; else waited for)."""
+        pr = self._progress
+        if pr is not None:
+            for s in self.sockets():
+                pr.remove(s)
 
     def parse(self, hdr) -> tuple:
         """A frame header's fields, checked: ProtocolError naming the peer if they cannot be right."""
@@ -177,7 +225,8 @@ class StreamPeer(Peer):
         raise ProtocolError(f"rank {self.rank}: unexpected frame kind {kind} from rank {self.peer}",
                             rank=self.rank, peer=self.peer)
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
+        """Say goodbye and shut the sockets down (a handler blocked on them returns at once)."""
         if self._closing:
             return
         self._closing = True
@@ -186,10 +235,18 @@ class StreamPeer(Peer):
                 self.sock.sendall(self.header(GOODBYE))
         except OSError:
             pass
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2)
+        for s in self.sockets():
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.shutdown()
+        if self._progress is not None and not self._ended:
+            self._ended = True
+            self._detach()
+        if self._own_progress:
+            self._progress.close()
+        for s in self.sockets():
+            s.close()

@@ -18,7 +18,7 @@ broadcast root, hears of a disagreement that way). Such errors, and the
 A message that arrives before its receive is posted is kept ("unexpected"),
 so that a sender never waits for the receiver to call recv: this is what keeps
 send-send-recv-recv patterns from deadlocking. Transports deliver a message in
-one or more chunks, in order, from their receiver thread. Empty queues are
+one or more chunks, in order, from the mesh's progress thread. Empty queues are
 dropped, so a long run of calls leaves nothing behind.
 """
 from __future__ import annotations
@@ -38,6 +38,7 @@ ABORT = -2              # the tag of a rank's "I gave up on this communicator" m
 ABORT_MISMATCH, ABORT_CALLED, ABORT_TIMEOUT = 1, 2, 3      # a mismatch, the sender's comm.abort(), a timeout
 PROGRESS = -3           # "how far are you?" of a rank whose collective #seq timed out (no payload)
 PROGRESS_REPLY = -4     # the answer: int64 (last collective issued, last completed); dropped if nobody waits
+LOST = -5               # mesh news, no payload: the sender lost its connection to world rank seq - 1
 _MAX_ABORT = 64 << 10
 _COUNTING = threading.Lock()     # bytes landed and completion, when several threads fill one message
 
@@ -148,6 +149,7 @@ class Mailbox:
         self._describe: dict[int, object] = {}    # comm id -> describe(peer, seq, words) of its ongoing calls
         self.on_comm_error = lambda comm_id, err, remote: None   # set by the mesh
         self.on_progress = lambda comm_id, peer, seq: None      # a PROGRESS query came (set by the mesh)
+        self.on_lost_news = lambda peer, lost: None             # a LOST notice came (set by the mesh)
 
     # --- called by the engine -------------------------------------------------
     def post(self, req: RecvRequest) -> None:
@@ -271,7 +273,7 @@ class Mailbox:
             if req.nbytes == 0:
                 req.complete()
 
-    # --- called by transports' receiver threads ----------------------------------
+    # --- called by the transports (from the progress thread) ----------------------------------
     def target(self, peer: int, key, dtype_code: int, total: int, off: int, n: int, call=None):
         """Where chunk [off, off+n) of a ``total``-byte message from ``peer`` goes (chunks come in
         order; a transport that spreads a message over several connections claims it whole, n=total,
@@ -280,6 +282,9 @@ class Mailbox:
         stray = None
         if key[1] == PROGRESS and off == 0:
             self.on_progress(key[0], peer, key[2])
+            return _Unexpected(total, dtype_code, -1)
+        if key[1] == LOST and off == 0:
+            self.on_lost_news(peer, key[2] - 1)
             return _Unexpected(total, dtype_code, -1)
         with self._lock:
             cur = self._current.get(pk)

@@ -5,9 +5,14 @@ anonymous shared memory file (``memfd_create``) made by the sender and handed
 to the receiver over their Unix socket (SCM_RIGHTS). Nothing ever has a name
 in /dev/shm, so nothing can be left behind, even by a killed process.
 
+The rings are handed over during the connection's handshake (the dialer's
+with its proof, the acceptor's with its answer, see ``pyxccl.transport.auth``);
+a peer made by hand over a socket pair exchanges them first thing.
+
 The sender copies a chunk into a free slot and writes a small header on the
-socket; the receiver's thread copies (or reduces) the slot straight into the
-posted buffer and returns the slot with a CREDIT frame. Large messages use
+socket; the mesh's progress loop (which serves this socket with every other)
+copies (or reduces) the slot straight into the posted buffer and returns the
+slot with a CREDIT frame. Large messages use
 several slots at once, so the sender fills one slot while the receiver drains
 another. Waiting is on the socket and on a condition variable: no spinning.
 """
@@ -29,25 +34,53 @@ SLOT_BYTES = int(os.environ.get("PYXCCL_SHM_SLOT_BYTES", 1 << 20))
 SLOTS = int(os.environ.get("PYXCCL_SHM_SLOTS", 4))
 
 
+def ring(rank: int, peer: int) -> int:
+    """A new ring for sending to ``peer``: the descriptor of its memfd (the caller closes it)."""
+    fd = os.memfd_create(f"pyxccl-{rank}-to-{peer}", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, slot_bytes() * SLOTS)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def slot_bytes() -> int:
+    return SLOT_BYTES - SLOT_BYTES % CHUNK_ALIGN   # every chunk stays itemsize-aligned
+
+
 class ShmPeer(StreamPeer):
-    def __init__(self, rank, peer, mailbox, on_lost, sock: socket.socket):
+    def __init__(self, rank, peer, mailbox, on_lost, sock: socket.socket, rings: tuple[int, int] | None = None):
+        """``rings``: (ours, theirs) descriptors already exchanged (the handshake's); without, they are
+        exchanged over ``sock`` now. Either way the descriptors are closed here."""
         super().__init__(rank, peer, mailbox, on_lost, sock)
-        self.slot_bytes = SLOT_BYTES - SLOT_BYTES % CHUNK_ALIGN   # every chunk stays itemsize-aligned
+        self.slot_bytes = slot_bytes()
         size = self.slot_bytes * SLOTS
-        fd = os.memfd_create(f"pyxccl-{rank}-to-{peer}", os.MFD_CLOEXEC)
+        if rings is None:
+            fd = ring(rank, peer)
+            try:
+                socket.send_fds(sock, [size.to_bytes(8, "little")], [fd])
+            except OSError:
+                os.close(fd)
+                raise
+            msg, fds, _, _ = socket.recv_fds(sock, 8, 1)
+            if len(msg) != 8 or len(fds) != 1:
+                for f in fds:
+                    os.close(f)
+                os.close(fd)
+                raise ConnectionError(f"rank {rank}: shared-memory handshake with rank {peer} failed")
+            rings = (fd, fds[0])
         try:
-            os.ftruncate(fd, size)
-            self._out_map = mmap.mmap(fd, size)
-            socket.send_fds(sock, [size.to_bytes(8, "little")], [fd])
+            self._out_map = mmap.mmap(rings[0], size)
+            theirs = os.fstat(rings[1]).st_size
+            if theirs < size or theirs % self.slot_bytes:
+                raise ConnectionError(f"rank {rank}: rank {peer}'s shared-memory ring is {theirs} bytes where "
+                                      f"{size} were due; every rank must have the same PYXCCL_SHM_SLOT_BYTES "
+                                      f"and PYXCCL_SHM_SLOTS")
+            self._in_map = mmap.mmap(rings[1], size)
         finally:
-            os.close(fd)
-        msg, fds, _, _ = socket.recv_fds(sock, 8, 1)
-        if len(msg) != 8 or len(fds) != 1:
-            raise ConnectionError(f"rank {rank}: shared-memory handshake with rank {peer} failed")
-        try:
-            self._in_map = mmap.mmap(fds[0], int.from_bytes(msg, "little"))
-        finally:
-            os.close(fds[0])
+            os.close(rings[0])
+            os.close(rings[1])
         self._out = np.frombuffer(self._out_map, np.uint8)
         self._in = np.frombuffer(self._in_map, np.uint8)
         self._free = deque(range(SLOTS))
@@ -107,5 +140,5 @@ class ShmPeer(StreamPeer):
         super().close()
         with self._free_cv:
             self._free_cv.notify_all()
-        if not self._thread.is_alive():     # nothing reads the rings any more: unmap them now, not at GC
-            self._in = self._out = self._in_map = self._out_map = None
+        # Nothing reads the rings any more (the loop dropped this peer): unmap them now, not at GC.
+        self._in = self._out = self._in_map = self._out_map = None

@@ -6,18 +6,24 @@ yet), so nothing is ever allocated at the size a header claims.
 A peer pair has ``PYXCCL_NSOCKS`` connections (as NCCL_NSOCKS_PERTHREAD;
 default 1). The first carries every message's header, in order, so messages
 are matched to receives in the order they were sent; a message of at least
-``PYXCCL_STRIPE_BYTES`` (default 1 MiB) is cut into one stripe per connection, the first stripe
-following its header and the others sent at the same time on the other
-connections ("lanes", each with a sender and a receiver thread), tagged with
-the message's number. A lane's receiver waits until the first connection has
-matched that message, then fills its part of it.
+``PYXCCL_STRIPE_BYTES`` (default 1 MiB) is cut into one stripe per connection,
+the first stripe following its header and the others on the other connections
+("lanes"), tagged with the message's number. No thread of its own: the sending
+thread writes the main frame and the stripes itself, round robin without
+blocking (``MSG_DONTWAIT``, and ``select`` for writability when no connection
+takes more), so the lanes stream in parallel; the mesh's progress loop reads
+every connection. A stripe whose message the first connection has not matched
+yet makes the loop read the first connection's frames until it has (they are
+in order, and a message's main frame goes out before or with its stripes).
 """
 from __future__ import annotations
 
+import functools
 import os
-import queue
+import select
 import socket
 import threading
+import time
 
 import numpy as np
 
@@ -38,17 +44,22 @@ class TcpPeer(StreamPeer):
             _detect_link_loss(s, link_timeout)
         self._scratch = np.empty(_PIECE, np.uint8)
         self._stripe_bytes = int(os.environ.get("PYXCCL_STRIPE_BYTES", STRIPE_BYTES))
-        self._lanes = [_Lane(self, s, i + 1) for i, s in enumerate(lanes)]
+        self._lanes = list(lanes)
         self.connections = 1 + len(self._lanes)
-        self._order = threading.Lock()      # stripes of one message go out in the same order on every lane
+        self._order = threading.Lock()      # one striped message at a time: stripes keep one order on every lane
         self._sent = 0                      # numbers the striped messages we send
-        self._striped: dict[int, list] = {}  # message number -> [target, stripes still to fill]
-        self._striped_cv = threading.Condition()
+        # Read by the progress loop only: message number -> [target, stripes still to fill]
+        self._striped: dict[int, list] = {}
+        self._matched = 0                   # the last striped message the first connection matched
+        self._lane_hdr = bytearray(HEADER.size)
 
-    def start(self) -> None:
-        super().start()
-        for lane in self._lanes:
-            lane.start()
+    def sockets(self) -> list:
+        return [self.sock, *self._lanes]
+
+    def start(self, progress=None) -> None:
+        super().start(progress)
+        for i in range(len(self._lanes)):
+            self._progress.add(self._lanes[i], functools.partial(self._lane_readable, i))
 
     # --- sending ---------------------------------------------------------------------
     def send(self, key, dtype_code, payload, deadline, call=None) -> None:
@@ -58,15 +69,39 @@ class TcpPeer(StreamPeer):
             return
         k = len(self._lanes) + 1
         cuts = [min(n, (n * i // k) // CHUNK_ALIGN * CHUNK_ALIGN) for i in range(k)] + [n]
-        with self._order:
+        with self._order, self._send_lock:
             self._sent += 1
             m = self._sent
-            jobs = [lane.post([self.header(STRIPE, key, dtype_code, n, a, b - a, m), payload[a:b]], deadline)
-                    for lane, a, b in zip(self._lanes, cuts[1:], cuts[2:])]
-            self._send_frames([self.header(DATA, key, dtype_code, n, 0, cuts[1], m, call), payload[:cuts[1]]],
-                              deadline)
-        for job in jobs:
-            job.wait()
+            units = [(self.sock, [self.header(DATA, key, dtype_code, n, 0, cuts[1], m, call), payload[:cuts[1]]])]
+            units += [(lane, [self.header(STRIPE, key, dtype_code, n, a, b - a, m), payload[a:b]])
+                      for lane, a, b in zip(self._lanes, cuts[1:], cuts[2:])]
+            self._stream(units, deadline)
+
+    def _stream(self, units: list, deadline: float) -> None:
+        """Write every (socket, buffers) of ``units`` whole, round robin without blocking on any one."""
+        todo = [(s, [memoryview(b).cast("B") for b in bufs if len(b)]) for s, bufs in units]
+        todo = [u for u in todo if u[1]]
+        while todo:
+            moved = False
+            for unit in list(todo):
+                sock, bufs = unit
+                try:
+                    k = sock.sendmsg(bufs, (), socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as e:
+                    raise self._lost(f"send failed: {e}") from None
+                moved = True
+                while bufs and k >= len(bufs[0]):
+                    k -= len(bufs[0])
+                    bufs.pop(0)
+                if bufs and k:
+                    bufs[0] = bufs[0][k:]
+                if not bufs:
+                    todo.remove(unit)
+            if todo and not moved:
+                self._check_deadline(deadline)
+                select.select([], [s for s, _ in todo], [], max(0.0, min(0.25, deadline - time.monotonic())))
 
     # --- receiving -------------------------------------------------------------------
     def _on_frame(self, kind, dcode, key, total, off, n, aux, call) -> None:
@@ -75,107 +110,72 @@ class TcpPeer(StreamPeer):
         if not aux:
             self.mailbox.deliver_from(self.peer, key, dcode, total, off, n, self._read, self._scratch, call)
             return
-        # The first stripe of message `aux`: match the whole message now, then let the lanes in.
+        if not self._lanes or aux != self._matched + 1:
+            raise ProtocolError(f"rank {self.rank}: rank {self.peer} sent striped message #{aux} where "
+                                f"#{self._matched + 1} was due (over {len(self._lanes)} extra connections); "
+                                f"closing the connection", rank=self.rank, peer=self.peer)
+        # The first stripe of message `aux`: match the whole message now; the lanes fill the rest.
         target = self.mailbox.target(self.peer, key, dcode, total, 0, total, call)
-        with self._striped_cv:
-            self._striped[aux] = [target, len(self._lanes)]
-            self._striped_cv.notify_all()
+        self._matched = aux
+        self._striped[aux] = [target, len(self._lanes)]
         self.mailbox.fill(self.peer, key, target, 0, n, self._read, self._scratch)
 
     def _stripe_target(self, m: int):
-        """The message a lane's stripe belongs to, once the first connection has matched it."""
-        with self._striped_cv:
-            while m not in self._striped:
-                if self._closing or self.mailbox.lost(self.peer):
-                    raise ConnectionAbortedError("closing")
-                self._striped_cv.wait(0.5)
-            entry = self._striped[m]
-            entry[1] -= 1
-            if entry[1] == 0:
-                del self._striped[m]
-            return entry[0]
+        """The message a lane's stripe belongs to: the first connection's frames are read until it has
+        matched message ``m`` (the loop never waits for a thread of this process)."""
+        while m not in self._striped:
+            if m <= self._matched:
+                raise ProtocolError(f"rank {self.rank}: rank {self.peer} sent a stripe of message #{m}, "
+                                    f"whose stripes are all in; closing the connection",
+                                    rank=self.rank, peer=self.peer)
+            try:
+                more = self._read_frame()
+            except BaseException as e:  # noqa: BLE001  (the first connection's fate is the peer's)
+                self._end(e)
+                raise _Ended() from None
+            if not more:
+                self._end(None)
+                raise _Ended()
+        entry = self._striped[m]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._striped[m]
+        return entry[0]
+
+    def _lane_readable(self, i: int) -> bool:
+        """The progress loop's handler of lane ``i``: read one stripe."""
+        sock = self._lanes[i]
+        view = memoryview(self._lane_hdr)
+        try:
+            if not recv_exact(sock, view):
+                return False        # a lane closing is not news: the first connection reports the peer's fate
+            _, kind, dcode, comm, tag, seq, total, off, n, m, _, _ = self.parse(view)
+            if kind != STRIPE:
+                self._on_frame(-1, dcode, (comm, tag, seq), total, off, n, m, None)    # ProtocolError
+            target = self._stripe_target(m)
+            self.mailbox.fill(self.peer, (comm, tag, seq), target, off, n,
+                              lambda v: recv_into_all(sock, v), self._scratch)
+            return True
+        except _Ended:
+            return False
+        except ProtocolError as e:
+            self._end(e)
+            return False
+        except BaseException:  # noqa: BLE001  (a lane breaking: the first connection reports the peer's fate)
+            return False
 
     def _read(self, view: np.ndarray) -> None:
         recv_into_all(self.sock, view)
 
-    def close(self) -> None:
-        super().close()
-        for lane in self._lanes:
-            lane.close()
 
-
-class _Lane:
-    """One extra connection of a peer pair, with its own sender and receiver threads."""
-
-    def __init__(self, owner: TcpPeer, sock: socket.socket, index: int):
-        self.owner, self.sock = owner, sock
-        self._lock = threading.Lock()
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._scratch = np.empty(_PIECE, np.uint8)
-        self._hdr = bytearray(HEADER.size)
-        name = f"{owner.rank}-{owner.peer}.{index}"
-        self._threads = [threading.Thread(target=self._send_loop, daemon=True, name=f"pyxccl-lane-send-{name}"),
-                         threading.Thread(target=self._recv_loop, daemon=True, name=f"pyxccl-lane-recv-{name}")]
-
-    def start(self) -> None:
-        for t in self._threads:
-            t.start()
-
-    def post(self, bufs: list, deadline: float) -> "_Job":
-        job = _Job(bufs, deadline)
-        self._jobs.put(job)
-        return job
-
-    def _send_loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            try:
-                self.owner._send_frames(job.bufs, job.deadline, self.sock, self._lock)
-            except BaseException as e:  # noqa: BLE001  (raised in the sender's thread by Job.wait)
-                job.error = e
-            job.done.set()
-
-    def _recv_loop(self) -> None:
-        np.seterr(all="ignore")         # this thread reduces incoming data (see StreamPeer._recv_loop)
-        view, owner = memoryview(self._hdr), self.owner
-        try:
-            while recv_exact(self.sock, view):
-                _, kind, dcode, comm, tag, seq, total, off, n, m, _, _ = owner.parse(view)
-                if kind != STRIPE:
-                    return owner._on_frame(kind, dcode, (comm, tag, seq), total, off, n, m, None)  # ProtocolError
-                target = owner._stripe_target(m)
-                owner.mailbox.fill(owner.peer, (comm, tag, seq), target, off, n,
-                                   lambda v: recv_into_all(self.sock, v), self._scratch)
-        except BaseException as e:  # noqa: BLE001
-            # A lane closing is not news: the first connection reports the peer's fate. A frame
-            # that does not fit the protocol is.
-            if isinstance(e, ProtocolError) and not owner._closing:
-                owner.on_lost(owner.peer, e)
-
-    def close(self) -> None:
-        self._jobs.put(None)
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-
-
-class _Job:
-    __slots__ = ("bufs", "deadline", "done", "error")
-
-    def __init__(self, bufs, deadline):
-        self.bufs, self.deadline, self.done, self.error = bufs, deadline, threading.Event(), None
-
-    def wait(self) -> None:
-        self.done.wait()
-        if self.error is not None:
-            raise self.error
+class _Ended(Exception):
+    """The first connection ended while a lane looked for its message (already reported)."""
 
 
 def _detect_link_loss(sock: socket.socket, seconds: float) -> None:
     """Make the kernel notice a dead link within about ``seconds``: keepalive probes once idle
     for a while (a rank waiting to receive sends nothing), and a cap on how long sent data may
-    stay unacknowledged. The receiver thread then sees ETIMEDOUT and reports the peer lost,
+    stay unacknowledged. The progress thread then sees ETIMEDOUT and reports the peer lost,
     instead of every rank waiting for its deadline. 0 turns it off."""
     if seconds <= 0 or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
