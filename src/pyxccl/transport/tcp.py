@@ -120,6 +120,14 @@ class TcpPeer(StreamPeer):
         self._striped[aux] = [target, len(self._lanes)]
         self.mailbox.fill(self.peer, key, target, 0, n, self._read, self._scratch)
 
+    def _readable(self) -> bool:
+        # A lane's handler may have read the first connection's frames after the loop saw it readable
+        # in the same round (``_stripe_target``): then there is nothing to read, and a blocking read
+        # would wait for a frame that comes only once the lanes are read.
+        if self._lanes and not _pending(self.sock):
+            return True
+        return super()._readable()
+
     def _stripe_target(self, m: int):
         """The message a lane's stripe belongs to: the first connection's frames are read until it has
         matched message ``m`` (the loop never waits for a thread of this process)."""
@@ -166,6 +174,17 @@ class TcpPeer(StreamPeer):
 
     def _read(self, view: np.ndarray) -> None:
         recv_into_all(self.sock, view)
+
+
+def _pending(sock: socket.socket) -> bool:
+    """Bytes (or the stream's end, or an error) wait on ``sock``: a read would not block."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        pass
+    return True
 
 
 class _Ended(Exception):
