@@ -366,3 +366,25 @@ def test_create_store_unreachable_names_the_rank():
     with pytest.raises(RendezvousError, match="rank 3") as e:
         create_store(f"tcp://127.0.0.1:{free}", rank=3, world_size=4, timeout=0.3)
     assert e.value.rank == 3
+
+
+def test_release_closes_idle_connections_and_the_next_call_reopens():
+    """A started job releases its store connections (pyxccl.init): the server then holds none of this
+    client's, and a later call (shrink's, a new init's) connects again."""
+    server = TCPStore("127.0.0.1", 0, is_server=True, timeout=10)
+    client = TCPStore("127.0.0.1", server.port, is_server=False, timeout=10)
+    try:
+        client.set("k", b"v")
+        assert server.get("k") == b"v"
+        deadline = time.monotonic() + 10
+        held = lambda: len(server._server._clients)      # noqa: SLF001  (what the server holds)
+        assert held() == 2
+        client.release()
+        server.release()
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held() == 0
+        assert client.get("k") == b"v" and held() == 1
+    finally:
+        client.close()
+        server.close()

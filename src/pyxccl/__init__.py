@@ -102,6 +102,8 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
         mesh = build_mesh(mine, rank, size, transport=transport, master_addr=master, timeout=timeout)
         mesh.store, mesh.how = mine, (transport, master)
     comm = _world(mesh, timeout, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
+    if store is not None:
+        store.release()         # started: rank 0's store holds no connection per rank while idle
     _open.add(comm)
     return comm
 

@@ -51,6 +51,10 @@ class Store(ABC):
         for k in keys:
             self.get(k, max(0.0, deadline - time.monotonic()))
 
+    def release(self) -> None:
+        """Close the connections this client holds idle; the next call opens one again. A job calls it
+        once it has started, so the store's server holds no connection per rank while nobody asks."""
+
     def close(self) -> None:
         """Release the store's connections (and stop its server, if this object runs one)."""
 

@@ -30,6 +30,9 @@ class PrefixStore(Store):
     def delete_key(self, key: str) -> bool:
         return self.store.delete_key(self.prefix + key)
 
+    def release(self) -> None:
+        self.store.release()
+
     def multi_get(self, keys: list[str], timeout: float | None = None) -> list[bytes]:
         return self.store.multi_get([self.prefix + k for k in keys], timeout)
 

@@ -152,6 +152,12 @@ class TCPStore(Store):
             else:
                 self._idle.append(sock)
 
+    def release(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for s in idle:
+            s.close()
+
     def set(self, key: str, value: bytes) -> None:
         self._call(SET, key, bytes(value))
 
