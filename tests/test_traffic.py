@@ -53,3 +53,29 @@ def test_the_segment_counts_what_a_rank_publishes_for_others_as_sent(pools):
     for algo, sent, received in out:
         assert algo == "segment"
         assert sent == received == 2 << 20, (sent, received)
+
+
+def test_segment_sent_is_counted_when_read_and_nothing_waits_without_bound():
+    """A segment schedule's ``sent`` (its peers' reads of it: n schedules to build) is found when the
+    counters are read, for every call made before and after; past 256 waiting, the oldest is settled."""
+    from pyxccl.core.counters import Traffic
+    from pyxccl.schedule import Get, Schedule
+
+    def sched(rank, n=3, count=5):
+        s = Schedule(rank, n)
+        s.segment = True
+        s.step(*(Get(p, 0, "out", 0, count) for p in range(n) if p != rank))
+        s.peers = lambda q: sched.__wrapped__(q, n, count)
+        return s
+    sched.__wrapped__ = sched
+    t = Traffic()
+    ds = [t.defer("allreduce", sched(0), 4) for _ in range(300)]
+    assert sum(d.per_call is not None for d in ds) == 300 - 256      # the oldest, settled as they left
+    for d in ds:
+        for _ in range(2):          # what Prepared._execute does on a call
+            if d.per_call is not None:
+                d.counter[2] += d.per_call
+            else:
+                d.calls += 1
+    assert t.snapshot()["allreduce"]["sent"] == 300 * 2 * 2 * 5 * 4  # 2 peers read 5 float32 each, per call
+    assert all(d.per_call == 2 * 5 * 4 and d.calls == 0 for d in ds[-256:])

@@ -12,7 +12,8 @@ received, on every executor.
   rank publishes (its window, a ``Post``ed buffer) counted once per read another rank makes of it:
   the sum of the other ranks' ``Get``s of this rank. Reading one's own window moves nothing.
   Only the readers' schedules say who reads what, so a rank builds its peers' schedules of the
-  call once (``Schedule.peers``; the count is kept with the schedule, which the plan keeps).
+  call (``Schedule.peers``): n schedules at n ranks, so not on the call but when the counters are
+  read (``Deferred``; then kept with the schedule, which the plan keeps).
 
 A ring allreduce of G bytes over N ranks sends and receives 2G(N-1)/N per rank; the segment's
 allreduce of G bytes on 2 ranks, G per rank (each reduces half, reading the other's half, then
@@ -44,9 +45,24 @@ def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
                 elif t is Get and o.peer != s.rank:
                     recv += o.count * itemsize
         if s.segment:
-            sent = read_of(s) * itemsize
+            sent = None         # what the peers read of it: counted when asked (Deferred)
         io = kept[codec and codec.spec] = (sent, recv)
     return io
+
+
+class Deferred:
+    """The bytes a segment schedule's rank sends per call (its peers' reads of it), found when the
+    counters are read: ``calls`` made until then, ``per_call`` after."""
+    __slots__ = ("s", "itemsize", "counter", "calls", "per_call")
+
+    def __init__(self, s, itemsize: int, counter: list[int]):
+        self.s, self.itemsize, self.counter, self.calls, self.per_call = s, itemsize, counter, 0, None
+
+    def settle(self) -> None:
+        if self.per_call is None:
+            self.per_call = read_of(self.s) * self.itemsize
+        self.counter[2] += self.per_call * self.calls
+        self.calls = 0
 
 
 def read_of(s) -> int:
@@ -64,6 +80,16 @@ class Traffic:
     def __init__(self):
         self._ops: dict[str, list[int]] = {}
         self._wire: dict[str, dict[str, int]] = {}
+        self._unsettled: list[Deferred] = []
+
+    def defer(self, op: str, s, itemsize: int) -> Deferred:
+        """The ``sent`` of segment schedule ``s``'s calls of ``op``, settled when the counters are read
+        (or when more than 256 wait: the oldest then, so nothing grows without bound)."""
+        d = Deferred(s, itemsize, self.counter(op))
+        self._unsettled.append(d)
+        if len(self._unsettled) > 256:
+            self._unsettled.pop(0).settle()
+        return d
 
     def counter(self, op: str) -> list[int]:
         """The [calls, bytes, sent, received] of ``op``, for a caller that adds to it on every call."""
@@ -87,5 +113,7 @@ class Traffic:
         w[link] = w.get(link, 0) + nbytes
 
     def snapshot(self) -> dict[str, dict]:
+        while self._unsettled:
+            self._unsettled.pop().settle()
         return {op: dict(calls=c[0], bytes=c[1], sent=c[2], received=c[3], wire=dict(self._wire.get(op, {})))
                 for op, c in sorted(self._ops.items())}

@@ -94,7 +94,7 @@ def _array(obj, writable: bool):
 class Prepared:
     """One collective call, decided: run it with :meth:`start` (after :meth:`bind` for a repeat)."""
     __slots__ = ("ctx", "plan", "name", "s", "words", "record", "timeout", "what", "io", "prog", "settings",
-                 "avg", "writes", "alloc", "prim", "at", "tmp", "counts")
+                 "avg", "writes", "alloc", "prim", "at", "tmp", "counts", "later")
 
     def __init__(self, ctx, plan, name: str, s, size, thread: str, words, timeout, what: tuple, *, args: dict,
                  writes: bool, allocates: int | None):
@@ -104,6 +104,7 @@ class Prepared:
         self.what = what                                        # for the flight recorder
         self.io = (what[3], *schedule_io(s, itemsize, plan.codec, plan.compressed))    # for comm.traffic()
         self.counts = ctx.traffic.counter(name)
+        self.later = ctx.traffic.defer(name, s, itemsize) if self.io[1] is None else None   # segment: sent
         self.prog = onehost.program(s, itemsize) if plan.codes is not None else None   # else plan.run
         self.settings = self.prog and (*ctx.segment.waits, *plan.codes)
         self.avg, self.writes, self.alloc = plan.avg, writes, allocates     # alloc: elements of a new output
@@ -179,8 +180,14 @@ class Prepared:
             c, (nbytes, sent, received) = self.counts, self.io
             c[0] += 1
             c[1] += nbytes
-            c[2] += sent
             c[3] += received
+            later = self.later
+            if later is None:
+                c[2] += sent
+            elif later.per_call is not None:
+                c[2] += later.per_call
+            else:
+                later.calls += 1
             tmp = ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None
             if self.prog is not None:
                 seg, mine, where = ctx.segment, (cseq, *self.words), (inp, out, tmp)
