@@ -25,6 +25,7 @@ import warnings
 
 import numpy as np
 import pytest
+from sockfns import dropped, eventually
 
 import pyxccl
 from pyxccl.transport import auth
@@ -231,28 +232,6 @@ def _opened(port: int) -> socket.socket:
     return s
 
 
-def _dropped(s: socket.socket, within: float = 10.0) -> bool:
-    """Whether the server closes ``s`` within ``within`` s (what it sends before is read and ignored)."""
-    s.settimeout(within)
-    try:
-        while s.recv(1 << 16):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
-def _eventually(check, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, caplog):
     """Cap 4: the server's own client and 3 more fill it; the next is refused naming the limit; 200 silent
     connections are refused too and add no thread (one event loop serves the store); a freed slot is
@@ -274,7 +253,7 @@ def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, ca
         sampler = threading.Thread(target=count)
         sampler.start()
         silent = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(200)]
-        assert all(_dropped(s) for s in silent), "a connection over the cap was kept"
+        assert all(dropped(s) for s in silent), "a connection over the cap was kept"
         flooding.clear()
         sampler.join(10)
         assert most[0] == 1, f"{most[0]} threads serve the store; one event loop should"
@@ -282,7 +261,7 @@ def test_connections_over_the_cap_are_refused_with_a_clear_error(monkeypatch, ca
             s.close()
         assert sum("limit of 4 connections" in r.getMessage() for r in caplog.records) == 201
         clients.pop().close()
-        assert _eventually(lambda: len(server._server._clients) < 4)
+        assert eventually(lambda: len(server._server._clients) < 4)
         with TCPStore("127.0.0.1", server.port, is_server=False, timeout=5) as again:
             again.set("k", b"v")
             assert server.get("k") == b"v"
@@ -316,7 +295,7 @@ def test_keys_and_values_over_the_limits_are_refused(monkeypatch, caplog):
                       struct.pack("<BI", 2, 1) + b"k" + struct.pack("<Q", 9) + b"x" * 9):   # get: 9-byte timeout
             with _opened(server.port) as raw:
                 raw.sendall(claim)
-                assert _dropped(raw)
+                assert dropped(raw)
         assert server.get("fits") == b"x" * 1000 and server._server.used == len("fits") + 1000
     finally:
         server.close()
@@ -376,7 +355,7 @@ def test_silent_connections_are_dropped(monkeypatch, caplog):
         mid_request = _opened(server.port)
         mid_request.sendall(struct.pack("<BI", 1, 3) + b"key" + struct.pack("<Q", 100) + b"only part")
         for s in (mute, half_hello, mid_request):
-            assert _dropped(s), "a silent connection was kept"
+            assert dropped(s), "a silent connection was kept"
             s.close()
         time.sleep(1.0)                                   # the server's own client idled past both deadlines
         server.set("k", b"v")

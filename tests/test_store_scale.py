@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from sockfns import dropped, eventually
 
 import pyxccl
 from pyxccl.rendezvous import Limits, PrefixStore, wire
@@ -41,27 +42,6 @@ def _get(key: str, timeout: float) -> bytes:
 
 def _reply(sock: socket.socket) -> tuple[int, bytes]:
     return wire.read_reply(sock, 1 << 20)
-
-
-def _dropped(sock: socket.socket) -> bool:
-    """Whether the server closes ``sock`` (within the socket's timeout); what it sends first is ignored."""
-    try:
-        while sock.recv(1 << 16):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
-def _eventually(check, seconds: float = 60.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _server(monkeypatch, secret: str | None = "scale", **limits) -> TCPStore:
@@ -172,14 +152,14 @@ def test_4096_clients_at_once_with_strangers_among_them(monkeypatch, caplog):
             rude = ex.submit(strangers)
             phase.wait()                                  # sets and gets done, all N wait for "go"
             rude.result(timeout=300)
-        assert _eventually(lambda: len(server._waiting.get("go", ())) == N, 120), "not all N wait for 'go'"
+        assert eventually(lambda: len(server._waiting.get("go", ())) == N, 120), "not all N wait for 'go'"
         store.set("go", b"go!")
         phase.wait()
         for t in threads:
             t.join(120)
         assert not errors, errors[:3]
-        dropped = [name for name, s in bad if _dropped(s)]
-        assert dropped == [name for name, _ in bad], "a bad client was kept"
+        gone = [name for name, s in bad if dropped(s, None)]
+        assert gone == [name for name, _ in bad], "a bad client was kept"
         assert store.get("k/4095") == b"v4095" and store.multi_get(["k/0", "k/1"]) == [b"v0", b"v1"]
         held = sum(len(k.encode()) + len(v) for k, v in server.data.items())
         assert server.used == held, (server.used, held)
@@ -227,10 +207,10 @@ def test_multi_get_is_answered_when_its_last_key_appears(monkeypatch):
             got = ex.submit(other.multi_get, keys, 30)
             for r in range(63):
                 store.set(f"addr/{r}", b"rank %d" % r)
-            assert _eventually(lambda: "addr/63" in store._server._waiting, 30)
+            assert eventually(lambda: "addr/63" in store._server._waiting, 30)
             store.delete_key("addr/0")                    # counted as there: the request must notice
             store.set("addr/63", b"rank 63")
-            assert _eventually(lambda: "addr/0" in store._server._waiting, 30) and not got.done()
+            assert eventually(lambda: "addr/0" in store._server._waiting, 30) and not got.done()
             store.set("addr/0", b"again")
             assert got.result(timeout=30) == [b"again"] + [b"rank %d" % r for r in range(1, 64)] + [b"rank 5"]
         assert store._server.used == sum(len(k) + len(v) for k, v in store._server.data.items())
@@ -283,7 +263,7 @@ def test_multi_get_over_the_limits_is_refused(monkeypatch, caplog):
         store.delete_key("c")
         with ThreadPoolExecutor(1) as ex:
             got = ex.submit(store.multi_get, keys, 30)
-            assert _eventually(lambda: store._server.used == 1202 + request, 30)   # held while it waits
+            assert eventually(lambda: store._server.used == 1202 + request, 30)   # held while it waits
             for k in keys:
                 store.set(k, b"")
             assert got.result(timeout=30) == [b""] * 80
@@ -298,7 +278,7 @@ def test_multi_get_over_the_limits_is_refused(monkeypatch, caplog):
                     raw.sendall(wire.REQ.pack(wire.MULTI_GET, 0) + wire.LEN.pack(1001))
                 else:
                     raw.sendall(_request(wire.MULTI_GET, b"", value))
-                assert _dropped(raw), name
+                assert dropped(raw, None), name
         assert store._server.used == 1202 + sum(len(k) for k in keys)
     finally:
         store.close()
