@@ -15,7 +15,6 @@ import resource
 import socket
 import struct
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
