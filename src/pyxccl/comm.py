@@ -276,8 +276,7 @@ def _ready(comm: Communicator, tune: bool = False) -> Communicator:
         comm.close()
         raise
     ctx.thread_check, ctx.setting_up = True, False
-    ctx.replan()            # the set-up's plans are not the user's
-    ctx.make_tuner()
+    ctx.make_tuner()        # and drops the set-up's plans: they are not the user's
     return comm
 
 

@@ -120,16 +120,18 @@ class Context:
         self.prepared.clear()
 
     def make_tuner(self) -> None:
+        """The tuner, where there are link figures and peers; either way the set-up's plans, and
+        choices made before the tuner, are dropped."""
         from ..tuning import Tuner
-        if self.mesh.machine is None or self.size < 2:
-            return
-        seg = self.segment
-        # The classes of the pairs the tuner asks for, as it asks: a table of every pair would be n^2
-        # calls at init (16.7 million at 4,096 ranks).
-        self.tuner = Tuner(self.size, self.hosts, functools.cache(self.link_class), self.mesh.machine,
-                           [self.mesh.cores[w] for w in self.world_ranks],
-                           segment=(seg.area, seg.cma) if seg is not None else None, links=self.mesh.how[0])
-        self.replan()           # choices made before the tuner are stale
+        if self.mesh.machine is not None and self.size >= 2:
+            seg = self.segment
+            # The classes of the pairs the tuner asks for, as it asks: a table of every pair would be
+            # n^2 calls at init (16.7 million at 4,096 ranks).
+            self.tuner = Tuner(self.size, self.hosts, functools.cache(self.link_class), self.mesh.machine,
+                               [self.mesh.cores[w] for w in self.world_ranks],
+                               segment=(seg.area, seg.cma) if seg is not None else None,
+                               links=self.mesh.transport)
+        self.replan()
 
     def scratch(self, count: int, dt: np.dtype) -> np.ndarray:
         nbytes = count * dt.itemsize
