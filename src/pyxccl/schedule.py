@@ -33,6 +33,7 @@ once, in ``walk.py``, for the engine, the checker and the cost model alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Callable, NamedTuple
 
 
@@ -108,15 +109,12 @@ class Schedule:
 def split_counts(count: int, parts: int) -> list[int]:
     """``count`` elements cut into ``parts`` near-equal chunks (the first ones larger)."""
     q, r = divmod(count, parts)
-    return [q + (i < r) for i in range(parts)]
+    return [q + 1] * r + [q] * (parts - r)
 
 
 def offsets(counts: list[int]) -> list[int]:
     """Start offset of each chunk: [0, c0, c0+c1, ...] (one more entry than counts)."""
-    out = [0]
-    for c in counts:
-        out.append(out[-1] + c)
-    return out
+    return [0, *accumulate(counts)]
 
 
 def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple[str, int]],

@@ -95,23 +95,53 @@ def groups_of(hosts: list[int]) -> list[list[int]]:
     return list(order.values())
 
 
-class _Layout:
-    """Where ``rank`` sits: ``groups`` (the ranks of each host), ``host`` (its host's index there),
-    ``local`` and ``me`` (its host's ranks, its index among them), H and L (hosts, ranks on its
-    host); on even hosts ``cols[j]``: local rank j of every host, in host order."""
+class _Hosts:
+    """What every rank's layout shares: the ranks of each host, and where each rank sits there."""
 
-    def __init__(self, rank: int, nranks: int, hosts):
+    def __init__(self, nranks: int, hosts):
+        self.source = hosts
         self.groups = groups_of(hosts if hosts is not None else [0] * nranks)
-        self.host = next(h for h, g in enumerate(self.groups) if rank in g)
-        self.local = self.groups[self.host]
-        self.me = self.local.index(rank)
-        self.H, self.L = len(self.groups), len(self.local)
-        self.even = all(len(g) == self.L for g in self.groups)
-        self.cols = [[g[j] for g in self.groups] for j in range(self.L)] if self.even else None
-        self.flat = self.H == 1 or self.H == nranks     # one host, or one rank per host
+        self.where = {r: (h, i) for h, g in enumerate(self.groups) for i, r in enumerate(g)}
+        self.H = len(self.groups)
+        L = len(self.groups[0])
+        self.even = all(len(g) == L for g in self.groups)
+        self.cols = [[g[j] for g in self.groups] for j in range(L)] if self.even else None
         self.host_order = [r for g in self.groups for r in g]
         self.grid = [r for col in self.cols for r in col] if self.even else None   # column by column
         self.leaders = [g[0] for g in self.groups]
+
+
+#: the last few communicators' shared layouts, by the identity of their hosts list (building every
+#: rank's schedule of one call, as the tuner and the simulator do, computes it once, not per rank:
+#: that was O(ranks) per rank). A hosts list is not changed once handed to a builder.
+_SHARED: dict = {}
+
+
+def _hosts(nranks: int, hosts) -> _Hosts:
+    key = (id(hosts), nranks)
+    got = _SHARED.get(key)
+    if got is None or got.source is not hosts:
+        got = _Hosts(nranks, hosts)
+        if len(_SHARED) >= 8:
+            _SHARED.pop(next(iter(_SHARED)))
+        _SHARED[key] = got
+    return got
+
+
+class _Layout:
+    """Where ``rank`` sits: ``groups`` (the ranks of each host), ``host`` (its host's index there),
+    ``local`` and ``me`` (its host's ranks, its index among them), H and L (hosts, ranks on its
+    host); on even hosts ``cols[j]``: local rank j of every host, in host order. The lists are
+    shared by every rank's layout (read only)."""
+
+    def __init__(self, rank: int, nranks: int, hosts):
+        sh = _hosts(nranks, hosts)
+        self.groups, self.H, self.even, self.cols = sh.groups, sh.H, sh.even, sh.cols
+        self.host, self.me = sh.where[rank]
+        self.local = self.groups[self.host]
+        self.L = len(self.local)
+        self.flat = self.H == 1 or self.H == nranks     # one host, or one rank per host
+        self.host_order, self.grid, self.leaders = sh.host_order, sh.grid, sh.leaders
 
     @staticmethod
     def sizes(counts: list[int], parts: list[list[int]]) -> list[int]:
@@ -145,14 +175,12 @@ def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[s
 @register("allreduce", "hierarchical", settles=True)
 def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
-    hosts = hosts if hosts is not None else [0] * nranks
-    local = next(g for g in groups_of(hosts) if rank in g)
-    peers_by_host = groups_of(hosts)
+    t = _Layout(rank, nranks, hosts)
+    local, L, me = t.local, t.L, t.me
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", 0, count))
-    L, me = len(local), local.index(rank)
-    if all(len(g) == L for g in peers_by_host):
-        cross = [g[me] for g in peers_by_host]          # local rank `me` of every host
+    if t.even:
+        cross = t.cols[me]                              # local rank `me` of every host
         chunks = max(1, min(PIPELINE_CHUNKS, count // PIPELINE_MIN)) if len(cross) > 1 and L > 1 else 1
         parts, base = split_counts(count, chunks), 0
         made: dict = {}       # chunks of one size embed the same phases (embed only reads them)
@@ -160,7 +188,7 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
             shards = split_counts(n, L)
             if n not in made:
                 made[n] = (lookup("reduce_scatter", inner).build(me, L, counts=shards),
-                           lookup("allreduce", outer).build(cross.index(rank), len(cross), count=shards[me]),
+                           lookup("allreduce", outer).build(t.host, len(cross), count=shards[me]),
                            lookup("allgather", inner).build(me, L, counts=shards))
             rs, ar, ag = made[n]
             # this chunk's tmp = [this rank's shard | scratch of whichever phase needs the most]
@@ -173,12 +201,12 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
             base += shards[0] + max(rs.scratch, ar.scratch, ag.scratch)
         s.scratch = base
         return s
-    leaders = [g[0] for g in peers_by_host]
+    leaders = t.leaders
     red = lookup("reduce", "binomial").build(me, L, count=count, root=0)
     s.scratch = red.scratch
     embed(s, red, local, {"in": ("out", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
-    if rank in leaders:
-        ar = lookup("allreduce", outer).build(leaders.index(rank), len(leaders), count=count)
+    if t.me == 0:                                   # a leader
+        ar = lookup("allreduce", outer).build(t.host, len(leaders), count=count)
         s.scratch = max(s.scratch, ar.scratch)
         embed(s, ar, leaders, {"in": ("out", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
     bc = lookup("broadcast", "binomial").build(me, L, count=count, root=0)

@@ -27,7 +27,7 @@ def broadcast_chain(rank: int, nranks: int, count: int, root: int) -> Schedule:
     off = offsets(split_counts(count, k))
     i = (rank - root) % nranks                          # position in the chain
     nxt, prv = (rank + 1) % nranks, (rank - 1) % nranks
-    for t in range(nranks + k - 2):
+    for t in range(max(0, i - 1), min(nranks + k - 2, i + k)):     # the steps this rank has a part in
         ops = []
         j = t - (i - 1)                                 # segment arriving from the previous rank
         if i >= 1 and 0 <= j < k:

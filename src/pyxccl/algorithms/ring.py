@@ -7,8 +7,20 @@ its left, so every link carries (n-1)/n of the data per phase, whatever n is
 """
 from __future__ import annotations
 
+from itertools import compress
+
 from ..schedule import Copy, Recv, Schedule, Send, offsets, split_counts
 from .registry import register
+
+
+def _steps(counts, n: int, a: int):
+    """The steps k < n - 1 in which chunk (a - k) % n or (a - k - 1) % n is not empty: the others
+    move nothing (a few elements on many ranks), and looping over them made every rank's schedule
+    cost O(n) however little it holds."""
+    if all(counts):
+        return range(n - 1)
+    full = list(compress(range(n), counts))
+    return sorted({k for c in full for k in ((a - c) % n, (a - c - 1) % n) if k < n - 1})
 
 
 def _reduce_scatter_phase(s: Schedule, counts, buf: str, last: int):
@@ -16,7 +28,7 @@ def _reduce_scatter_phase(s: Schedule, counts, buf: str, last: int):
     r, n = s.rank, s.nranks
     off = offsets(counts)
     right, left = (r + 1) % n, (r - 1) % n
-    for k in range(n - 1):
+    for k in _steps(counts, n, last - 1):
         send_c = (last - k - 1) % n
         recv_c = (last - k - 2) % n
         s.step(Send(right, buf, off[send_c], counts[send_c]),
@@ -28,7 +40,7 @@ def allgather_phase(s: Schedule, counts, buf: str, have: int):
     r, n = s.rank, s.nranks
     off = offsets(counts)
     right, left = (r + 1) % n, (r - 1) % n
-    for k in range(n - 1):
+    for k in _steps(counts, n, have):
         send_c = (have - k) % n
         recv_c = (have - k - 1) % n
         s.step(Send(right, buf, off[send_c], counts[send_c]),

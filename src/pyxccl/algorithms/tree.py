@@ -51,6 +51,25 @@ def _subtree(vr: int, n: int) -> int:
     return min(vr + low, n)
 
 
+#: the last few calls' blocks in virtual-rank order, by the identity of their counts list: building every
+#: rank's schedule of one call (the tuner, the simulator) lays them out once, not once per rank (that was
+#: O(ranks) per rank). A counts list is not changed once handed to a builder.
+_VIRTUAL: dict = {}
+
+
+def _virtual(counts: list[int], n: int, root: int) -> tuple[list[int], list[int]]:
+    """(block sizes in virtual-rank order, their offsets): virtual rank v is rank (v + root) % n."""
+    key = (id(counts), n, root)
+    got = _VIRTUAL.get(key)
+    if got is None or got[0] is not counts:
+        vcounts = counts[root:] + counts[:root]
+        got = (counts, vcounts, offsets(vcounts))
+        if len(_VIRTUAL) >= 8:
+            _VIRTUAL.pop(next(iter(_VIRTUAL)))
+        _VIRTUAL[key] = got
+    return got[1], got[2]
+
+
 class _Tree:
     """The binomial tree of gather and scatter, rooted at ``root``, for rank ``rank``: its virtual
     rank, parent, children (nearest first) and the blocks of its subtree, laid out in "tmp" in
@@ -59,8 +78,7 @@ class _Tree:
     def __init__(self, rank: int, n: int, counts: list[int], root: int):
         self.vr = vr = (rank - root) % n
         self.real = lambda v: (v + root) % n          # noqa: E731
-        self.vcounts = [counts[self.real(v)] for v in range(n)]
-        self.voff = offsets(self.vcounts)
+        self.vcounts, self.voff = _virtual(counts, n, root)
         self.end = _subtree(vr, n)
         self.base = self.voff[vr]
         self.size = self.voff[self.end] - self.base

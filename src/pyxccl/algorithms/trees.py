@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from ..schedule import Copy, Recv, Schedule, Send, embed, split_counts
+from ..schedule import Copy, Recv, Schedule, Send, embed, offsets, split_counts
 from .registry import lookup, register
 
 
@@ -43,7 +43,7 @@ def allreduce_direct(rank: int, nranks: int, count: int) -> Schedule:
     """All pairs: rank j receives chunk j from everyone and reduces it (in rank order), then sends
     the reduced chunk to everyone: 2 steps, 2(n-1)/n of the data per rank, n-1 messages a step."""
     counts = split_counts(count, nranks)
-    off = [sum(counts[:i]) for i in range(nranks + 1)]
+    off = offsets(counts)
     mine = counts[rank]
     s = Schedule(rank, nranks, scratch=mine * nranks)
     s.step(Copy("in", 0, "out", 0, count))

@@ -23,8 +23,8 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
-from . import compact, fast, linkcache, symmetric
-from .cost import SOCKET_BUFFER, Estimate, Machine, Net
+from . import bound, compact, fast, linkcache, symmetric
+from .cost import Estimate, Machine, Net
 from .shared import SharedTable
 
 log = logging.getLogger("pyxccl")
@@ -97,9 +97,10 @@ class Tuner:
                 return False
         return True
 
-    def _walked(self, algo: registry.Algorithm, get) -> tuple[list, Net]:
+    def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
         """(the schedules to walk, the net to walk them on): host 0's, folded, where the communicator
-        and the algorithm allow; else every rank's (in the C core where the hosts are alike).
+        and the algorithm allow; else every rank's (in the C core where the hosts are alike), or, when
+        not ``every`` and the communicator is above ``FOLD_ABOVE`` ranks, None.
         ``get(rank)``: the rank's schedule (built once)."""
         net = self.net()
         shape = net.shape()
@@ -107,6 +108,8 @@ class Tuner:
             sym, reps = symmetric.find(get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
+        if not every and self.n > FOLD_ABOVE:
+            return None
         scheds = [get(r) for r in range(self.n)]
         if shape is not None and compact.message_schedules(scheds) and not self._classes(scheds, shape):
             net = Net(self.machine, self.klass, self.stretch, self.hosts)       # Python: klass pair by pair
@@ -133,9 +136,9 @@ class Tuner:
         got = self._builder(primitive, name, nbytes, itemsize)
         return None if got is None else self._estimate(*got, itemsize)
 
-    def _estimate(self, algo, get, itemsize: int) -> Estimate | None:
+    def _estimate(self, algo, get, itemsize: int, walked=None) -> Estimate | None:
         try:
-            scheds, net = self._walked(algo, get)
+            scheds, net = walked or self._walked(algo, get)
         except ValueError:
             return None
         # No working set: the tuner leaves out the memory term (cost.py). With it, the message path
@@ -145,32 +148,15 @@ class Tuner:
         return fast.run(scheds, itemsize, net)[0]
 
     def bound(self, sched, itemsize: int) -> float:
-        """A time the model's estimate of the algorithm cannot be below: what rank ``sched.rank`` spends
-        on its own processor (``cost.Timing``: its copies; in each step the larger of its sends, one
-        after the other, and its receives, handled one by one), from its schedule alone; 0 where the
-        communicator has no shape, ``sched`` is not a message schedule or its peers' classes are not the
-        shape's."""
+        """``bound.local`` of rank ``sched.rank``: a time the model's estimate cannot be below."""
         shape = self.net().shape()
-        if shape is None or not compact.message_schedules([sched]) or not self._classes([sched], shape):
-            return 0.0
-        c = compact.convert([sched], written=True)
-        f, p = shape.stretch, shape.per_host
-        nb = c.count.astype(float) * itemsize
-        inside = c.peer // p == sched.rank // p
-        half = np.where(inside, shape.intra.alpha, shape.inter.alpha) / 2 * f
-        shm = inside & shape.shm_inside
-        wire = np.where(shm, nb * shape.intra.beta * f, np.where(inside, nb * shape.intra.beta, 0.0))
-        tcp = np.maximum(nb - SOCKET_BUFFER, 0.0) * shape.inter.beta * ~inside
-        copy = nb * np.where(c.red != 0, shape.gamma, shape.copy) * f
-        kind = c.kind
-        per = [np.where(kind == compact.COPY, copy, 0.0), np.where(kind == compact.SEND, half + wire + tcp, 0.0),
-               np.where(kind == compact.RECV, half + np.where(shm, nb * shape.intra.beta * f, 0.0), 0.0)]
-        sums = []
-        for x in per:
-            cs = np.concatenate(([0.0], np.cumsum(x)))
-            sums.append(cs[c.step_start[1:]] - cs[c.step_start[:-1]])
-        # cumulative sums round: a margin keeps the bound below the walk's sum of the same terms
-        return float((sums[0] + np.maximum(sums[1], sums[2])).sum()) * (1 - 1e-9)
+        return bound.local(sched, shape, itemsize, lambda s: self._classes(s, shape))
+
+    def path_bound(self, get, itemsize: int) -> float:
+        """``bound.path`` (``get(rank)``: a rank's schedule): a time the model's estimate
+        cannot be below."""
+        shape = self.net().shape()
+        return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape))
 
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:
         out = {}
@@ -203,9 +189,13 @@ class Tuner:
         return name
 
     def _argmin(self, primitive: str, nbytes: int, itemsize: int) -> tuple[dict[str, Estimate], dict[str, float]]:
-        """The table's entries that can be the argmin: algorithms walked in the order of their bounds
-        (``bound``, from rank 0's schedule), and those whose bound is above the best estimate so far
-        left out (their estimates cannot be below it). (estimates, bounds of those left out)"""
+        """The table's entries that can be the argmin, and the bounds of those left out: their bound
+        (``bound.py``) is above the best estimate so far, so their estimate cannot be below it.
+
+        First the algorithms that are cheap to walk (on a communicator above ``FOLD_ABOVE`` ranks: those
+        that fold), in the order of ``bound.local`` from rank 0's schedule; then the others (every rank
+        walked), in the order of the larger of that and ``bound.path``, each walked only if that is
+        not above the best so far."""
         todo = []
         for name in algorithms.algorithms(primitive):
             got = self._builder(primitive, name, nbytes, itemsize)
@@ -219,13 +209,39 @@ class Tuner:
         todo.sort(key=lambda x: (x[0], x[1]))
         costs: dict[str, Estimate] = {}
         skipped: dict[str, float] = {}
-        best = None
-        for lb, name, (algo, get) in todo:
-            if best is not None and lb > best:
-                skipped[name] = lb
-                continue
-            est = self._estimate(algo, get, itemsize)
+        best = float("inf")
+
+        def walk(name, algo, get, walked=None):
+            nonlocal best
+            est = self._estimate(algo, get, itemsize, walked)
             if est is not None:
                 costs[name] = est
-                best = est.time if best is None else min(best, est.time)
+                best = min(best, est.time)
+
+        every = []
+        for lb, name, (algo, get) in todo:
+            if lb > best:
+                skipped[name] = lb
+                continue
+            try:
+                walked = self._walked(algo, get, every=False)
+            except ValueError:
+                continue
+            if walked is None:
+                every.append((name, algo, get, lb))
+            else:
+                walk(name, algo, get, walked)
+        later = []
+        for name, algo, get, lb in every:
+            if lb <= best:
+                try:
+                    lb = max(lb, 0.0 if algo.segment else self.path_bound(get, itemsize))
+                except ValueError:
+                    continue
+            later.append((lb, name, algo, get))
+        for lb, name, algo, get in sorted(later, key=lambda x: (x[0], x[1])):
+            if lb > best:
+                skipped[name] = lb
+                continue
+            walk(name, algo, get)
         return costs, skipped

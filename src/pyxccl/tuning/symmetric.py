@@ -81,6 +81,9 @@ def _same(s: Schedule, t: Schedule, move) -> bool:
     return True
 
 
+_NOT_SAME = "its schedules are not the same on every host, moved (no shift or XOR symmetry)"
+
+
 def sample_hosts(hosts: int) -> list[int]:
     return sorted({h for h in (1, hosts - 1, hosts // 2, hosts // 3) if 0 < h < hosts})
 
@@ -96,16 +99,21 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     if any(s.segment for s in reps):
         return None, "segment schedules run on one host"
     kinds = [Shift] + ([] if ring_of_hosts or not Xor.applies(hosts, per_host) else [Xor])
-    others = {h: [build(h * per_host + j) for j in range(per_host)] for h in sample_hosts(hosts)}
     from . import compact
     try:
         base = compact.convert(reps, written=True)
-        arrays = {h: compact.convert(got, written=True) for h, got in others.items()}
     except TypeError:       # Get, Post or Sync in a message schedule: _same says no
-        arrays = None
-    for kind in kinds:
-        sym = kind(n, per_host)
-        if arrays is not None and all(compact.same_moved(a, base, sym, h, per_host, exact)
-                                      for h, a in arrays.items()):
-            return sym, reps
-    return None, "its schedules are not the same on every host, moved (no shift or XOR symmetry)"
+        return None, _NOT_SAME
+    # one sample host at a time, the kinds still standing checked on it: a schedule that is not the same
+    # on the next host (a rooted collective's) costs one more host's schedules, not all the samples'
+    for h in sample_hosts(hosts):
+        try:
+            a = compact.convert([build(h * per_host + j) for j in range(per_host)], written=True)
+        except TypeError:
+            return None, _NOT_SAME
+        kinds = [k for k in kinds if compact.same_moved(a, base, k(n, per_host), h, per_host, exact)]
+        if not kinds:
+            break
+    if kinds:
+        return kinds[0](n, per_host), reps
+    return None, _NOT_SAME

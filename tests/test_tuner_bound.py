@@ -1,0 +1,89 @@
+"""The tuner's lower bounds (``tuning/bound.py``): never above the model's estimate, and what they leave
+out of ``choose`` can never be its choice; the builders they made cheap build what they built before."""
+from __future__ import annotations
+
+import pytest
+
+from pyxccl import algorithms
+from pyxccl.algorithms import registry, ring
+from pyxccl.primitives import PRIMITIVES
+from pyxccl.tuning import Machine, Tuner, select
+
+from test_tuner_fold import COPY, GAMMA, SHM, TCP
+
+PRIMS = ["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce", "gather", "scatter"]
+
+
+def _tuner(hosts: int, per_host: int, cores: int | None = None) -> Tuner:
+    n = hosts * per_host
+    hl = [r // per_host for r in range(n)]
+    return Tuner(n, hl, lambda a, b: "self" if a == b else "shm" if hl[a] == hl[b] else "tcp",
+                 Machine({"shm": SHM, "tcp": TCP}, GAMMA, COPY, cores or per_host), [cores or per_host] * n)
+
+
+@pytest.mark.parametrize("hosts,per_host,cores", [(2, 4, 4), (4, 4, 2), (8, 2, 2), (16, 4, 4), (3, 5, 5)])
+@pytest.mark.parametrize("nbytes", [8, 4096, 1 << 20, 16 << 20])
+def test_bounds_are_never_above_the_estimate(hosts, per_host, cores, nbytes):
+    """For every algorithm of every primitive, walked at message level (every rank): ``local`` and
+    ``path`` are at most the estimate, and on a communicator of many hosts ``path`` is above
+    ``local`` somewhere (the chains it follows are there)."""
+    t = _tuner(hosts, per_host, cores)
+    above = 0
+    for prim in PRIMS:
+        for name in algorithms.algorithms(prim):
+            got = t._builder(prim, name, nbytes, 4)
+            if got is None or got[0].segment:
+                continue
+            algo, get = got
+            try:
+                est = t._estimate(algo, get, 4)
+            except ValueError:
+                continue
+            if est is None:
+                continue
+            local, path = t.bound(get(0), 4), t.path_bound(get, 4)
+            assert local <= est.time, (prim, name)
+            assert path <= est.time, (prim, name, path, est.time)
+            above += path > local * 1.5
+    if hosts >= 8:
+        assert above
+
+
+@pytest.mark.parametrize("prim,nbytes,by_path", [("allreduce", 8, True), ("allreduce", 1 << 20, True),
+                                                 ("broadcast", 1 << 16, True), ("broadcast", 8, True),
+                                                 ("gather", 4096, False), ("reduce", 1 << 20, False)])
+def test_choose_above_the_fold_is_the_full_tables_argmin(prim, nbytes, by_path, monkeypatch):
+    """On 32 hosts x 4 (128 ranks: above ``FOLD_ABOVE``, where algorithms that do not fold are put last
+    and left out by their path bound), the choice is the argmin of the table of every algorithm walked
+    in full, everything left out has an estimate above its bound, and (``by_path``) the path bound left
+    out at least one algorithm whose local bound did not."""
+    t = _tuner(32, 4)
+    costs, skipped = t._argmin(prim, nbytes, 4)
+    monkeypatch.setattr(select, "FOLD_ABOVE", 1 << 30)        # the table: every rank walked
+    full = _tuner(32, 4).table(prim, nbytes)
+    best = min(full, key=lambda a: (full[a].time, a))
+    assert min(costs, key=lambda a: (costs[a].time, a)) == best
+    assert set(costs) | set(skipped) == set(full)
+    assert all(full[a].time > b for a, b in skipped.items())
+    local = {a: t.bound(t._builder(prim, a, nbytes, 4)[1](0), 4) for a in skipped}
+    assert any(local[a] <= full[best].time for a in skipped) == by_path, (skipped, local)
+
+
+@pytest.mark.parametrize("n", [3, 8, 13])
+@pytest.mark.parametrize("count", [1, 2, 5, 16, 100])
+def test_ring_skips_only_steps_that_move_nothing(n, count, monkeypatch):
+    """The ring's phases loop only over the steps whose chunks hold something: the schedules are those of
+    the loop over every step (``_steps`` as ``range(n - 1)``), for every rank, allreduce and the uneven
+    counts of reduce_scatter and allgather (zeros among them)."""
+    def every(prims):
+        out = []
+        for prim, args in prims:
+            algo = registry.lookup(prim, "ring")
+            out += [algo.schedule(r, n, **args).steps for r in range(n)]
+        return out
+    uneven = [count if i % 3 else 0 for i in range(n)]
+    prims = [("allreduce", PRIMITIVES["allreduce"].sized(n, count * 4, 4)),
+             ("reduce_scatter", {"counts": uneven}), ("allgather", {"counts": uneven})]
+    fast = every(prims)
+    monkeypatch.setattr(ring, "_steps", lambda counts, n, a: range(n - 1))
+    assert fast == every(prims)
