@@ -14,7 +14,10 @@ the directed links it holds, one per hop (``ClusterNet.route`` adds the hosts' N
   pair of hosts has a link, and every pair of groups one global link. The global link between
   groups g1 and g2 is attached in g1 to host ``g2 mod a`` of the group (and in g2 to ``g1 mod a``).
   Minimal routing: a local hop to the gateway (when the source is not it), the global hop, a local
-  hop to the destination (when the gateway is not it): at most 3 hops, 1 inside a group.
+  hop to the destination (when the gateway is not it): at most 3 hops, 1 inside a group, the
+  shortest path with one global hop. (With small groups, fewer hosts than a group has global links,
+  a path through a third group can be a hop shorter; minimal routing, as dragonflies route without
+  congestion, does not take it.)
 
 Links are directed: each direction is a resource of its own (one transfer at a time on each).
 """
