@@ -319,3 +319,17 @@ def test_a_shared_nic_is_shared_and_a_second_rail_is_used():
     # the planner's share still rules when it is smaller (8 DP groups on a DGX: one NIC each)
     dgx = hardware.load("dgx-a100")
     assert dgx.cluster(4, 1, nic_share=1).inter == dgx.inter.link
+
+
+def test_fewer_ranks_a_host_than_gpus_reach_fewer_nics(capsys):
+    """``pyxccl plan --per-host 1`` on a DGX: the one GPU used reaches one NIC, not the host's eight."""
+    one = hardware.load("dgx-a100").with_per_host(1)
+    assert (one.per_host, one.nics, one.nics_per_gpu) == (1, 1, 1.0)
+    assert hardware.load("dgx-a100").with_per_host(4).nics == 4
+    assert hardware.load("pcie-a100-eth").with_per_host(2).nics == 1        # the GPUs share their NIC
+    c = one.cluster(2, 1, nic_share=one.nics)
+    assert (c.nics, c.inter) == (1, one.inter.link)
+    assert cli.main(["plan", "--model", "llama-7b", "--dp", "2", "--hardware", "dgx-a100", "--per-host", "1",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "1 NIC)" in json.dumps(out)

@@ -93,6 +93,20 @@ class Hardware:
         it shares with the other GPUs behind it."""
         return max(1.0, self.nics / self.per_host)
 
+    def with_per_host(self, per_host: int) -> "Hardware":
+        """The machine with ``per_host`` ranks (GPUs) used a host, and the NICs those GPUs reach: their own
+        ones where each GPU has its NICs (1 GPU of a DGX: 1 NIC), all of them where the GPUs share them.
+
+        >>> load("dgx-a100").with_per_host(1).nics, load("pcie-a100-eth").with_per_host(2).nics
+        (1, 1)
+        """
+        if per_host < 1:
+            raise ValueError(f"{self.name}: {per_host} ranks a host: give at least 1")
+        nics = self.nics
+        if self.nics >= self.per_host:         # a rail per GPU: the GPUs used reach theirs only
+            nics = min(self.nics, -(-per_host * self.nics // self.per_host))
+        return replace(self, per_host=per_host, nics=nics)
+
     def with_gpu(self, gpu: Gpu | str) -> "Hardware":
         return replace(self, gpu=gpu if isinstance(gpu, Gpu) else load_gpu(gpu))
 

@@ -209,7 +209,10 @@ static int route(const Params *P, const Layout *L, int64_t a, int64_t b, int64_t
     } else if (P->ring == 2) {          /* topology.torus_hops: dimension-ordered, the shorter way round */
         int64_t x[3], want[3], stride[3], h = ha;
         stride[2] = 1; stride[1] = P->dims[2]; stride[0] = P->dims[1] * P->dims[2];
-        for (int d = 0; d < 3; d++) { x[d] = (ha / stride[d]) % P->dims[d]; want[d] = (hb / stride[d]) % P->dims[d]; }
+        for (int d = 0; d < 3; d++) {
+            x[d] = (ha / stride[d]) % P->dims[d];
+            want[d] = (hb / stride[d]) % P->dims[d];
+        }
         for (int d = 0; d < 3; d++) {
             int64_t size = P->dims[d], fwd = ((want[d] - x[d]) % size + size) % size;
             int64_t step = fwd <= size - fwd ? 1 : -1;
@@ -254,7 +257,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
-                          &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups, &movekind))
+                          &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
+                          &movekind))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
@@ -309,7 +313,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int64_t a_df = P.ring == 3 ? P.hosts / P.groups : 0;
     L.total = L.hop + (P.ring == 2 ? 6 * P.hosts : P.ring == 3 ? P.hosts * a_df + P.groups * P.groups : 2 * P.hosts);
 
-    int64_t maxres = 2 + (P.ring == 1 ? P.hosts : P.ring == 2 ? P.dims[0] + P.dims[1] + P.dims[2] : P.ring == 3 ? 3 : 0);
+    int64_t maxres = 2 + (P.ring == 1 ? P.hosts : P.ring == 2 ? P.dims[0] + P.dims[1] + P.dims[2]
+                          : P.ring == 3 ? 3 : 0);
     double *clock = calloc(ns + 1, sizeof(double)), *T = calloc(ns + 1, sizeof(double)),
            *recv_free = calloc(ns + 1, sizeof(double)), *out_done = calloc(ns + 1, sizeof(double)),
            *freeat = calloc(L.total, sizeof(double));
