@@ -54,8 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(a: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from . import Layout, estimate, hardware, load_model, model_presets
     if a.list_hardware:
         print(_hardware_list())
@@ -78,7 +76,7 @@ def main(a: argparse.Namespace) -> int:
             if a.gpu:
                 hw = hw.with_gpu(a.gpu)
             if a.per_host:
-                hw = replace(hw, per_host=a.per_host)
+                hw = hw.with_per_host(a.per_host)
         plan = estimate(model, layout, hw, mfu=a.mfu, train=not a.forward_only,
                         compute_time=None if a.compute_ms is None else a.compute_ms / 1e3)
     except (ValueError, OSError) as e:

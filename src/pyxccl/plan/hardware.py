@@ -87,6 +87,26 @@ class Hardware:
     description: str = ""
     source: str = field(default="", compare=False)
 
+    @property
+    def nics_per_gpu(self) -> float:
+        """NICs each GPU reaches: its own when the host has a NIC per GPU or more (a rail each), else one
+        it shares with the other GPUs behind it."""
+        return max(1.0, self.nics / self.per_host)
+
+    def with_per_host(self, per_host: int) -> "Hardware":
+        """The machine with ``per_host`` ranks (GPUs) used a host, and the NICs those GPUs reach: their own
+        ones where each GPU has its NICs (1 GPU of a DGX: 1 NIC), all of them where the GPUs share them.
+
+        >>> load("dgx-a100").with_per_host(1).nics, load("pcie-a100-eth").with_per_host(2).nics
+        (1, 1)
+        """
+        if per_host < 1:
+            raise ValueError(f"{self.name}: {per_host} ranks a host: give at least 1")
+        nics = self.nics
+        if self.nics >= self.per_host:         # a rail per GPU: the GPUs used reach theirs only
+            nics = min(self.nics, -(-per_host * self.nics // self.per_host))
+        return replace(self, per_host=per_host, nics=nics)
+
     def with_gpu(self, gpu: Gpu | str) -> "Hardware":
         return replace(self, gpu=gpu if isinstance(gpu, Gpu) else load_gpu(gpu))
 
@@ -94,12 +114,22 @@ class Hardware:
         """The ``pyxccl.sim.Cluster`` of one communication group: ``hosts`` x ``per_host`` of its ranks.
 
         ``nic_share``: NICs of a host this group may use (other groups on the host use the rest at the same
-        time): whole NICs become ``nics``, a fraction (or the part beyond what the group's ranks can use,
-        one NIC each) scales the inter link's bandwidth. ``bus_share``: the part of a shared intra bus
-        (PCIe) this group gets."""
+        time). NICs are wired to GPUs (``nics_per_gpu``): with as many NICs as GPUs or more (rail-optimized
+        DGX-class hosts) each GPU has its own, and a group's ranks reach only their own, so a lone rank on a
+        host gets one NIC, not the host's eight (NCCL measures one NIC's bandwidth for 2 nodes x 1 GPU);
+        with fewer NICs than GPUs a NIC is shared by the GPUs behind it and a rank reaches one. Of what the
+        group can use (the smaller of the share and what its ranks reach), whole NICs become ``nics``, a
+        fraction scales the inter link's bandwidth. ``bus_share``: the part of a shared intra bus (PCIe)
+        this group gets.
+
+        >>> c = load("dgx-a100").cluster(2, 1, nic_share=8)
+        >>> c.nics, round(1 / c.inter.beta / 1e9)       # one GPU, its one 200 Gb/s NIC
+        (1, 25)
+        """
         from ..sim import Cluster
-        n = max(1, min(int(nic_share), per_host))
-        inter_scale = n / nic_share          # > 1: slower (a fraction of a NIC); < 1: a rank gets more than one
+        usable = min(nic_share, per_host * self.nics_per_gpu)
+        n = max(1, min(int(usable), per_host))
+        inter_scale = n / usable             # > 1: slower (a fraction of a NIC); < 1: a rank has more than one
         intra_scale = 1.0 / bus_share if self.intra.shared else 1.0
         if self.measured:
             c = Cluster.measured(hosts, per_host)
@@ -199,8 +229,12 @@ def from_dict(d: dict, name: str = "custom") -> Hardware:
     for k in ("gpu", "gpus_per_host", "intra", "inter"):
         if k not in d:
             raise ValueError(f"hardware {name!r}: {k} is missing")
+    from ..sim.topology import TOPOLOGIES
+    topology = d.get("topology", "fattree")
+    if topology not in TOPOLOGIES:      # a torus's dims and a dragonfly's groups are chosen per group's hosts
+        raise ValueError(f"hardware {name!r}: topology {topology!r}: give one of {', '.join(TOPOLOGIES)}")
     return Hardware(d.get("name", name), load_gpu(d["gpu"]), int(d["gpus_per_host"]), load_link(d["intra"]),
-                    load_link(d["inter"]), int(d.get("nics", 1)), d.get("topology", "fattree"),
+                    load_link(d["inter"]), int(d.get("nics", 1)), topology,
                     description=d.get("description", ""), source=d.get("source", ""))
 
 

@@ -36,7 +36,7 @@ class Group:
             return "1 rank"
         if self.hosts == 1:
             return f"{self.size} in 1 host, {hw.intra.name}"
-        nic = _nic_text(hw.nics / self.groups_per_host)
+        nic = _nic_text(min(hw.nics / self.groups_per_host, self.per_host * hw.nics_per_gpu))    # Hardware.cluster's
         return f"{self.hosts} hosts x {self.per_host}, {hw.inter.name} ({nic})"
 
 

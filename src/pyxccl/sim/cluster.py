@@ -9,8 +9,9 @@ Two kinds of machine, one model (``model.py``):
   rank can have several transfers in flight. Transfers share what they cross: inside a host,
   each rank's port into the switch (NVSwitch; ``intra_shared=True`` makes it one bus per host,
   as PCIe through one switch), between hosts the hosts' NICs (rank j of a host uses NIC
-  ``j % nics``) and, in a ``ring`` of hosts, every link between neighbours on the way. A
-  ``fattree`` has full bisection: only the NICs are shared. A shared resource serves one
+  ``j % nics``) and, on a ``ring`` of hosts, a ``torus2d``/``torus3d`` or a ``dragonfly``, every
+  link between hosts on the way (``topology.py``: the topologies and their routes). A ``fattree``
+  has full bisection: only the NICs are shared. A shared resource serves one
   transfer at a time, first come first served (``model.py`` starts them in time order).
 - **CPU machines** (``Cluster.measured()``: this machine as pyxccl measured it). Per-message
   costs are software at both ends (half of ``alpha`` each), and shared-memory transfers are
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from .._errors import InvalidArgumentError
 from ..tuning.cost import Link
-
-TOPOLOGIES = ("fattree", "ring")
+from .topology import TOPOLOGIES, TORUS_DIMS, check_dims, check_groups
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,10 @@ class Cluster:
     intra: Link                      # between ranks of one host
     inter: Link                      # between hosts: one NIC's latency and seconds per byte
     nics: int = 1                    # NICs per host (rank j of a host sends through NIC j % nics)
-    topology: str = "fattree"        # between hosts: "fattree" (full bisection) or "ring" of hosts
+    topology: str = "fattree"        # between hosts: "fattree" (full bisection), "ring" of hosts, "torus2d",
+                                     # "torus3d" or "dragonfly" (topology.py)
+    dims: tuple = ()                 # torus: hosts per dimension (default: the most square factorization)
+    groups: int = 0                  # dragonfly: groups of hosts (default: the most square split)
     gamma: float = 0.0               # seconds per byte reduced (an arriving chunk into a buffer)
     copy: float = 0.0                # seconds per byte of a local copy
     reduce_overlap: bool = True      # a reducing receive reduces while the bytes arrive (GPU kernels do)
@@ -62,6 +66,18 @@ class Cluster:
                              f"{self.per_host}")
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"topology {self.topology!r}: give one of {', '.join(TOPOLOGIES)}")
+        # the shape's parameters are normalized here (a frozen dataclass: set once), so that clusters that
+        # are the same compare equal (the planner caches by cluster)
+        if self.topology in TORUS_DIMS:
+            object.__setattr__(self, "dims", check_dims(self.topology, self.hosts, self.dims))
+        elif self.dims:
+            raise InvalidArgumentError(f"dims={self.dims} is for a torus: give topology='torus2d' or 'torus3d' with "
+                                       f"it", op="sim")
+        if self.topology == "dragonfly":
+            object.__setattr__(self, "groups", check_groups(self.hosts, self.groups))
+        elif self.groups:
+            raise InvalidArgumentError(f"groups={self.groups} is for a dragonfly: give topology='dragonfly' with "
+                                       f"it", op="sim")
         if self.nics < 1:
             raise ValueError(f"nics={self.nics}: a host needs at least one NIC")
 
@@ -80,7 +96,8 @@ class Cluster:
         return self.intra if a // self.per_host == b // self.per_host else self.inter
 
     def resized(self, hosts: int, per_host: int) -> "Cluster":
-        return replace(self, hosts=hosts, per_host=per_host)
+        """The same machine with other counts (a torus's dims and a dragonfly's groups chosen anew)."""
+        return replace(self, hosts=hosts, per_host=per_host, dims=(), groups=0)
 
     @classmethod
     def measured(cls, hosts: int = 1, per_host: int = 2, inter: Link | None = None,

@@ -6,6 +6,11 @@ from __future__ import annotations
 from ..tuning.cost import DEFAULT_LINKS, Link, Net
 from ..tuning.fast import Shape
 from .cluster import Cluster
+from .topology import hops
+
+#: the topologies whose folded walk (``sym``) is exact: every host's links are host 0's only where the
+#: hosts are alike under the move (``simulate._schedules`` says when)
+FOLDABLE = ("fattree", "ring")
 
 
 class ClusterNet(Net):
@@ -15,7 +20,10 @@ class ClusterNet(Net):
     timed = True        # steps started in time order: shared links taken first come, first served
 
     def __init__(self, c: Cluster, sym=None):
+        if sym is not None and c.topology not in FOLDABLE:
+            raise ValueError(f"a {c.topology} of hosts does not fold: its routes differ from host to host")
         self.c, self.sym = c, sym
+        self._hops: dict = {}       # (host, host) -> the links between them (topology.hops)
         self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
         self.gamma, self.copy, self.mem, self.cache, self.cma = c.gamma, c.copy, c.mem, c.cache, c.cma
         self.seg = c.seg or DEFAULT_LINKS["seg"]
@@ -32,7 +40,7 @@ class ClusterNet(Net):
             return None
         return Shape(c.per_host, c.hosts, c.intra, c.inter, self.gamma, self.copy, self.stretch.v, bool(self.cpu),
                      bool(self.reduce_overlap), c.nics, c.intra_shared, c.topology == "ring", True, self.mem,
-                     self.cache)
+                     self.cache, c.dims, c.groups)
 
     def klass(self, a: int, b: int) -> str:
         p = self.c.per_host
@@ -52,13 +60,13 @@ class ClusterNet(Net):
                 return (("bus", 0 if fold else ha),)
             return ("out", a % p if fold else a), ("in", b % p if fold else b)
         res = [("nic-out", 0 if fold else ha, a % p % c.nics), ("nic-in", 0 if fold else hb, b % p % c.nics)]
-        if c.topology == "ring" and c.hosts > 2:
-            fwd = (hb - ha) % c.hosts
-            step = 1 if fwd <= c.hosts - fwd else -1
-            h = ha
-            while h != hb:
-                res.append(("hop", 0 if fold else h, step))
-                h = (h + step) % c.hosts
+        if c.topology != "fattree":
+            links = self._hops.get((ha, hb))
+            if links is None:
+                links = self._hops[ha, hb] = hops(c, ha, hb)
+            # folded (a ring of hosts whose messages go one host on: simulate._far), every host's links are
+            # host 0's
+            res += [(k[0], 0) + k[2:] for k in links] if fold else links
         return tuple(res)
 
     def chan(self, a: int, b: int):

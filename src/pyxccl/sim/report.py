@@ -3,11 +3,14 @@
     pyxccl sim allreduce --hosts 64 --per-host 8 --size 1GiB --algo ring,tree,hierarchical
     pyxccl sim allgather --hosts 16 --per-host 8 --sweep 64K:1G --plot allgather.png
     pyxccl sim alltoall --measured --hosts 1 --per-host 4 --size 4M
+    pyxccl sim alltoall --hosts 16 --per-host 8 --size 64M --topology torus2d --dims 4x4
 """
 from __future__ import annotations
 
+import argparse
 import json
 
+from .._errors import InvalidArgumentError
 from ..bench.methodology import parse_size, sweep
 from . import simulate as simrun
 from .cluster import TOPOLOGIES, Cluster, Link
@@ -30,7 +33,12 @@ def add_arguments(p) -> None:
     p.add_argument("--inter-bw", type=float, default=25.0, help="GB/s of one NIC (25: 200 Gb/s)")
     p.add_argument("--inter-lat", type=float, default=5.0, help="microseconds of latency between hosts (5)")
     p.add_argument("--nics", type=int, default=None, help="NICs per host (default: one per rank)")
-    p.add_argument("--topology", choices=TOPOLOGIES, default=None, help="between hosts (default fattree)")
+    p.add_argument("--topology", choices=TOPOLOGIES, default=None,
+                   help="between hosts (default fattree; docs/sim.md has the routes)")
+    p.add_argument("--dims", type=parse_dims, default=None,
+                   help="torus2d/torus3d: hosts per dimension, e.g. 4x4 or 4x2x2 (default: the most square)")
+    p.add_argument("--groups", type=int, default=None,
+                   help="dragonfly: groups of hosts (a divisor of --hosts; default: the most square split)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--mode", choices=simrun.MODES, default="auto",
                    help="message: every rank; symmetric: one host's ranks, for schedules alike on every host; "
@@ -39,18 +47,33 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", help="with --sweep: draw busbw against size into this PNG")
 
 
+def parse_dims(text: str) -> tuple[int, ...]:
+    """"4x4" -> (4, 4)."""
+    try:
+        dims = tuple(int(x) for x in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f"--dims {text!r}: give hosts per dimension joined by x, e.g. 4x4 or 4x2x2")
+    return dims
+
+
 def cluster_of(a) -> Cluster:
     if a.measured:
         c = Cluster.measured(a.hosts, a.per_host)
     elif a.hardware:
         from ..plan import hardware
         hw = hardware.load(a.hardware)
-        c = hw.cluster(a.hosts, a.per_host, nic_share=hw.nics)      # the job is alone: every NIC is its own
+        c = hw.cluster(a.hosts, a.per_host, nic_share=hw.nics)      # the job is alone: every NIC its GPUs reach
     else:
         c = Cluster(a.hosts, a.per_host, intra=Link(a.intra_lat * 1e-6, 1 / (a.intra_bw * 1e9)),
                     inter=Link(a.inter_lat * 1e-6, 1 / (a.inter_bw * 1e9)), nics=a.nics or a.per_host,
                     name="flags")
-    over = {k: v for k, v in (("nics", a.nics), ("topology", a.topology)) if v is not None}
+    over = {k: v for k, v in (("nics", a.nics), ("topology", a.topology), ("dims", a.dims), ("groups", a.groups))
+            if v is not None}
+    if a.topology is not None:      # the preset's shape is its topology's: a new one is chosen for the new
+        over.setdefault("dims", ())
+        over.setdefault("groups", 0)
     if over:
         from dataclasses import replace
         c = replace(c, **over)
@@ -60,7 +83,8 @@ def cluster_of(a) -> Cluster:
 def describe(c: Cluster) -> str:
     def link(x: Link) -> str:
         return f"{1 / x.beta / 1e9:.4g} GB/s, {x.alpha * 1e6:.3g} us"
-    inter = f"; between hosts {c.nics} x ({link(c.inter)}), {c.topology}" if c.hosts > 1 else ""
+    shape = (f" {'x'.join(map(str, c.dims))}" if c.dims else "") + (f" of {c.groups} groups" if c.groups else "")
+    inter = f"; between hosts {c.nics} x ({link(c.inter)}), {c.topology}{shape}" if c.hosts > 1 else ""
     return (f"{c.hosts} hosts x {c.per_host} ranks ({c.nranks}), {c.name or 'custom'}: inside a host "
             f"{link(c.intra)}{' shared' if c.intra_shared else ''}{inter}" + (f" [{c.source}]" if c.source else ""))
 
@@ -87,7 +111,10 @@ def _bytes(n: float) -> str:
 
 
 def main(a) -> int:
-    c = cluster_of(a)
+    try:
+        c = cluster_of(a)
+    except InvalidArgumentError as e:       # a shape that does not fit the hosts: say what to give, no traceback
+        raise SystemExit(f"pyxccl sim: {e}") from None
     sizes = [parse_size(a.size)] if not a.sweep else sweep(*(parse_size(x) for x in a.sweep.split(":")), 4)
     algos = a.algo.split(",") if a.algo else None
     print(f"# {a.collective} on {describe(c)}")
@@ -95,7 +122,10 @@ def main(a) -> int:
           f"{'messages':>12} {'mode':>9} {'wall':>7}")
     rows = []
     for nb in sizes:
-        res = simrun.run(a.collective, nb, c, algos, dtype=a.dtype, mode=a.mode)
+        try:
+            res = simrun.run(a.collective, nb, c, algos, dtype=a.dtype, mode=a.mode)
+        except ValueError as e:     # an algorithm or mode that cannot run here: the message says what to do
+            raise SystemExit(f"pyxccl sim: {e}") from None
         best = min(res, key=lambda r: r.time).algorithm if res else None
         for r in res:
             rows.append(dict(size=nb, **r.to_json()))

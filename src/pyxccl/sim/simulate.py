@@ -2,7 +2,12 @@
 
 Message level: every rank's schedule, every message. Symmetric mode (``tuning/symmetric.py``):
 host 0's ranks only, for algorithms whose schedules are the same on every host, moved;
-it agrees with the message level where both run (tested) and reaches 100,000 ranks.
+it agrees with the message level where both run (tested) and reaches 100,000 ranks. It folds
+only where the fold stays exact: on a fat tree, and on a ring of hosts while every message goes
+at most one host on (``_far``). A torus or a dragonfly of hosts never folds (message level): moving
+a schedule by whole hosts is not a symmetry of their links (host h + 1 is not host h's neighbour at
+the end of a torus row; a dragonfly's gateways differ from host to host), so folded, transfers
+would meet on other links than they do.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from ..tuning.cost import Link  # noqa: F401  (the docstrings' examples use it)
 from ..tuning import fast, symmetric
 from ..tuning.fast import run as walk_model     # tuning.cost.run, in C where it applies (tuning/fast.py)
 from .cluster import Cluster
-from .net import ClusterNet
+from .net import FOLDABLE, ClusterNet
 
 MODES = ("auto", "message", "symmetric")
 #: auto runs at message level up to this many operations (all ranks: about 5 s in the C core), else symmetric if it can
@@ -109,7 +114,11 @@ def _schedules(build, cluster: Cluster, mode: str, name: str):
     if mode != "message":
         first = _try(build, 0, name)
         big = sum(len(st) for st in first.steps) * n > MESSAGE_BUDGET
-        if mode == "symmetric" or big:
+        if (mode == "symmetric" or big) and cluster.topology not in FOLDABLE:
+            if mode == "symmetric":
+                raise ValueError(f"{name} cannot run in symmetric mode here: a {cluster.topology} of hosts does "
+                                 f"not fold (its routes differ from host to host): run it at message level")
+        elif mode == "symmetric" or big:
             sym, reps = symmetric.find(lambda r: first if r == 0 else build(r), cluster.hosts, cluster.per_host,
                                        cluster.topology == "ring")
             if sym is not None and cluster.topology == "ring" and _far(reps, cluster):

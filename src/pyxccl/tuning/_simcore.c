@@ -9,9 +9,11 @@
  *   kind int8 (0 copy, 1 send, 2 recv; a step's ops in that order), red int8, peer int64,
  *   count int64 (elements), step_start int64 (steps + 1), rank_start int64 (schedules + 1),
  *   ranks int64 (the rank of each schedule);
- *   params: (n, per_host, hosts, nics, cpu, reduce_overlap, intra_shared, ring, fold, shm_inside, itemsize,
+ *   params: (n, per_host, hosts, nics, cpu, reduce_overlap, intra_shared, topology, fold, shm_inside, itemsize,
  *            socket_buffer, intra_alpha, intra_beta, inter_alpha, inter_beta, gamma, copy, stretch,
- *            memshare, membyte)
+ *            memshare, membyte, dim0, dim1, dim2, groups)
+ *   topology (links between hosts, sim/topology.py's routes): 0 none beyond the NICs (fat tree), 1 ring of
+ *   hosts, 2 torus of dim0 x dim1 x dim2 hosts (row-major), 3 dragonfly of groups groups.
  *   shm_inside (CPU machines): the link inside a host is shared memory, copied by the processes (the
  *   sender's and the receiver's copies); 0: TCP on one host ("tcp_local": bytes * beta at the sender).
  *   fold: 0 none (channel a -> b), 1 Shift, 2 Xor (symmetric.py: channel keys, wakes to the rep,
@@ -25,10 +27,11 @@
 
 typedef struct {
     int64_t n, p, hosts, nics;
-    int cpu, overlap, shared, ring, fold, shm_in;
+    int cpu, overlap, shared, ring, fold, shm_in;   /* ring: the topology code (1 ring, 2 torus, 3 dragonfly) */
     int64_t itemsize, sockbuf;
     double ia, ib, ea, eb, gamma, copy, stretch;
     double memshare, membyte;       /* Timing.memshare, Timing.membyte[i] (the same for every rank) */
+    int64_t dims[3], groups;        /* a torus's dimensions (row-major), a dragonfly's groups */
 } Params;
 
 /* Timing._cost: nbytes at rate (seconds per byte in cache), touches of them in user buffers */
@@ -194,7 +197,7 @@ static int route(const Params *P, const Layout *L, int64_t a, int64_t b, int64_t
     }
     res[k++] = L->nicout + (fold ? 0 : ha) * P->nics + (a % p) % P->nics;
     res[k++] = L->nicin + (fold ? 0 : hb) * P->nics + (b % p) % P->nics;
-    if (P->ring && P->hosts > 2) {
+    if (P->ring == 1 && P->hosts > 2) {
         int64_t H = P->hosts, fwd = ((hb - ha) % H + H) % H;
         int64_t step = fwd <= H - fwd ? 1 : -1;
         int64_t h = ha;
@@ -203,6 +206,30 @@ static int route(const Params *P, const Layout *L, int64_t a, int64_t b, int64_t
             res[k++] = L->hop + h * 2 + (step == 1 ? 0 : 1);
             h = ((h + step) % H + H) % H;
         }
+    } else if (P->ring == 2) {          /* topology.torus_hops: dimension-ordered, the shorter way round */
+        int64_t x[3], want[3], stride[3], h = ha;
+        stride[2] = 1; stride[1] = P->dims[2]; stride[0] = P->dims[1] * P->dims[2];
+        for (int d = 0; d < 3; d++) {
+            x[d] = (ha / stride[d]) % P->dims[d];
+            want[d] = (hb / stride[d]) % P->dims[d];
+        }
+        for (int d = 0; d < 3; d++) {
+            int64_t size = P->dims[d], fwd = ((want[d] - x[d]) % size + size) % size;
+            int64_t step = fwd <= size - fwd ? 1 : -1;
+            while (x[d] != want[d]) {
+                res[k++] = L->hop + (h * 3 + d) * 2 + (step == 1 ? 0 : 1);
+                int64_t nxt = ((x[d] + step) % size + size) % size;
+                h += (nxt - x[d]) * stride[d];
+                x[d] = nxt;
+            }
+        }
+    } else if (P->ring == 3) {          /* topology.dragonfly_hops: local, global, local */
+        int64_t a = P->hosts / P->groups, ga = ha / a, gb = hb / a;
+        if (ga == gb) { res[k++] = L->hop + ha * a + hb % a; return k; }
+        int64_t gwa = ga * a + gb % a, gwb = gb * a + ga % a;
+        if (ha != gwa) res[k++] = L->hop + ha * a + gwa % a;
+        res[k++] = L->hop + P->hosts * a + ga * P->groups + gb;
+        if (gwb != hb) res[k++] = L->hop + gwb * a + hb % a;
     }
     return k;
 }
@@ -227,10 +254,11 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *o[10];
     Params P;
     int movekind;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLddddddddd)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
-                          &P.stretch, &P.memshare, &P.membyte, &movekind))
+                          &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
+                          &movekind))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
@@ -248,7 +276,10 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int64_t nops = A[0].b.len, nsteps = A[4].b.len / 8 - 1, nt = A[5].b.len / 8 - 1, ns = A[6].b.len / 8;
     if (A[1].b.len != nops || A[9].b.len != nops || A[2].b.len / 8 != nops || A[3].b.len / 8 != nops || nsteps < 0 || nt < 0 ||
         A[7].b.len / 8 != ns || A[8].b.len / 8 != ns || rank_start[nt] != nsteps || step_start[nsteps] != nops ||
-        P.n < 1 || P.p < 1 || P.hosts < 1 || P.nics < 1 || movekind < 0 || movekind > 2) {
+        P.n < 1 || P.p < 1 || P.hosts < 1 || P.nics < 1 || movekind < 0 || movekind > 2 || P.ring < 0 || P.ring > 3 ||
+        P.dims[0] < 1 || P.dims[1] < 1 || P.dims[2] < 1 ||
+        (P.ring == 2 && P.dims[0] * P.dims[1] * P.dims[2] != P.hosts) ||
+        (P.ring == 3 && (P.groups < 1 || P.hosts % P.groups)) || (P.ring >= 2 && P.fold)) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
         goto fail_buffers;
     }
@@ -276,9 +307,14 @@ static PyObject *walk(PyObject *self, PyObject *args) {
 
     Layout L;
     L.out = 0; L.in = L.out + P.n; L.bus = L.in + P.n; L.nicout = L.bus + P.hosts;
-    L.nicin = L.nicout + P.hosts * P.nics; L.hop = L.nicin + P.hosts * P.nics; L.total = L.hop + 2 * P.hosts;
+    L.nicin = L.nicout + P.hosts * P.nics; L.hop = L.nicin + P.hosts * P.nics;
+    /* the links between hosts, directed: a ring's 2 per host, a torus's 2 per host and dimension, a
+     * dragonfly's local links (a per host) then its global ones (groups^2) */
+    int64_t a_df = P.ring == 3 ? P.hosts / P.groups : 0;
+    L.total = L.hop + (P.ring == 2 ? 6 * P.hosts : P.ring == 3 ? P.hosts * a_df + P.groups * P.groups : 2 * P.hosts);
 
-    int64_t maxres = 2 + (P.ring ? P.hosts : 0);
+    int64_t maxres = 2 + (P.ring == 1 ? P.hosts : P.ring == 2 ? P.dims[0] + P.dims[1] + P.dims[2]
+                          : P.ring == 3 ? 3 : 0);
     double *clock = calloc(ns + 1, sizeof(double)), *T = calloc(ns + 1, sizeof(double)),
            *recv_free = calloc(ns + 1, sizeof(double)), *out_done = calloc(ns + 1, sizeof(double)),
            *freeat = calloc(L.total, sizeof(double));

@@ -31,7 +31,8 @@ def available() -> bool:
 class Shape:
     """What the C core knows of a net: ``hosts`` x ``per_host`` ranks, rank r on host r // per_host,
     every host alike (the same links, NICs, stretch), and what a transfer holds (``ClusterNet.route``:
-    ``nics`` per host, one bus per host with ``shared``, a ``ring`` of hosts). ``shm_inside`` (CPU
+    ``nics`` per host, one bus per host with ``shared``, a ``ring`` of hosts, a torus of ``dims``, a
+    dragonfly of ``groups``: ``sim/topology.py``'s routes). ``shm_inside`` (CPU
     machines): the link inside a host is shared memory ("shm", copied by the processes), else TCP on
     one host ("tcp_local")."""
     per_host: int
@@ -49,6 +50,13 @@ class Shape:
     shm_inside: bool = True
     mem: float = 0.0
     cache: int = 32 << 20
+    dims: tuple = ()            # a torus of hosts (2 or 3 dimensions)
+    groups: int = 0             # a dragonfly of hosts
+
+    @property
+    def topology(self) -> int:
+        """The C core's code: 0 no links between hosts beyond the NICs, 1 ring, 2 torus, 3 dragonfly."""
+        return 2 if self.dims else 3 if self.groups else 1 if self.ring else 0
 
     @property
     def nranks(self) -> int:
@@ -70,14 +78,15 @@ def _params(shape: Shape, fold: int, itemsize: int, working_set: int) -> tuple:
     """The C core's parameters; the memory term as ``Timing.__init__`` makes it (every rank has
     per_host ranks on its host)."""
     s = shape
+    dims = (tuple(s.dims) + (1, 1, 1))[:3]
     memshare, membyte = 0.0, 0.0
     if s.cpu and s.mem and working_set:
         memshare = 1.0 if s.per_host * working_set > s.cache else 0.0
         membyte = s.mem * s.per_host
     return (s.nranks, s.per_host, s.hosts, s.nics, int(bool(s.cpu)), int(bool(s.reduce_overlap)),
-            int(bool(s.shared)), int(bool(s.ring)), fold, int(bool(s.shm_inside)), int(itemsize), SOCKET_BUFFER,
+            int(bool(s.shared)), s.topology, fold, int(bool(s.shm_inside)), int(itemsize), SOCKET_BUFFER,
             float(s.intra.alpha), float(s.intra.beta), float(s.inter.alpha), float(s.inter.beta), float(s.gamma),
-            float(s.copy), float(s.stretch), float(memshare), float(membyte))
+            float(s.copy), float(s.stretch), float(memshare), float(membyte), *dims, int(s.groups))
 
 
 def _core(net) -> tuple[Shape, int] | None:

@@ -3,7 +3,8 @@
 Many schedules look the same from every host: the ring's rank r + L does what rank r does,
 with every peer moved on by L (L ranks per host); halving-doubling's rank r XOR kL does what
 r does with every peer XOR kL. When a cluster is symmetric too (every host alike, and a fat
-tree, or a ring of hosts for shifts), host h runs host 0's schedules moved by h, at the same
+tree, or a ring of hosts for shifts of messages to the next host at most; a torus or a dragonfly
+of hosts is not, and is never folded: ``sim/simulate.py``), host h runs host 0's schedules moved by h, at the same
 times. So only host 0's ranks are walked: a message to another host's rank is delivered to
 the host-0 rank that stands where it stands (``rep``), on the channel named by what the move
 keeps unchanged (``key``), and every host's NICs and links are host 0's.
