@@ -535,7 +535,8 @@ class Row:
                 "algbw": self.algbw, "busbw": self.busbw, "chosen": self.chosen}
 
 
-def _func(collective: str) -> int:
+def func(collective: str) -> int:
+    """NCCL's function (``ncclFunc*``) of a pyxccl primitive name."""
     if collective not in FUNCS:
         raise InvalidArgumentError(f"NCCL's tuning model covers {', '.join(FUNCS)}, not {collective!r} "
                                    "(NCCL runs the others as point-to-point calls): give one of those")
@@ -554,7 +555,7 @@ def bus_factor(coll: int, nRanks: int) -> float:
 def predict(collective: str, nBytes: int, comm: Comm, model: Model | None = None) -> list[Row]:
     """Every (algorithm, protocol) NCCL's model times for ``collective`` of ``nBytes`` (nccl-tests' size:
     the whole buffer, NCCL's ``nBytes``), in NCCL's order; the one NCCL picks has ``chosen``."""
-    coll = _func(collective)
+    coll = func(collective)
     model = model or tune_model(comm)
     table = cost_table(model, coll, nBytes)
     best = _argmin(table)
