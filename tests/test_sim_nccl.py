@@ -66,13 +66,29 @@ def test_ring_allreduce_four_h100_nodes_plateau():
     bus = 8 * 48.0
     lat = 8.4 + (62 - 6) * max(3.4, 3.0) + 6 * 14.0
     ratio = 32 / 62
-    small = 64 * 8 * 32 - 1          # just under the plateau's threshold
+    assert c.nChannels == 16         # comm->nChannels: the 8 search channels doubled by ncclTopoPostset
+    small = 64 * 16 * 32 - 1         # just under the plateau's threshold
     close(times("allreduce", small, c)["Ring", "Simple"], t(lat, small, bus * ratio))
     close(times("allreduce", small + 1, c)["Ring", "Simple"], t(lat * 1.4, small + 1, bus * ratio))
     got = times("allreduce", GiB, c)
     # llMaxBws[index1 = 0: Intel CPUs][index2 = 2: more than 2 nodes] = 20.4
     close(got["Ring", "LL"], t(6.6 + 56 * max(0.6, 1.0) + 6 * 2.7, GiB, min(20.4, bus * .5) * ratio))
     close(got["Ring", "LL128"], t(14.0 + 56 * max(1.9, 1.0) + 6 * 4.0, GiB, min(bus * .92, 8 * 36.7) * ratio))
+
+
+def test_compute_channels_as_postset_leaves_them():
+    """comm->nChannels (the ring plateau's divisor): twice the search channels (24 on a DGX A100 node, as
+    its logs' "24 coll channels"), +50% with CollNet when its chain's bwIntra > bwInter, twice again on
+    sm90 across nodes below 16 when the ring's bwIntra > 45."""
+    assert nccl.preset("dgx-a100", 1).nChannels == 24
+    assert nccl.preset("dgx-a100", 2).nChannels == 16
+    h = nccl.preset("dgx-h100", 2)
+    assert h.nChannels == 16
+    few = replace(h, ring=replace(h.ring, nChannels=4))
+    assert few.nChannels == 16                     # 4 -> 8 -> 16
+    assert replace(few, ring=replace(few.ring, bwIntra=45.0)).nChannels == 8
+    chain = replace(SHARP_CHAIN, bwIntra=30.0)
+    assert nccl.with_collnet(nccl.preset("dgx-a100", 2), SHARP_DIRECT, chain, heads=8).nChannels == 24
 
 
 def test_ring_broadcast_same_channels_and_not():

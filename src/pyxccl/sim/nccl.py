@@ -83,6 +83,7 @@ NCCL_TOPO_PATTERN_COLLNET_DIRECT = 6
 
 # --- src/graph/topo.h / src/include/device.h -----------------------------------------------------------
 PCI_BW = 12.0
+MAXCHANNELS = 64
 NCCL_MAX_DIRECT_ARITY = 7
 NCCL_MAX_NVLS_ARITY = 32
 
@@ -218,8 +219,17 @@ class Comm:
 
     @property
     def nChannels(self) -> int:
-        # init.cc: comm->nChannels = min(treeGraph->nChannels, ringGraph->nChannels)
-        return min(self.tree.nChannels, self.ring.nChannels)
+        """``comm->nChannels`` when the model runs: init.cc's min(tree, ring) search channels as
+        ``ncclTopoPostset`` (src/graph/connect.cc) leaves them with the defaults (no NCCL_MIN/MAX_NCHANNELS,
+        a host network device): doubled, +50% for CollNet when its chain's bwIntra > bwInter and ppn > 1,
+        doubled again on sm90 across nodes when the ring's bwIntra > 45 and fewer than 16."""
+        n = min(self.tree.nChannels, self.ring.nChannels)
+        n = min(MAXCHANNELS, n * 2)
+        if self.collnetEnable and self.collnetChain.bwIntra > self.collnetChain.bwInter and self.nRanks > self.nNodes:
+            n = min(MAXCHANNELS, n + n // 2)
+        if self.minCompCap >= 90 and self.nNodes > 1 and self.ring.bwIntra > 45.0 and n < 16:
+            n = 2 * n
+        return min(MAXCHANNELS, n)
 
     def graphs(self) -> tuple:
         """``graphs[NCCL_NUM_ALGORITHMS]`` of init.cc: tree, ring, collNetDirect, collNetChain, nvls, nvls, tree."""
