@@ -315,3 +315,9 @@ def test_cli_refuses_what_the_model_does_not_cover():
         cli.main(["sim", "allreduce", "--model", "nccl"])
     with pytest.raises(SystemExit, match="alltoall"):
         cli.main(["sim", "alltoall", "--hardware", "dgx-h100", "--model", "nccl"])
+
+
+def test_docstring_example_runs():
+    import doctest
+    res = doctest.testmod(nccl)
+    assert res.failed == 0 and res.attempted > 0
