@@ -4,6 +4,7 @@
     pyxccl sim allgather --hosts 16 --per-host 8 --sweep 64K:1G --plot allgather.png
     pyxccl sim alltoall --measured --hosts 1 --per-host 4 --size 4M
     pyxccl sim alltoall --hosts 16 --per-host 8 --size 64M --topology torus2d --dims 4x4
+    pyxccl sim allreduce --hosts 2 --per-host 8 --hardware dgx-a100 --size 1M --model nccl
 """
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ def add_arguments(p) -> None:
     p.add_argument("--mode", choices=simrun.MODES, default="auto",
                    help="message: every rank; symmetric: one host's ranks, for schedules alike on every host; "
                         "auto: message level while cheap")
+    p.add_argument("--model", choices=("pyxccl", "nccl"), default="pyxccl",
+                   help="pyxccl: the algorithms' schedules through pyxccl's cost model (default); nccl: NCCL's own "
+                        "tuning model (every algorithm x protocol it enables and the one it picks; needs --hardware "
+                        "dgx-a100 or dgx-h100)")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--plot", help="with --sweep: draw busbw against size into this PNG")
 
@@ -110,12 +115,18 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def _sizes(a) -> list[int]:
+    return [parse_size(a.size)] if not a.sweep else sweep(*(parse_size(x) for x in a.sweep.split(":")), 4)
+
+
 def main(a) -> int:
+    if a.model == "nccl":
+        return main_nccl(a)
     try:
         c = cluster_of(a)
     except InvalidArgumentError as e:       # a shape that does not fit the hosts: say what to give, no traceback
         raise SystemExit(f"pyxccl sim: {e}") from None
-    sizes = [parse_size(a.size)] if not a.sweep else sweep(*(parse_size(x) for x in a.sweep.split(":")), 4)
+    sizes = _sizes(a)
     algos = a.algo.split(",") if a.algo else None
     print(f"# {a.collective} on {describe(c)}")
     print(f"{'size':>10} {'algorithm':>20} {'time':>11} {'algbw':>12} {'busbw':>12} {'sent/rank':>11} "
@@ -139,6 +150,44 @@ def main(a) -> int:
             json.dump({"cluster": describe(c), "collective": a.collective, "rows": rows}, f, indent=1)
     if a.plot:
         plot(rows, a.plot, f"{a.collective}: {describe(c)}")
+        print(f"# wrote {a.plot}")
+    return 0
+
+
+def main_nccl(a) -> int:
+    """``--model nccl``: NCCL's own tuning model (``sim/nccl.py``) on a DGX preset, a row per (algorithm,
+    protocol) NCCL enables, the one NCCL picks starred."""
+    from . import nccl
+    if not a.hardware or a.measured:
+        raise SystemExit(f"--model nccl needs --hardware, one of {', '.join(nccl.preset_names())}")
+    from ..plan import hardware
+    name = hardware.load(a.hardware).name
+    try:
+        nccl.func(a.collective)
+        comm = nccl.preset(name, a.hosts, a.per_host)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    model = nccl.tune_model(comm)
+    algos = {x.lower() for x in a.algo.split(",")} if a.algo else None
+    print(f"# {a.collective} on {a.hosts} x {a.per_host} {name}, NCCL's tuning model; graphs: {comm.source}")
+    print(f"{'size':>10} {'algorithm':>15} {'protocol':>9} {'time':>11} {'algbw':>12} {'busbw':>12}")
+    rows = []
+    for nb in _sizes(a):
+        for r in nccl.predict(a.collective, nb, comm, model):
+            if algos and r.algorithm.lower() not in algos:
+                continue
+            rows.append(dict(size=nb, **r.to_json()))
+            print(f"{_bytes(nb):>10} {r.algorithm:>15} {r.protocol + (' *' if r.chosen else ''):>9} "
+                  f"{_time(r.time * 1e-6):>11} {_si(r.algbw, 'B/s'):>12} {_si(r.busbw, 'B/s'):>12}")
+    print("# * what NCCL picks (the least time of its model)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"cluster": f"{a.hosts} x {a.per_host} {name}", "model": "nccl", "collective": a.collective,
+                       "source": comm.source, "rows": rows}, f, indent=1)
+    if a.plot:
+        for r in rows:
+            r["algorithm"] = f"{r['algorithm']}/{r['protocol']}"
+        plot(rows, a.plot, f"{a.collective}: {a.hosts} x {a.per_host} {name}, NCCL's model")
         print(f"# wrote {a.plot}")
     return 0
 
