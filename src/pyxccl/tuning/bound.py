@@ -6,7 +6,7 @@ estimate cannot be below it) and walks only the others.
   copies, then the larger of its sends (one after the other) and its receives (handled one by one).
 - :func:`path`: the longest chain of such steps and of the messages between them, among the ranks
   that a search from a few ranks (0, the last, the middle one: where a root's data ends up, or a
-  chain ends) reaches through whom they receive from (at most ``RANKS`` ranks and
+  chain ends) reaches through whom they receive from (``RANKS`` ranks in turn, at most
   ``OPS`` operations). A step cannot end before the step before it ended and its own work is done
   (``local``'s term), nor before each of its receives is in: the sender began that step (its step
   before ended, its copies are done), paid half of the link's alpha, the bytes crossed, then the
@@ -21,6 +21,7 @@ pairs have the shape's link classes (``classes_ok``); elsewhere they are 0.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -29,8 +30,9 @@ from ..schedule import Recv
 from . import compact
 from .cost import SOCKET_BUFFER
 
-#: the most ranks and operations ``path`` looks at: what keeps its cost O(1) in the job's size
-RANKS, OPS = 64, 20_000
+#: how many ranks ``path`` looks at, in turn until its bound is high enough, and the most operations:
+#: what keeps its cost O(1) in the job's size
+RANKS, OPS = (32, 128, 512), 20_000
 #: relaxation passes over the ranks looked at (each pass's values are bounds already)
 PASSES = 6
 #: margin: sums in another order round differently from the walk's sum of the same terms
@@ -80,43 +82,53 @@ class _Rank:
     as (sender, which receive from that sender this is, the time from the sender's step start to
     this receive's end); per peer the steps of its sends to that peer, in order."""
 
-    def __init__(self, c: compact.Compact, rank: int, shape, itemsize: int):
-        copy, send, recv, edge = _terms(c, np.full(len(c.kind), rank), shape, itemsize)
-        s = [_per_step(x, c.step_start) for x in (copy, send, recv)]
-        self.copies = s[0].tolist()
-        self.local = (s[0] + np.maximum(s[1], s[2])).tolist()
-        nsteps = len(self.copies)
-        step_of = np.repeat(np.arange(nsteps), np.diff(c.step_start))
-        self.recvs: list[list] = [[] for _ in range(nsteps)]
+    def __init__(self, copies: list[float], local: list[float]):
+        self.copies, self.local = copies, local
+        self.recvs: list[list] = [[] for _ in copies]
         self.sends_to: dict[int, list[int]] = {}
-        seen: dict[int, int] = {}
-        kind, peer = c.kind.tolist(), c.peer.tolist()
-        for i in np.flatnonzero(c.kind != compact.COPY).tolist():
-            q = peer[i]
-            if kind[i] == compact.SEND:
-                self.sends_to.setdefault(q, []).append(int(step_of[i]))
-            else:
-                j = seen.get(q, 0)
-                seen[q] = j + 1
-                self.recvs[step_of[i]].append((q, j, float(edge[i])))
-        self.senders = list(seen)
+        self.seen: dict[int, int] = {}
 
 
-def path(get, shape, itemsize: int, classes_ok) -> float:
-    """The longest chain of steps and messages among the ranks a search from ranks 0, n - 1 and n / 2
-    reaches (see the module's docstring); ``get(rank)``: the rank's schedule."""
-    if shape is None:
-        return 0.0
-    n = shape.nranks
+def _ranks(scheds: list, shape, itemsize: int) -> dict[int, _Rank]:
+    """The terms of every rank of ``scheds`` (converted and priced together: one numpy pass, not one
+    per rank)."""
+    c = compact.convert(scheds, written=True)
+    owner = np.repeat(c.ranks, np.diff(c.step_start[c.rank_start]))
+    copy, send, recv, edge = _terms(c, owner, shape, itemsize)
+    s = [_per_step(x, c.step_start) for x in (copy, send, recv)]
+    copies, local = s[0].tolist(), (s[0] + np.maximum(s[1], s[2])).tolist()
+    first = c.rank_start.tolist()
+    out, base = {}, {}
+    for i, r in enumerate(c.ranks.tolist()):
+        out[r] = _Rank(copies[first[i]:first[i + 1]], local[first[i]:first[i + 1]])
+        base[r] = first[i]
+    step_of = np.repeat(np.arange(len(c.step_start) - 1), np.diff(c.step_start))
+    msg = np.flatnonzero(c.kind != compact.COPY)
+    for kind, q, k, r, w in zip(c.kind[msg].tolist(), c.peer[msg].tolist(), step_of[msg].tolist(),
+                                owner[msg].tolist(), edge[msg].tolist()):
+        me = out[r]
+        k -= base[r]
+        if kind == compact.SEND:
+            me.sends_to.setdefault(q, []).append(k)
+        else:
+            j = me.seen.get(q, 0)
+            me.seen[q] = j + 1
+            me.recvs[k].append((q, j, w))
+    return out
+
+
+def _search(get, n: int, ranks: int) -> tuple[list[int], list, bool] | None:
+    """(the ranks a breadth-first search from 0, n - 1 and n / 2 through whom they receive from reaches,
+    at most ``ranks`` of them and about ``OPS`` operations; their schedules; whether it could go on),
+    or None when a schedule is not a message schedule."""
     seeds = list(dict.fromkeys((0, n - 1, n // 2)))
-    order, seen, queue, ops = [], set(seeds), deque(seeds), 0
-    scheds = {}
-    while queue and len(order) < RANKS and ops < OPS:
+    order, seen, queue, ops, scheds = [], set(seeds), deque(seeds), 0, []
+    while queue and len(order) < ranks and ops < OPS:
         r = queue.popleft()
         s = get(r)
         if not compact.message_schedules([s]):
-            return 0.0
-        scheds[r] = s
+            return None
+        scheds.append(s)
         order.append(r)
         for step in s.steps:
             ops += len(step)
@@ -124,9 +136,11 @@ def path(get, shape, itemsize: int, classes_ok) -> float:
                 if type(o) is Recv and o.peer not in seen:
                     seen.add(o.peer)
                     queue.append(o.peer)
-    if not classes_ok(list(scheds.values())):
-        return 0.0
-    info = {r: _Rank(compact.convert([s], written=True), r, shape, itemsize) for r, s in scheds.items()}
+    return order, scheds, bool(queue) and ops < OPS
+
+
+def _longest(order: list[int], info: dict[int, _Rank]) -> float:
+    """The latest step end of ``order``'s ranks, relaxed ``PASSES`` times over the chains."""
     ends = {r: [0.0] * len(info[r].local) for r in order}
     for _ in range(PASSES):
         changed = False
@@ -150,4 +164,25 @@ def path(get, shape, itemsize: int, classes_ok) -> float:
                 prev = mine[k]
         if not changed:
             break
-    return max((e[-1] for e in ends.values() if e), default=0.0) * MARGIN
+    return max((e[-1] for e in ends.values() if e), default=0.0)
+
+
+def path(get, shape, itemsize: int, classes_ok, enough: float = math.inf) -> float:
+    """The longest chain of steps and messages among the ranks a search from ranks 0, n - 1 and n / 2
+    reaches (see the module's docstring); ``get(rank)``: the rank's schedule. The search grows
+    through ``RANKS`` until the bound is above ``enough`` (all the caller needs to know) or it can
+    go no further."""
+    if shape is None:
+        return 0.0
+    best = 0.0
+    for ranks in RANKS:
+        got = _search(get, shape.nranks, ranks)
+        if got is None:
+            return 0.0
+        order, scheds, more = got
+        if not classes_ok(scheds):
+            return 0.0
+        best = max(best, _longest(order, _ranks(scheds, shape, itemsize)) * MARGIN)
+        if best > enough or not more:
+            break
+    return best

@@ -152,11 +152,11 @@ class Tuner:
         shape = self.net().shape()
         return bound.local(sched, shape, itemsize, lambda s: self._classes(s, shape))
 
-    def path_bound(self, get, itemsize: int) -> float:
-        """``bound.path`` (``get(rank)``: a rank's schedule): a time the model's estimate
-        cannot be below."""
+    def path_bound(self, get, itemsize: int, enough: float = float("inf")) -> float:
+        """``bound.path`` (``get(rank)``: a rank's schedule): a time the model's estimate cannot be
+        below, looked for until it is above ``enough``."""
         shape = self.net().shape()
-        return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape))
+        return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape), enough)
 
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:
         out = {}
@@ -231,15 +231,19 @@ class Tuner:
                 every.append((name, algo, get, lb))
             else:
                 walk(name, algo, get, walked)
+        # the first look at their chains orders them (a chain broadcast's is long); then each is walked
+        # unless its chains, followed as far as needed, are longer than the best so far
         later = []
         for name, algo, get, lb in every:
-            if lb <= best:
+            if lb <= best and not algo.segment:
                 try:
-                    lb = max(lb, 0.0 if algo.segment else self.path_bound(get, itemsize))
+                    lb = max(lb, self.path_bound(get, itemsize, best if best < float("inf") else 0.0))
                 except ValueError:
                     continue
             later.append((lb, name, algo, get))
         for lb, name, algo, get in sorted(later, key=lambda x: (x[0], x[1])):
+            if lb <= best < float("inf") and not algo.segment:
+                lb = max(lb, self.path_bound(get, itemsize, best))
             if lb > best:
                 skipped[name] = lb
                 continue

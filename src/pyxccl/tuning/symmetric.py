@@ -96,6 +96,9 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     if hosts < 2:
         return None, "one host: nothing to fold"
     n = hosts * per_host
+    first, other = build(0), build(per_host)
+    if [len(st) for st in first.steps] != [len(st) for st in other.steps]:
+        return None, _NOT_SAME          # host 1's first rank is not host 0's moved: no need to build more
     reps = [build(r) for r in range(per_host)]
     if any(s.segment for s in reps):
         return None, "segment schedules run on one host"
