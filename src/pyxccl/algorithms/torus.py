@@ -28,7 +28,7 @@ from math import isqrt
 
 from ..schedule import Copy, Schedule, embed, offsets, split_counts
 from .hierarchical import groups_of
-from .ring import _reduce_scatter_phase, allgather_phase
+from .ring import allgather_phase, reduce_scatter_phase
 from .registry import register
 
 
@@ -74,10 +74,10 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None) -> Schedule:
     parts = split_counts(count, len(row))
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", 0, count))          # a no-op when in-place
-    _ring(s, _reduce_scatter_phase, row, j, parts, 0, j)
+    _ring(s, reduce_scatter_phase, row, j, parts, 0, j)
     if parts[j]:        # every rank of column j owns the same part: all of them skip it, or none
         subs, base = split_counts(parts[j], len(column)), offsets(parts)[j]
-        _ring(s, _reduce_scatter_phase, column, i, subs, base, i)
+        _ring(s, reduce_scatter_phase, column, i, subs, base, i)
         _ring(s, allgather_phase, column, i, subs, base, i)
     _ring(s, allgather_phase, row, j, parts, 0, j)
     return s
