@@ -13,11 +13,13 @@ Per rank, the rows move 2 (C-1)/C of the data and the column 2 (R-1)/(R C) in 2 
 steps, where one ring of n ranks moves 2 (n-1)/n in 2 (n-1) steps: about the ring's bytes in far
 fewer steps (1024 ranks as 128 x 8: 268 steps instead of 2046). Each phase is one of ring.py's.
 
-The grid: when the hosts are alike (H > 1 hosts of L > 1 ranks each) the rows are the hosts (R = H,
-C = L), so phases 1 and 3 stay inside a host and only phase 2, the smallest, crosses hosts (as
-hierarchical does). Otherwise the most square R x C with R, C >= 2, R <= C, rows of consecutive
-ranks. With no such grid (n < 4, or n prime) the builder raises ValueError: the tuner and
-``pyxccl sim`` skip it, a forced call is refused.
+The grid: when the hosts are alike (H > 1 hosts of L > 1 ranks each, a host's ranks in any order)
+the rows are the hosts (R = H, C = L), so phases 1 and 3 stay inside a host and only phase 2, the
+smallest, crosses hosts (as hierarchical does); on hosts of consecutive ranks, host h runs host 0's
+schedules moved by h L, so the tuner and ``pyxccl sim`` fold it (tuning/symmetric.py). Otherwise
+the most square R x C with 2 <= R <= C, rows of consecutive ranks. With no such grid (n < 4, or n
+prime) the builder raises ValueError; the record says so (``runs_on``): ``comm.algorithms``, the
+tuner and ``pyxccl sim`` leave it out there, a forced call is refused.
 
 Compression does not settle by construction (``settles`` is False): phase 3 sends part j whole,
 phase 2 sent it in sub-chunks, so a block code would quantize its values again in other blocks.
