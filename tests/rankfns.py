@@ -476,6 +476,22 @@ def check_forced(comm, primitive, names, counts, pairs):
     return fails
 
 
+def forced_allreduce_refused(comm, name):
+    """(whether ``comm.algorithms("allreduce")`` lists ``name``, the message of the InvalidArgumentError a
+    forced allreduce with ``name`` raises, or None if it ran); the communicator must stay usable."""
+    from pyxccl import InvalidArgumentError
+    listed = name in comm.algorithms("allreduce")
+    try:
+        comm.allreduce(np.ones(8, np.float32), algorithm=name)
+        why = None
+    except InvalidArgumentError as e:
+        why = str(e)
+    x = np.ones(8, np.float32)
+    comm.allreduce(x)
+    assert (x == comm.size).all(), x
+    return listed, why
+
+
 def _movement_forced(comm, primitive, name, count, dt, fails):
     n, r = comm.size, comm.rank
     everyone = [data(p, count, dt) for p in range(n)]

@@ -20,7 +20,8 @@ def _ok(results):
 
 @pytest.mark.parametrize("n", SIZES)
 def test_quantized_collectives_within_their_bounds(pools, transport, n):
-    _ok(pools(n).run(cf.check_quantized, MESSAGE_ALGORITHMS, transport=transport, timeout=240))
+    names = [a for a in MESSAGE_ALGORITHMS if registry.lookup("allreduce", a).runs(n)]     # torus2d: not on 2, 3, 5
+    _ok(pools(n).run(cf.check_quantized, names, transport=transport, timeout=240))
 
 
 @pytest.mark.parametrize("n", SIZES)

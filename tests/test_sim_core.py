@@ -153,7 +153,7 @@ def test_the_walkers_order_inside_a_step():
 
 
 @pytest.mark.parametrize("shape", [(8, 2), (16, 4)])
-@pytest.mark.parametrize("name", ["ring", "hierarchical", "halving_doubling"])
+@pytest.mark.parametrize("name", ["ring", "hierarchical", "halving_doubling", "torus2d"])
 def test_derived_arrays_are_the_built_ones(name, shape):
     hosts, per_host = shape
     c = Cluster(hosts, per_host, nics=2, **_DMA)
@@ -180,7 +180,7 @@ def test_uneven_chunks_are_not_derived():
 def test_symmetric_find_keeps_its_rules():
     """The vectorized comparison says what _same says."""
     c = Cluster(8, 2, **_DMA)
-    for name in ("ring", "hierarchical", "halving_doubling", "tree", "double_binary_tree"):
+    for name in ("ring", "hierarchical", "halving_doubling", "torus2d", "tree", "double_binary_tree"):
         build = _builder("allreduce", name, c, 1 << 16)
         reps = [build(r) for r in range(2)]
         for kind in (symmetric.Shift, symmetric.Xor):
@@ -193,7 +193,7 @@ def test_symmetric_find_keeps_its_rules():
 
 
 @pytest.mark.parametrize("cpu", [False, True])
-@pytest.mark.parametrize("name", ["ring", "hierarchical", "halving_doubling", "tree"])
+@pytest.mark.parametrize("name", ["ring", "hierarchical", "halving_doubling", "torus2d", "tree"])
 def test_simulate_message_level_derived_equals_python(name, cpu, monkeypatch):
     c = Cluster(8, 4, cores=2, mem=2e-10, cache=1 << 20, **_CPU) if cpu else Cluster(8, 4, nics=2, **_DMA)
     monkeypatch.setattr(fast, "DERIVE_OPS", 0)

@@ -31,6 +31,11 @@ class Algorithm:
     equal_blocks: bool = False    # needs every rank's block equal (refused for alltoallv)
     root_counts: bool = False     # runs when each rank knows only its own count (gatherv, scatterv)
     settles: bool = False         # compressed, every rank ends with the same quantized bits by construction
+    runs_on: Callable[[int], bool] | None = None    # the numbers of ranks it can run on (None: any)
+
+    def runs(self, nranks: int) -> bool:
+        """Whether it can run on ``nranks`` ranks at all (its builder raises ValueError where not)."""
+        return self.runs_on is None or self.runs_on(nranks)
 
     def schedule(self, rank: int, nranks: int, *, hosts=None, window=None, **args) -> Schedule:
         """This rank's schedule, passing ``hosts`` and ``window`` only to builders that use them."""
@@ -53,13 +58,13 @@ ALIASES = {"shm": "segment"}
 
 
 def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
-             root_counts: bool = False, settles: bool = False):
+             root_counts: bool = False, settles: bool = False, runs_on: Callable[[int], bool] | None = None):
     """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``, with the facts
     of :class:`Algorithm` (a builder that takes ``hosts`` is host-aware)."""
     def deco(builder: Builder) -> Builder:
         _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
                                                  "hosts" in inspect.signature(builder).parameters,
-                                                 equal_blocks, root_counts, settles)
+                                                 equal_blocks, root_counts, settles, runs_on)
         _IDS.clear()
         if default:
             _DEFAULT[primitive] = name

@@ -23,7 +23,7 @@ def _steps(counts, n: int, a: int):
     return sorted({k for c in full for k in ((a - c) % n, (a - c - 1) % n) if k < n - 1})
 
 
-def _reduce_scatter_phase(s: Schedule, counts, buf: str, last: int):
+def reduce_scatter_phase(s: Schedule, counts, buf: str, last: int):
     """n-1 steps after which ``buf``'s chunk ``last`` on this rank holds the full reduction."""
     r, n = s.rank, s.nranks
     off = offsets(counts)
@@ -53,7 +53,7 @@ def allreduce(rank: int, nranks: int, count: int) -> Schedule:
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", 0, count))          # a no-op when in-place
     counts = split_counts(count, nranks)
-    _reduce_scatter_phase(s, counts, "out", last=(rank + 1) % nranks)
+    reduce_scatter_phase(s, counts, "out", last=(rank + 1) % nranks)
     allgather_phase(s, counts, "out", have=(rank + 1) % nranks)
     return s
 
@@ -64,7 +64,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     s = Schedule(rank, nranks, scratch=sum(counts))
     off = offsets(counts)
     s.step(Copy("in", 0, "tmp", 0, sum(counts)))
-    _reduce_scatter_phase(s, counts, "tmp", last=rank)
+    reduce_scatter_phase(s, counts, "tmp", last=rank)
     s.step(Copy("tmp", off[rank], "out", 0, counts[rank]))
     return s
 

@@ -187,8 +187,8 @@ class Planner:
         return self._auto[key]
 
     def usable(self, primitive: str) -> list[str]:
-        return [n for n in registry.algorithms(primitive)
-                if self.ctx.segment is not None or not registry.lookup(primitive, n).segment]
+        recs = (registry.lookup(primitive, n) for n in registry.algorithms(primitive))
+        return [a.name for a in recs if (self.ctx.segment is not None or not a.segment) and a.runs(self.ctx.size)]
 
 
 # A communicator's set-up (its segment, its link figures) gathers small objects before it has a

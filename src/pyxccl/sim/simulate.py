@@ -54,7 +54,8 @@ def candidates(primitive: str, cluster: Cluster) -> list[str]:
     measured CPU machine of one host)."""
     names = algorithms.algorithms(primitive)
     fast = cluster.cpu and cluster.hosts == 1 and cluster.per_host > 1
-    return [a for a in names if fast or not registry.lookup(primitive, a).segment]
+    recs = [registry.lookup(primitive, a) for a in names]
+    return [a.name for a in recs if (fast or not a.segment) and a.runs(cluster.nranks)]
 
 
 def run(primitive: str, nbytes: int, cluster: Cluster, algos=None, *, dtype="float32", mode: str = "auto",

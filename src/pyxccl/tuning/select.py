@@ -54,7 +54,7 @@ class Tuner:
             self._shared = SharedTable.open(os.path.dirname(linkcache.cache_path()), inputs, linkcache.max_age())
 
     def usable(self, algo: registry.Algorithm) -> bool:
-        return self.segment is not None or not algo.segment
+        return (self.segment is not None or not algo.segment) and algo.runs(self.n)
 
     def net(self) -> Net:
         """The cost model's view of this communicator (made once: its shape checks every pair of a host)."""
