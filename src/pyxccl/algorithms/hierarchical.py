@@ -128,6 +128,14 @@ def _hosts(nranks: int, hosts) -> _Hosts:
     return got
 
 
+def host_groups(nranks: int, hosts) -> tuple[list[list[int]], bool, dict[int, tuple[int, int]]]:
+    """(the ranks of each host, hosts in order of their first rank; whether every host has as many;
+    rank -> (its host's index there, its index on the host)): computed once for every rank of a call
+    (shared, read only)."""
+    sh = _hosts(nranks, hosts)
+    return sh.groups, sh.even, sh.where
+
+
 class _Layout:
     """Where ``rank`` sits: ``groups`` (the ranks of each host), ``host`` (its host's index there),
     ``local`` and ``me`` (its host's ranks, its index among them), H and L (hosts, ranks on its

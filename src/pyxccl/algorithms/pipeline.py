@@ -58,7 +58,7 @@ def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -
         d >>= 1
     ag = Schedule(vr, n)                                # ring allgather among virtual ranks
     allgather_phase(ag, pieces, "out", have=vr)
-    embed(s, ag, [real(v) for v in range(n)], {"out": ("out", 0)})
+    embed(s, ag, [*range(root, n), *range(root)], {"out": ("out", 0)})     # virtual rank v is real(v)
     return s
 
 

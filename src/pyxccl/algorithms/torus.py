@@ -29,7 +29,7 @@ from __future__ import annotations
 from math import isqrt
 
 from ..schedule import Copy, Schedule, embed, offsets, split_counts
-from .hierarchical import groups_of
+from .hierarchical import host_groups
 from .ring import allgather_phase, reduce_scatter_phase
 from .registry import register
 
@@ -43,15 +43,22 @@ def _square(nranks: int) -> tuple[int, int] | None:
 def grid(nranks: int, hosts=None) -> list[list[int]] | None:
     """The grid's rows (each a list of ranks, its columns in order) for ``nranks`` ranks on ``hosts``
     (the host of every rank, or None), or None when there is none (see the module docstring)."""
+    got = _placed(nranks, hosts)
+    return None if got is None else got[0]
+
+
+def _placed(nranks: int, hosts):
+    """(``grid``'s rows, rank -> (row, column)), or None: without a search through the rows (every
+    rank's schedule of a call reads the same rows)."""
     if hosts is not None:
-        by_host = groups_of(hosts)
-        if 1 < len(by_host) < nranks and all(len(g) == len(by_host[0]) for g in by_host):
-            return by_host
+        by_host, even, where = host_groups(nranks, hosts)
+        if 1 < len(by_host) < nranks and even:
+            return by_host, where.__getitem__
     rc = _square(nranks)
     if rc is None:
         return None
     c = rc[1]
-    return [list(range(i * c, (i + 1) * c)) for i in range(rc[0])]
+    return [list(range(i * c, (i + 1) * c)) for i in range(rc[0])], lambda r: divmod(r, c)
 
 
 def _ring(s: Schedule, phase, group: list[int], me: int, counts: list[int], base: int, chunk: int):
@@ -65,13 +72,13 @@ def _ring(s: Schedule, phase, group: list[int], me: int, counts: list[int], base
 @register("allreduce", "torus2d", runs_on=lambda nranks: _square(nranks) is not None)
 def allreduce(rank: int, nranks: int, count: int, hosts=None) -> Schedule:
     """Row reduce-scatter, column allreduce of the part this rank owns, row allgather."""
-    rows = grid(nranks, hosts)
-    if rows is None:
+    got = _placed(nranks, hosts)
+    if got is None:
         raise ValueError(f"torus2d allreduce cannot run on {nranks} ranks: it needs a grid of R x C ranks with "
                          f"R and C at least 2 (4 or more ranks, not a prime number); use ring")
-    i = next(k for k, row in enumerate(rows) if rank in row)
+    rows, where = got
+    i, j = where(rank)
     row = rows[i]
-    j = row.index(rank)
     column = [r[j] for r in rows]
     parts = split_counts(count, len(row))
     s = Schedule(rank, nranks)

@@ -32,7 +32,7 @@ from .cost import SOCKET_BUFFER
 
 #: how many ranks ``path`` looks at, in turn until its bound is high enough, and the most operations:
 #: what keeps its cost O(1) in the job's size
-RANKS, OPS = (32, 128, 512), 20_000
+RANKS, OPS = (128, 512), 20_000
 #: relaxation passes over the ranks looked at (each pass's values are bounds already)
 PASSES = 6
 #: margin: sums in another order round differently from the walk's sum of the same terms
