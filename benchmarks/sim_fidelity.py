@@ -6,6 +6,14 @@ Run it (from the repository, with the package on the path):
     python benchmarks/sim_fidelity.py --part local --save FILE                 # only the local ranks
     python benchmarks/sim_fidelity.py --load /work/bench/i15/measured.json     # predict a saved measurement
     python benchmarks/sim_fidelity.py --load FILE --terms       # ... and which term of the model is off
+    python benchmarks/sim_fidelity.py --published [--json FILE]  # published nccl-tests figures (issue 27)
+    python benchmarks/sim_fidelity.py --published --fit          # ... refitting on the calibrate part
+
+``--published`` measures nothing: it predicts every point of ``pyxccl/sim/data/nccl_published.json``
+(docs/sim-data.md) with the default simulator ("pyxccl") and the NCCL tuning model's port ("nccl"),
+before calibration and with the fitted parameters of ``pyxccl/sim/fitted.py`` (``--fit``: fitted now,
+on the calibrate part only, and printed), and prints the table, the median and worst |error| per part
+(calibrate / validate) and model, suspect points apart, and per source (``pyxccl.sim.published``).
 
 The hosts part needs root (network namespaces made by tests/netns.py, tests/emuhosts); without
 root it is skipped with a note.
@@ -547,6 +555,63 @@ def report(rows: list[dict], file=None, worst: int = 5) -> dict:
     return medians
 
 
+# --- published nccl-tests measurements (issue 27) -----------------------------------------------------
+
+def published(fit: bool = False, json_path: str | None = None, file=None) -> dict:
+    """Print the published-measurement comparison; return {"rows", "summary", "fitted"} (as written to JSON)."""
+    from pyxccl.sim import fitted as F
+    from pyxccl.sim import published as P
+    file = file or sys.stdout
+    points = P.load()
+    cal = P.fit(P.calibration_points(points)) if fit else F.FITTED
+    before, after = P.evaluate(points), P.evaluate(points, cal)
+    print(f"{'id':>4} {'part':<5}{'source':<14}{'machine':<9}{'nodes':>6} {'collective':<14}{'size':>7}"
+          f"{'measured us':>13}" + "".join(f"{m + ' us':>12}{'err %':>8}{'cal us':>11}{'err %':>8}  {m + ' choice':<18}"
+                                           for m in P.MODELS), file=file)
+    for b, a in zip(before, after):
+        p = b.point
+        tag = (p.part[:3] + ("*" if p.suspect else "")).ljust(5)
+        head = (f"{p.id:>4} {tag}{p.source_id[:13]:<14}{p.preset:<9}{f'{p.nodes}x{p.per_node}':>6} "
+                f"{p.collective:<14}{_size(p.size):>7}{p.time * 1e6:>13.1f}")
+        if b.left_out:
+            print(head + f"  left out: {b.note}", file=file)
+            continue
+        print(head + "".join(f"{b.pred[m] * 1e6:>12.1f}{b.error[m] * 100:>+8.1f}{a.pred[m] * 1e6:>11.1f}"
+                             f"{a.error[m] * 100:>+8.1f}  {a.choice[m][:18]:<18}" for m in P.MODELS), file=file)
+    print("# part* : suspect (docs/sim-data.md), kept out of the medians; err: (predicted - measured) / measured; "
+          "cal: with the fitted parameters", file=file)
+    sb, sa = P.summarize(before), P.summarize(after)
+    print(f"\n{'part':<10}{'points':<9}{'model':<8}{'n':>4}{'median before':>15}{'worst before':>14}"
+          f"{'median after':>14}{'worst after':>13}", file=file)
+    for key in sb:
+        x, y = sb[key], sa[key]
+        if x["count"]:
+            print(f"{key[0]:<10}{key[2]:<9}{key[1]:<8}{x['count']:>4}{x['median'] * 100:>14.1f}%"
+                  f"{x['worst'] * 100:>13.0f}%{y['median'] * 100:>13.1f}%{y['worst'] * 100:>12.0f}%", file=file)
+    print("\n# per source (clean points, after calibration): median / worst |error|", file=file)
+    for src in sorted({r.point.source_id for r in after}):
+        rs = [r for r in after if r.point.source_id == src and not r.left_out and not r.point.suspect]
+        if rs:
+            print(f"{src:<32}{rs[0].point.part:<10}{len(rs):>4}  " + "  ".join(
+                f"{m} {statistics.median(abs(r.error[m]) for r in rs) * 100:5.1f}% / "
+                f"{max(abs(r.error[m]) for r in rs) * 100:4.0f}%" for m in P.MODELS), file=file)
+    left = sorted({(r.point.source_id, r.note) for r in before if r.left_out})
+    for src, why in left:
+        print(f"# left out: {src}: {why}", file=file)
+    if fit:
+        print("\n# fitted now (paste into pyxccl/sim/fitted.py FITTED):", file=file)
+        for k, v in cal.items():
+            print(f"    {k!r}: Params(intra_eff={v.intra_eff:.4f}, inter_eff={v.inter_eff:.4f}, "
+                  f"base_lat={v.base_lat:.4g}),", file=file)
+    doc = {"rows": [dict(r.to_json(), calibrated=dict(predicted=a.pred, error=a.error, choice=a.choice))
+                    for r, a in zip(before, after)],
+           "summary": [dict(part=k[0], model=k[1], points=k[2], before=sb[k], after=sa[k]) for k in sb],
+           "fitted": [dict(model=k[0], preset=k[1], **vars(v)) for k, v in cal.items()]}
+    if json_path:
+        _save(doc, json_path)
+    return doc
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=("local", "hosts", "all"), default="all", help="what to measure")
@@ -560,6 +625,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default="1gbit", help="hosts part: tc rate of each host's link")
     ap.add_argument("--host-sizes", default=",".join(map(str, HOST_SIZES)))
     ap.add_argument("--worst", type=int, default=5)
+    ap.add_argument("--published", action="store_true",
+                    help="compare with published nccl-tests measurements (measures nothing)")
+    ap.add_argument("--fit", action="store_true", help="with --published: fit on the calibrate part now")
+    ap.add_argument("--json", default=None, help="with --published: write the rows and summaries here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--prims", help=argparse.SUPPRESS)
@@ -568,6 +637,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.worker:
         _worker(a)
+        return 0
+    if a.published:
+        published(a.fit, a.json)
         return 0
     if a.load:
         with open(a.load) as f:

@@ -1,0 +1,150 @@
+"""sim.published: the published nccl-tests table, its predictions, the fit's input and the summaries."""
+import importlib.util
+import json
+import math
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from pyxccl._errors import InvalidArgumentError
+from pyxccl.plan import hardware
+from pyxccl.sim import fitted
+from pyxccl.sim import nccl as N
+from pyxccl.sim import published as P
+from pyxccl.sim import simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def points():
+    return P.load()
+
+
+def _one(points, **kw):
+    return next(p for p in points if all(getattr(p, k) == v for k, v in kw.items()))
+
+
+def test_loader_reads_every_point(points):
+    raw = json.loads((resources.files("pyxccl.sim") / "data" / "nccl_published.json").read_text())
+    assert len(points) == len(raw) == 249
+    for p, d in zip(points, raw):
+        assert (p.id, p.part, p.suspect, p.source_id) == (d["id"], d["part"], d["suspect"], d["source_id"])
+        assert (p.nodes, p.per_node, p.collective, p.size) == (d["nodes"], d["gpus_per_node"], d["collective"],
+                                                               d["size_bytes"])
+        assert p.time == d["time_us"] * 1e-6
+        assert p.preset in ("dgx-a100", "dgx-h100")
+    assert {p.part for p in points} == {"calibrate", "validate"}
+
+
+def test_inputs_and_left_out_reasons(points):
+    s01 = _one(points, source_id="S01-together-h100-1n", collective="allreduce")
+    inp, _ = P.model_input(s01)
+    assert (inp.preset, inp.nodes, inp.per_node, inp.algo, inp.proto) == ("dgx-h100", 1, 8, "Ring", None)
+    efa, _ = P.model_input(_one(points, source_id="S12-aws-p4de-efa"))
+    assert (efa.nics, efa.nic_GBps, efa.proto) == (4, 12.5, "Simple")
+    oci, note = P.model_input(_one(points, source_id="S07-oci-tutorial-h100"))
+    assert P.comm(oci) == N.preset("dgx-h100", 2, 8) and "per GPU" in note     # 16 x 200G: the preset's per GPU
+    one, _ = P.model_input(_one(points, source_id="S02-xxrjun-cluster01-h100", per_node=1))
+    assert P.comm(one).nRanks == one.nodes
+    for src, why in (("S06-a3mega-ztan", "TCPXO"), ("S08-nccl-tests-232", "unstated speed"),
+                     ("S09-coreweave-h100-8n-sharp", "SHARP"), ("S14-coreweave-a100-sharp-2023", "SHARP")):
+        inp, reason = P.model_input(_one(points, source_id=src))
+        assert inp is None and why in reason, (src, reason)
+
+
+def test_nccl_prediction_is_the_port(points):
+    p = _one(points, source_id="S05-nccl-tests-290", size=1 << 30)        # defaults, one node: NCCL's own choice
+    inp, _ = P.model_input(p)
+    best = N.choose("allreduce", p.size, N.preset("dgx-h100", 1, 8))
+    assert P.predict_nccl(p, inp) == (best.time * 1e-6, f"{best.algorithm}/{best.protocol}")
+    q = _one(points, source_id="S01-together-h100-1n", collective="allgather", size=1 << 30)    # Ring forced
+    inp, _ = P.model_input(q)
+    rows = [r for r in N.predict("allgather", q.size, N.preset("dgx-h100", 1, 8)) if r.algorithm == "Ring"]
+    ring = min(rows, key=lambda r: r.time)
+    assert P.predict_nccl(q, inp) == (ring.time * 1e-6, f"Ring/{ring.protocol}")
+    # the fitted base latency adds to the time; an efficiency divides NCCL's bandwidths
+    t0, _ = P.predict_nccl(q, inp)
+    assert P.predict_nccl(q, inp, fitted.Params(base_lat=7e-6))[0] == pytest.approx(t0 + 7e-6, rel=1e-12)
+    model = N.tune_model(N.preset("dgx-h100", 1, 8))
+    half = P._scaled(model, fitted.Params(intra_eff=0.5))
+    assert half.bandwidths[N.ncclFuncAllGather][N.NCCL_ALGO_RING][2] == \
+        model.bandwidths[N.ncclFuncAllGather][N.NCCL_ALGO_RING][2] * 0.5
+
+
+def test_pyxccl_prediction_is_the_walk(points):
+    p = _one(points, source_id="S10-gcm-fixtures-a100", nodes=2, size=1 << 30)
+    inp, _ = P.model_input(p)
+    c = hardware.load("dgx-a100").cluster(2, 8, nic_share=8)
+    best = min(simulate.run("allreduce", p.size, c, inplace=False), key=lambda r: (r.time, r.algorithm))
+    assert P.predict_pyxccl(p, inp) == (best.time, best.algorithm)
+    # 16 x 100 Gb/s RoCE: the same per-GPU NIC bandwidth as the preset's 8 x 200 Gb/s
+    s11 = _one(points, source_id="S11-oci-oke-a100-2n", size=1 << 30)
+    inp, _ = P.model_input(s11)
+    assert (inp.nics, inp.nic_GBps) == (16, 12.5)
+    cc = P.cluster(inp)
+    assert (cc.nics, 1 / cc.inter.beta) == (8, pytest.approx(25e9))
+    # alltoall under "nccl": the pairwise walk on the same cluster
+    a2a = _one(points, collective="alltoall", nodes=1)
+    inp, _ = P.model_input(a2a)
+    pair = simulate.run("alltoall", a2a.size, P.cluster(inp), ["pairwise"])[0]
+    assert P.predict_nccl(a2a, inp) == (pair.time, "pairwise (p2p)")
+
+
+def test_fit_sees_calibrate_points_only(points, monkeypatch):
+    calp = P.calibration_points(points)
+    assert calp and all(p.part == "calibrate" and not p.suspect for p in calp)
+    assert len(calp) == sum(1 for p in points if p.part == "calibrate" and not p.suspect)
+    with pytest.raises(InvalidArgumentError, match="not in the calibrate part"):
+        P.fit(calp[:3] + [_one(points, part="validate")])
+    seen = []
+    real = P.evaluate
+
+    def spy(pts, calibration=None):
+        seen.extend(pts)
+        return real(pts, calibration)
+    monkeypatch.setattr(P, "evaluate", spy)
+    cal = P.fit(calp)
+    assert seen and all(p.part == "calibrate" and not p.suspect for p in seen)
+    # the table in fitted.py is what this fit gives (to its printed digits)
+    assert set(cal) == set(fitted.FITTED)
+    for k, v in fitted.FITTED.items():
+        for f in ("intra_eff", "inter_eff", "base_lat"):
+            assert getattr(cal[k], f) == pytest.approx(getattr(v, f), rel=1e-3), (k, f)
+
+
+def _row(part, err_py, err_nc, suspect=False, left_out=False):
+    p = P.Point(0, part, suspect, "T", "H100", 1, 8, None, None, "", "", "allreduce", 1024, 1e-5)
+    r = P.Row(p, "", left_out=left_out)
+    if not left_out:
+        r.error = {"pyxccl": err_py, "nccl": err_nc}
+    return r
+
+
+def test_summaries_on_a_hand_made_table():
+    rows = [_row("calibrate", 0.1, -0.5), _row("calibrate", -0.3, 0.2), _row("calibrate", 0.2, 0.0),
+            _row("calibrate", 9.0, 9.0, suspect=True), _row("calibrate", 0, 0, left_out=True),
+            _row("validate", -0.05, 0.4), _row("validate", 0.15, -0.1)]
+    s = P.summarize(rows)
+    assert s[("calibrate", "pyxccl", "clean")] == dict(median=0.2, worst=0.3, count=3)
+    assert s[("calibrate", "nccl", "clean")] == dict(median=0.2, worst=0.5, count=3)
+    assert s[("calibrate", "nccl", "suspect")] == dict(median=9.0, worst=9.0, count=1)
+    assert s[("validate", "pyxccl", "clean")] == dict(median=pytest.approx(0.1), worst=0.15, count=2)
+    assert s[("validate", "nccl", "suspect")] == dict(median=None, worst=None, count=0)
+
+
+def test_benchmark_published_table(monkeypatch, tmp_path, capsys, points):
+    spec = importlib.util.spec_from_file_location("sim_fidelity", ROOT / "benchmarks" / "sim_fidelity.py")
+    fid = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fid)
+    few = [p for p in points if p.source_id in ("S11-oci-oke-a100-2n", "S06-a3mega-ztan") and p.size <= 1 << 20]
+    monkeypatch.setattr(P, "load", lambda path=None: few)
+    doc = fid.published(json_path=str(tmp_path / "p.json"))
+    out = capsys.readouterr().out
+    assert "left out: GPUDirect-TCPXO" in out and "calibrate clean    nccl" in out
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert len(saved["rows"]) == len(few) == len(doc["rows"])
+    s = next(x for x in saved["summary"] if (x["part"], x["model"], x["points"]) == ("calibrate", "nccl", "clean"))
+    errs = sorted(abs(r["error"]["nccl"]) for r in saved["rows"] if not r["left_out"])
+    assert s["before"]["count"] == len(errs) and math.isclose(s["before"]["worst"], errs[-1])
