@@ -314,3 +314,16 @@ def test_pricing_picks_what_the_simulator_would_choose(hosts, per_host):
     for prim in ("allreduce", "reduce_scatter", "allgather", "alltoall"):
         mine, theirs = _sim(prim, 1 << 24, c, 2, None), sim.choose(prim, 1 << 24, c, dtype="float16")
         assert mine.algorithm == theirs.algorithm and mine.time == pytest.approx(theirs.time, rel=1e-6)
+
+
+def test_groups_with_whole_dgx_nodes_are_priced_as_nccl_prices_them():
+    """A TP group of a DGX node's 8 GPUs runs NCCL: its allreduce costs what NCCL's model picks (the
+    time of ``pyxccl sim`` on that preset); a DP group of one GPU a node is priced by pyxccl's walk."""
+    from pyxccl.sim import nccl
+    p = estimate(load_model("llama-7b"), Layout(dp=2, tp=8, micro_batches=2), hardware.load("dgx-h100"))
+    rows = {(r.group, r.primitive): r for r in p.rows}
+    tp = rows[("tp", "allreduce")]
+    best = nccl.choose("allreduce", tp.bytes_per_call, nccl.preset("dgx-h100", 1, 8))
+    assert tp.algorithm == f"{best.algorithm}/{best.protocol}"
+    assert tp.time_per_call == pytest.approx(best.time * 1e-6)
+    assert "/" not in rows[("dp", "allreduce")].algorithm

@@ -321,3 +321,24 @@ def test_docstring_example_runs():
     import doctest
     res = doctest.testmod(nccl)
     assert res.failed == 0 and res.attempted > 0
+
+
+@pytest.mark.parametrize("args,model", [
+    (["allreduce", "--hardware", "dgx-a100"], "nccl"),
+    (["allgather", "--hardware", "dgx-h100", "--hosts", "4"], "nccl"),
+    (["allreduce", "--hardware", "dgx-a100", "--algo", "ring,Tree"], "nccl"),        # NCCL's names
+    (["alltoall", "--hardware", "dgx-a100"], "pyxccl"),                             # not in NCCL's model
+    (["allreduce", "--hardware", "dgx-a100", "--algo", "hierarchical"], "pyxccl"),  # pyxccl's algorithm
+    (["allreduce", "--hardware", "dgx-a100", "--per-host", "4"], "pyxccl"),         # not the preset's node
+    (["allreduce", "--hardware", "dgx-a100", "--topology", "torus2d"], "pyxccl"),
+    (["allreduce", "--hardware", "dgx-a100", "--model", "pyxccl"], "pyxccl"),
+    (["allreduce"], "pyxccl"),                                                      # link flags: no preset
+])
+def test_auto_answers_with_nccls_model_where_it_describes_machine_and_call(args, model, tmp_path, capsys):
+    """``--model auto`` (the default): NCCL's rows (with protocols) on a DGX preset as it is, for a
+    collective of NCCL's model and NCCL's algorithm names; pyxccl's walk anywhere else."""
+    out = tmp_path / "rows.json"
+    assert cli.main(["sim", *args, "--size", "1M", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(("protocol" in r) == (model == "nccl") for r in rows)
+    assert ("NCCL's tuning model" in capsys.readouterr().out) == (model == "nccl")

@@ -170,7 +170,7 @@ def test_the_tuner_folds_it_on_128_hosts_of_8():
 def test_sim_lists_it(capsys, tmp_path):
     out = tmp_path / "rows.json"
     assert cli.main(["sim", "allreduce", "--hosts", "4", "--per-host", "8", "--hardware", "dgx-a100",
-                     "--size", "1048576", "--json", str(out)]) == 0
+                     "--model", "pyxccl", "--size", "1048576", "--json", str(out)]) == 0
     assert "torus2d" in capsys.readouterr().out
     rows = {r["algorithm"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["torus2d"]["time"] > 0

@@ -3,6 +3,12 @@ the fastest algorithm that can run, what pyxccl's tuner would choose, on the gro
 cluster; found in the simulator's symmetric mode where an algorithm allows it), point-to-point
 messages as ``alpha + bytes * beta`` of the link they cross.
 
+A group that has whole DGX nodes to itself (8 GPUs of a ``dgx-a100``/``dgx-h100`` node each, no other
+group on them) runs NCCL there: its collectives of NCCL's model are priced as NCCL prices them
+(``sim/nccl.py``: the (algorithm, protocol) NCCL picks, NVLS and NVLSTree where the hardware has them),
+what ``pyxccl sim`` answers on those presets (``sim.report.nccl_covers``); its "sent" is nccl-tests'
+bus bytes (the bytes a ring moves per rank).
+
 A group's cluster is that group alone (``Hardware.cluster``), with its fair share of what it shares
 with the other groups of its kind running at the same time: a host's NICs (8 DP groups on a DGX,
 one per TP rank, get one NIC each) and a shared PCIe bus.
@@ -66,6 +72,36 @@ def _run(primitive: str, nbytes: int, cluster, dt: str, algo: str, must: bool):
         return None
 
 
+@dataclass(frozen=True)
+class _Ran:
+    """A call priced by NCCL's model, as the planner reads a simulator's result."""
+    algorithm: str       # "Ring/LL128"
+    time: float
+    bytes_sent: int
+
+
+def _nccl(primitive: str, nbytes: int, hw: Hardware, g: Group, algo: str | None) -> _Ran | None:
+    """NCCL's price of the call where the group has whole DGX nodes (see the module's docstring), else
+    None. ``algo``: "Algorithm/Protocol" (a later size of the same calls runs what the first chose)."""
+    from ..sim import nccl
+    from .hardware import load
+    if g.groups_per_host != 1 or hw.name not in nccl.preset_names() or hw != load(hw.name):
+        return None         # not the preset as it is (another GPU, fewer GPUs used a host, a user's file)
+    try:
+        coll = nccl.func(primitive)
+        comm = nccl.preset(hw.name, g.hosts, g.per_host)
+    except ValueError:
+        return None
+    key = ("nccl", primitive, nbytes, hw.name, g.hosts, g.per_host, algo)
+    if key not in _cache:
+        rows = nccl.predict(primitive, nbytes, comm)
+        row = next(r for r in rows if r.chosen) if algo is None else \
+            next(r for r in rows if f"{r.algorithm}/{r.protocol}" == algo)
+        sent = int(nbytes * nccl.bus_factor(coll, g.size))
+        _cache[key] = _Ran(f"{row.algorithm}/{row.protocol}", row.time * 1e-6, sent)
+    return _cache[key]
+
+
 def price(t: Traffic, layout: Layout, hw: Hardware, itemsize: int) -> Priced:
     """Price every call of ``t``: the largest size chooses the algorithm (what the tuner would pick),
     the other sizes (a bucket's rest, an embedding unit) run that algorithm too."""
@@ -78,10 +114,18 @@ def price(t: Traffic, layout: Layout, hw: Hardware, itemsize: int) -> Priced:
     bus_share = 1.0 / g.groups_per_host
     cluster = hw.cluster(g.hosts, g.per_host, nic_share=nic_share, bus_share=bus_share)
     sizes = sorted(t.sizes, key=lambda cn: -cn[1])
-    first = _sim(t.primitive, sizes[0][1], cluster, itemsize, None)
+    first = _nccl(t.primitive, sizes[0][1], hw, g, None)
+    if first is not None:
+        def again(nbytes):
+            return _nccl(t.primitive, nbytes, hw, g, first.algorithm)
+    else:
+        first = _sim(t.primitive, sizes[0][1], cluster, itemsize, None)
+
+        def again(nbytes):
+            return _sim(t.primitive, nbytes, cluster, itemsize, first.algorithm)
     time = sent = 0.0
     for calls, nbytes in sizes:
-        r = first if nbytes == sizes[0][1] else _sim(t.primitive, nbytes, cluster, itemsize, first.algorithm)
+        r = first if nbytes == sizes[0][1] else again(nbytes)
         time += calls * r.time
         sent += calls * r.bytes_sent
     return Priced(t, g, where, cls, first.algorithm, first.time, time, first.bytes_sent, int(sent))

@@ -47,8 +47,8 @@ class Params:
 # across hosts (NVLSTree, a tree whose two nodes exchange half of a ring's bytes).
 # Regenerate: python benchmarks/sim_fidelity.py --published --fit
 FITTED: dict = {
-    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8574, inter_eff=1.2236, base_lat=2.683e-05),
-    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0451, inter_eff=1.2688, base_lat=3.129e-05),
+    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8471, inter_eff=1.2209, base_lat=2.683e-05),
+    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0149, inter_eff=1.2103, base_lat=3.129e-05),
     ("nccl", "dgx-a100"): Params(intra_eff=0.9150, inter_eff=1.1250, base_lat=1.78e-05),
     ("nccl", "dgx-h100"): Params(intra_eff=0.9950, inter_eff=0.8839, base_lat=2.388e-05),
 }

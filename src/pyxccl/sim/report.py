@@ -44,10 +44,12 @@ def add_arguments(p) -> None:
     p.add_argument("--mode", choices=simrun.MODES, default="auto",
                    help="message: every rank; symmetric: one host's ranks, for schedules alike on every host; "
                         "auto: message level while cheap")
-    p.add_argument("--model", choices=("pyxccl", "nccl"), default="pyxccl",
-                   help="pyxccl: the algorithms' schedules through pyxccl's cost model (default); nccl: NCCL's own "
-                        "tuning model (every algorithm x protocol it enables and the one it picks; needs --hardware "
-                        "dgx-a100 or dgx-h100)")
+    p.add_argument("--model", choices=("auto", "pyxccl", "nccl"), default="auto",
+                   help="pyxccl: pyxccl's algorithms' schedules through its cost model; nccl: NCCL's own tuning "
+                        "model (every algorithm x protocol it enables and the one it picks; needs --hardware "
+                        "dgx-a100 or dgx-h100, 8 per host); auto (default): nccl where it describes the machine "
+                        "and the call (a DGX preset as it is, a collective of NCCL's model, --algo naming NCCL's "
+                        "algorithms if given), else pyxccl")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--plot", help="with --sweep: draw busbw against size into this PNG")
 
@@ -119,8 +121,29 @@ def _sizes(a) -> list[int]:
     return [parse_size(a.size)] if not a.sweep else sweep(*(parse_size(x) for x in a.sweep.split(":")), 4)
 
 
+def nccl_covers(a) -> bool:
+    """Does ``--model auto`` take NCCL's model for these arguments? Where the machine is a DGX preset
+    NCCL's model describes (as the preset is: no other topology or NIC count), the collective is one of
+    its model's, and ``--algo``, if given, names its algorithms (``ring`` is both NCCL's Ring and
+    pyxccl's ring: NCCL's here). On those machines it is the closer of the two to published NCCL
+    measurements (docs/sim.md, "Fidelity against published NCCL measurements")."""
+    if a.model != "auto":
+        return a.model == "nccl"
+    if not a.hardware or a.measured or any(v is not None for v in (a.topology, a.nics, a.dims, a.groups)):
+        return False
+    from ..plan import hardware
+    from . import nccl
+    try:
+        nccl.func(a.collective)
+        nccl.preset(hardware.load(a.hardware).name, a.hosts, a.per_host)
+    except (ValueError, OSError):
+        return False
+    names = {x.lower() for x in nccl.ncclAlgoStr}
+    return not a.algo or all(x.lower() in names for x in a.algo.split(","))
+
+
 def main(a) -> int:
-    if a.model == "nccl":
+    if nccl_covers(a):
         return main_nccl(a)
     try:
         c = cluster_of(a)
@@ -155,7 +178,7 @@ def main(a) -> int:
 
 
 def main_nccl(a) -> int:
-    """``--model nccl``: NCCL's own tuning model (``sim/nccl.py``) on a DGX preset, a row per (algorithm,
+    """``--model nccl`` (and ``auto`` where ``nccl_covers``): NCCL's own tuning model (``sim/nccl.py``) on a DGX preset, a row per (algorithm,
     protocol) NCCL enables, the one NCCL picks starred."""
     from . import nccl
     if not a.hardware or a.measured:
