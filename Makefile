@@ -29,9 +29,14 @@ bytecode: $(VENV)/.installed
 run: install bytecode
 	$(VENV)/bin/pyxccl bench -n $(NPROC) all -b 8 -e 64M -f 8
 
-# The peers of `pyxccl bench --vs` outside the pip extra: Intel MPI, DeepSpeed, oneCCL (scripts/setup_peers.sh).
-peers:
-	bash scripts/setup_peers.sh all
+# Every peer of `pyxccl bench --vs` in one step: the pip extra (gloo through torch, MPICH through mpi4py)
+# into the project's venv, then what no extra can bring: Intel MPI, DeepSpeed, oneCCL (scripts/setup_peers.sh).
+$(VENV)/.installed-peers: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[peers]'
+	touch $@
+
+peers: $(VENV)/.installed-peers
+	PYTHON=$(PYTHON) bash scripts/setup_peers.sh all
 
 # The whole suite, then the one-host and collective tests again with the pure-Python executor
 # (what runs where pyxccl._native could not be built).
