@@ -12,6 +12,7 @@ from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
 from ._objects import ObjectCollectives
+from ._persistent import PersistentCollectives
 from .calls import DESCRIBE, Described
 from .compression import collectives as compressed
 from .core.context import Context
@@ -25,13 +26,15 @@ def default_timeout() -> float:
     return env_timeout("PYXCCL_TIMEOUT", 300.0)
 
 
-class Communicator(Description, ObjectCollectives):
+class Communicator(Description, ObjectCollectives, PersistentCollectives):
     """A group of ranks that run collectives together (made by :func:`pyxccl.init` or :meth:`split`).
 
     >>> comm = pyxccl.init()                      # doctest: +SKIP
     >>> x = np.full(4, comm.rank, np.float32)
     >>> comm.allreduce(x)                         # in place: every rank now holds the sum
     >>> w = comm.allgather(x, async_op=True); w.wait()
+    >>> req = comm.allreduce_init(x)              # persistent: checked once, started many times
+    >>> req.start(); req.wait()
     """
 
     def __init__(self, ctx: Context):
@@ -66,7 +69,12 @@ class Communicator(Description, ObjectCollectives):
     def _start(self, c: Check, d: Described, k=None):
         """Run the described call ``d`` (checked by ``c``, whose ``how`` is its algorithm, async_op and
         timeout), kept under key ``k`` for its repeats (None: not kept)."""
-        algorithm, async_op, timeout = c.how
+        return self._prepare(c, d, k).start(d.inp, d.out, d.result, c.how[1], d.codec, d.after)
+
+    def _prepare(self, c: Check, d: Described, k=None):
+        """The described call ``d`` checked (its buffers' sizes and overlap), planned and prepared, not
+        run: ``_start`` runs it once, a persistent request (_persistent.py) at every start."""
+        algorithm, _, timeout = c.how
         prim = PRIMITIVES[d.primitive]
         n_in, n_out = prim.buffers(self.rank, d.args)
         for arr, want, what in ((d.inp, n_in, "the input"), (d.out, n_out, "the output")):
@@ -77,9 +85,8 @@ class Communicator(Description, ObjectCollectives):
         ctx = self._ctx
         plan = ctx.plans.plan(d.primitive, dtype, d.nbytes, d.op, d.root, algorithm, c.error, d.codec)
         keep = k if d.codec is None and d.after is None else None
-        p = ctx.prepare(c.op, plan, d.args, d.size, d.inp, d.out, timeout=timeout, writes=d.writes,
-                        allocates=d.allocates, keep=keep)
-        return p.start(d.inp, d.out, d.result, async_op, d.codec, d.after)
+        return ctx.prepare(c.op, plan, d.args, d.size, d.inp, d.out, timeout=timeout, writes=d.writes,
+                           allocates=d.allocates, keep=keep)
 
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
                   compression=None, key=None):
