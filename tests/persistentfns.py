@@ -336,7 +336,6 @@ def every_primitive(comm, configs=CONFIGS, algos=None) -> list:
 def starts_skip_the_full_path(comm, reps: int = 5) -> list:
     """A start makes no argument check, no key, no plan lookup and no new prepared call (the thread that
     made the request starts it): it runs the Prepared of its init."""
-    import pyxccl._persistent as pers
     import pyxccl.comm as api
     n, r = comm.size, comm.rank
     x, o = np.ones(4, np.float32), np.empty(4 * n, np.float32)
@@ -344,13 +343,14 @@ def starts_skip_the_full_path(comm, reps: int = 5) -> list:
             comm.reduce_scatter_init(o, x), comm.alltoall_init(o, np.empty(4 * n, np.float32)),
             comm.gather_init(x, o if r == 0 else None), comm.scatter_init(o if r == 0 else None, x),
             comm.reduce_init(x, 0), comm.barrier_init()]
-    ctx = comm._ctx
+    from pyxccl.core.context import Context
+    from pyxccl.core.dispatch import Planner
     made = []
-    real = api.Check, pers.Check, api.key, ctx.prepare, ctx.plans.plan
-    api.Check = pers.Check = lambda *a: made.append(("Check", a[1])) or real[0](*a)
-    api.key = lambda *a: made.append(("key", a[0])) or real[2](*a)
-    ctx.prepare = lambda *a, **kw: made.append(("prepare", a[0])) or real[3](*a, **kw)
-    ctx.plans.plan = lambda *a, **kw: made.append(("plan", a[0])) or real[4](*a, **kw)
+    real = api.Check, api.key, Context.prepare, Planner.plan
+    api.Check = lambda *a: made.append(("Check", a[1])) or real[0](*a)
+    api.key = lambda *a: made.append(("key", a[0])) or real[1](*a)
+    Context.prepare = lambda self, *a, **kw: made.append(("prepare", a[0])) or real[2](self, *a, **kw)
+    Planner.plan = lambda self, *a, **kw: made.append(("plan", a[0])) or real[3](self, *a, **kw)
     try:
         for _ in range(reps):
             for q in reqs:
@@ -358,8 +358,7 @@ def starts_skip_the_full_path(comm, reps: int = 5) -> list:
                 q.wait()
                 q.run()
     finally:
-        api.Check, pers.Check, api.key = real[:3]
-        del ctx.prepare, ctx.plans.plan
+        api.Check, api.key, Context.prepare, Planner.plan = real
     for q in reqs:
         q.free()
     return [f"a start made {what} for {op}" for what, op in made]

@@ -51,7 +51,7 @@ ALLOWED = {
     "_checks": BASE | {"algorithms", "ops", "primitives"},
     "_describe": BASE,
     "_objects": BASE | {"_checks"},
-    "_persistent": BASE | {"_checks", "calls", "core", "ops"},
+    "_persistent": BASE | {"ops"},
     "calls": BASE | {"_checks"},
     "compression.collectives": BASE | {"_checks", "calls", "compression.codecs", "ops"},
     "comm": BASE | {"_checks", "_describe", "_objects", "_persistent", "calls", "compression.collectives", "core", "ops",

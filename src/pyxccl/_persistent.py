@@ -5,23 +5,12 @@ planner), and returns a :class:`~pyxccl.core.persistent.PersistentRequest` whose
 prepared call on the same buffers. Nothing moves at init."""
 from __future__ import annotations
 
-from ._checks import Check
-from .calls import DESCRIBE
-from .core.persistent import CollectiveRequest, PointToPointRequest
 from .ops import ReduceOp
 
 
 class PersistentCollectives:
-    """The ``*_init`` calls of a :class:`~pyxccl.Communicator` (``self._ctx``: its context; ``self._prepare``:
-    the full path up to a prepared call, comm.py)."""
-
-    def _persistent(self, name: str, algorithm, timeout, *args) -> CollectiveRequest:
-        ctx = self._ctx
-        ctx.usable(name)        # closed or failed: refused at init, as the plain call would be
-        c = Check(self, name, (algorithm, False, timeout))
-        d = DESCRIBE[name](c, self.rank, self.size, *args)
-        p = self._prepare(c, d)
-        return CollectiveRequest(ctx, name, p, lambda: self._prepare(c, d), d.inp, d.out, d.result)
+    """The ``*_init`` calls of a :class:`~pyxccl.Communicator`; comm.py makes the requests (``_persistent``,
+    ``_point_request``)."""
 
     def allreduce_init(self, tensor, op=ReduceOp.SUM, *, out=None, algorithm=None, timeout=None):
         """A persistent :meth:`allreduce` of ``tensor`` (into ``out``, or in place): every start
@@ -98,16 +87,9 @@ class PersistentCollectives:
         >>> req = comm.send_init(buf, dst=1, tag=5)             # doctest: +SKIP
         >>> buf[:] = chunk; req.start(); req.wait()
         """
-        c = Check(self, "send")
-        self._ctx.usable("send")
-        buf = c.array(tensor, "tensor", writable=False)
-        return PointToPointRequest(self._ctx, "send", buf, c.rank(dst, "dst"), c.tag(tag), c.timeout(timeout), None)
+        return self._point_request("send", tensor, dst, tag, timeout)
 
     def recv_init(self, tensor, src: int | None, tag: int = 0, *, timeout=None):
         """A persistent receive into ``tensor`` from ``src`` (None: any rank): each ``start()`` is an
         :meth:`irecv`, ``run()`` a :meth:`recv` (returns ``tensor``)."""
-        c = Check(self, "recv")
-        self._ctx.usable("recv")
-        buf = c.array(tensor, "tensor", writable=True)
-        return PointToPointRequest(self._ctx, "recv", buf, None if src is None else c.rank(src, "src"), c.tag(tag),
-                                   c.timeout(timeout), tensor)
+        return self._point_request("recv", tensor, src, tag, timeout)

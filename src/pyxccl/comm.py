@@ -17,6 +17,7 @@ from .calls import DESCRIBE, Described
 from .compression import collectives as compressed
 from .core.context import Context
 from .core.onehost import attach_segment
+from .core.persistent import CollectiveRequest, PointToPointRequest
 from .core.prepared import FULL_PATH, key
 from .ops import ReduceOp
 from .primitives import PRIMITIVES
@@ -87,6 +88,24 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         keep = k if d.codec is None and d.after is None else None
         return ctx.prepare(c.op, plan, d.args, d.size, d.inp, d.out, timeout=timeout, writes=d.writes,
                            allocates=d.allocates, keep=keep)
+
+    def _persistent(self, name: str, algorithm, timeout, *args) -> CollectiveRequest:
+        """A persistent request of call ``name`` (the ``*_init`` calls, _persistent.py): the plain call's
+        full path up to its ``Prepared``, which every start runs on the arrays described here."""
+        ctx = self._ctx
+        ctx.usable(name)        # closed or failed: refused at init, as the plain call would be
+        c = Check(self, name, (algorithm, False, timeout))
+        d = DESCRIBE[name](c, self.rank, self.size, *args)
+        return CollectiveRequest(ctx, name, self._prepare(c, d), lambda: self._prepare(c, d), d.inp, d.out, d.result)
+
+    def _point_request(self, name: str, tensor, peer, tag, timeout) -> PointToPointRequest:
+        """A persistent "send" to or "recv" from ``peer`` (None: any rank), its arguments checked once."""
+        c = Check(self, name)
+        self._ctx.usable(name)
+        buf = c.array(tensor, "tensor", writable=name == "recv")
+        peer = None if peer is None and name == "recv" else c.rank(peer, "dst" if name == "send" else "src")
+        return PointToPointRequest(self._ctx, name, buf, peer, c.tag(tag), c.timeout(timeout),
+                                   tensor if name == "recv" else None)
 
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
                   compression=None, key=None):

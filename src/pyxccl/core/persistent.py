@@ -38,11 +38,11 @@ class PersistentRequest:
     requests in the order it would make the plain calls: making a request moves nothing, and each
     start is checked against the other ranks' calls like any call.
     """
-    __slots__ = ("op", "rank", "algorithm", "result", "_ctx", "_work", "_freed")
+    __slots__ = ("op", "rank", "algorithm", "result", "_context", "_work", "_freed")
 
     def __init__(self, ctx, op: str, algorithm: str | None, result):
         self.op, self.rank, self.algorithm, self.result = op, ctx.rank, algorithm, result
-        self._ctx, self._work, self._freed = ctx, None, False
+        self._context, self._work, self._freed = ctx, None, False
 
     def _go(self, async_op: bool):
         """Run the call once: a Work with ``async_op``, else the call's result."""
@@ -148,12 +148,12 @@ class CollectiveRequest(PersistentRequest):
         self._prepared = {ctx.thread_word(): prepared}      # thread digest -> its Prepared
 
     def _go(self, async_op: bool):
-        p = self._prepared.get(self._ctx.thread_word())
+        p = self._prepared.get(self._context.thread_word())
         if p is None:       # started from another thread than before: its fingerprint names this one
             p = self._remake()
             if len(self._prepared) >= 8:
                 self._prepared.clear()
-            self._prepared[self._ctx.thread_word()] = p
+            self._prepared[self._context.thread_word()] = p
         return p.start(self._inp, self._out, self.result, async_op)
 
     def _drop(self) -> None:
@@ -172,7 +172,7 @@ class PointToPointRequest(PersistentRequest):
         self._buf, self._peer, self._tag, self._timeout = buf, peer, tag, timeout
 
     def _go(self, async_op: bool):
-        ctx, op = self._ctx, self.op
+        ctx, op = self._context, self.op
         if op == "send":
             return ctx.send("isend" if async_op else "send", self._buf, self._peer, self._tag, async_op=async_op,
                             timeout=self._timeout)
