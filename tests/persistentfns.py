@@ -587,7 +587,7 @@ def _persistent_call(comm, prim: str, count: int):
 
 def killed_during(comm, victim: int, prim: str, shrink: bool = False):
     """``victim`` SIGKILLs itself while every rank starts and waits a large persistent ``prim`` in a loop.
-    The survivors report (error type, its peer, seconds from the last start to the error, the message, what
+    The survivors report (error type, its peer, seconds from the last start to the error, the message, its op, what
     a later start of the request raises, and with ``shrink``: the survivors' new world's size and whether a
     request made on it runs right)."""
     import os
@@ -606,7 +606,7 @@ def killed_during(comm, victim: int, prim: str, shrink: bool = False):
             large.start()
             large.wait()
     except pyxccl.PyxcclError as e:
-        got = type(e).__name__, e.peer, time.monotonic() - t0, str(e)
+        got = type(e).__name__, e.peer, time.monotonic() - t0, str(e), e.op
     try:
         small.start()
         later = "started"

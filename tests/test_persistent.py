@@ -74,9 +74,9 @@ def test_a_peer_lost_during_a_persistent_call_is_named(prim, transport, shrink):
     for r, res in enumerate(out):
         if r == victim:
             continue
-        name, peer, seconds, msg, later, shrunk = res
-        assert (name, peer) == ("PeerLostError", victim), f"rank {r}: {msg}"
-        assert f"rank {victim}" in msg and prim in msg and seconds < 10, (seconds, msg)
+        name, peer, seconds, msg, op, later, shrunk = res
+        assert (name, peer, op) == ("PeerLostError", victim, prim), f"rank {r}: {op}: {msg}"
+        assert f"rank {victim}" in msg and seconds < 10, (seconds, msg)
         assert later.startswith("PeerLostError") and "refused" in later, later   # the failed communicator's
         if shrink:
             assert shrunk == (n - 1, True), shrunk
