@@ -298,7 +298,110 @@ def cases(comm, dt, op, c, algos=None) -> list:
             return cc.allgatherv(data(t, r, counts[r], dt, k), None, counts)
         return req, fill, check, plain, o
     add(t, make)
+
+    offs = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    for root in range(n):
+        t = f"gatherv {dn} counts={counts} root={root}"
+
+        def make(cc, t=t, root=root):
+            x = np.empty(counts[r], dt)
+            o = np.full(sum(counts), 99, dt) if r == root else None
+            req = cc.gatherv_init(x, o, counts if r == root else None, root, timeout=TIMEOUT)
+
+            def fill(k):
+                x[:] = data(t, r, counts[r], dt, k)
+
+            def check(k, fails):
+                if r == root:
+                    _check(fails, f"{t} #{k}", o, np.concatenate([data(t, p, counts[p], dt, k) for p in range(n)]),
+                           True)
+
+            def plain(k):
+                return cc.gatherv(data(t, r, counts[r], dt, k), None, counts if r == root else None, root)
+            return req, fill, check, plain, o
+        add(t, make)
+
+        t = f"scatterv {dn} counts={counts} root={root}"
+
+        def make(cc, t=t, root=root):
+            send = np.empty(sum(counts), dt) if r == root else None
+            o = np.full(counts[r], 99, dt)
+            req = cc.scatterv_init(send, o, counts if r == root else None, root, timeout=TIMEOUT)
+
+            def whole(k):
+                return np.concatenate([data(t, p, counts[p], dt, k) for p in range(n)])
+
+            def fill(k):
+                if send is not None:
+                    send[:] = whole(k)
+
+            def check(k, fails):
+                _check(fails, f"{t} #{k}", o, whole(k)[offs[r]:offs[r + 1]], True)
+
+            def plain(k):
+                return cc.scatterv(whole(k) if r == root else None, np.empty(counts[r], dt),
+                                   counts if r == root else None, root)
+            return req, fill, check, plain, o
+        add(t, make)
+
+    t = f"reduce_scatterv {dn} {op.name} counts={counts}"
+
+    def make(cc, t=t):
+        send, o = np.empty(sum(counts), dt), np.full(counts[r], 99, dt)
+        req = cc.reduce_scatterv_init(send, o, counts, op, timeout=TIMEOUT)
+
+        def fill(k):
+            send[:] = data(t, r, sum(counts), dt, k)
+
+        def check(k, fails):
+            want = reduced(op, [data(t, p, sum(counts), dt, k) for p in range(n)], dt)[offs[r]:offs[r + 1]]
+            _check(fails, f"{t} #{k}", o, want, exact)
+
+        def plain(k):
+            return cc.reduce_scatterv(data(t, r, sum(counts), dt, k), np.empty(counts[r], dt), counts, op)
+        return req, fill, check, plain, o
+    add(t, make)
+
+    def pair(i, j):             # elements rank i sends rank j in alltoallv
+        return (i * 3 + j * 5) % 4 + 1
+    t = f"alltoallv {dn}"
+
+    def make(cc, t=t):
+        sc, rc = [pair(r, j) for j in range(n)], [pair(j, r) for j in range(n)]
+        send, o = np.empty(sum(sc), dt), np.full(sum(rc), 99, dt)
+        req = cc.alltoallv_init(send, o, sc, rc, timeout=TIMEOUT)
+
+        def fill(k):
+            send[:] = np.concatenate([data(t, r * n + j, sc[j], dt, k) for j in range(n)])
+
+        def check(k, fails):
+            _check(fails, f"{t} #{k}", o, np.concatenate([data(t, j * n + r, rc[j], dt, k) for j in range(n)]), True)
+
+        def plain(k):
+            return cc.alltoallv(np.concatenate([data(t, r * n + j, sc[j], dt, k) for j in range(n)]),
+                                np.empty(sum(rc), dt), sc, rc)
+        return req, fill, check, plain, o
+    add(t, make)
     return out
+
+
+def torch_tensors(comm) -> list:
+    """Persistent calls on torch CPU tensors (what DDP's buckets are): new data copied into the tensors
+    between starts; the request returns the tensor."""
+    import torch
+    fails, n, r = [], comm.size, comm.rank
+    x, o = torch.empty(6), torch.empty(6 * n)
+    with comm.allreduce_init(x) as ar, comm.allgather_init(x, o) as ag:
+        for k in range(STARTS):
+            x.copy_(torch.arange(6) + r + k)
+            if _complete(ar, k) is not x:
+                fails.append(f"allreduce #{k}: the request did not return the tensor")
+            want = (torch.arange(6) * n + sum(range(n)) + n * k).float()
+            if not torch.equal(x, want):
+                fails.append(f"allreduce #{k}: {x} want {want}")
+            if _complete(ag, k) is not o or not torch.equal(o, want.repeat(n)):
+                fails.append(f"allgather #{k}: {o}")
+    return fails
 
 
 def every_primitive(comm, configs=CONFIGS, algos=None) -> list:

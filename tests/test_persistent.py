@@ -28,6 +28,11 @@ def test_every_primitive_right_on_repeat_and_bit_for_bit_the_plain_call(pools, t
     _ok(pools(n).run(pf.every_primitive, transport=transport, timeout=200))
 
 
+def test_torch_tensors(pools):
+    pytest.importorskip("torch")
+    _ok(pools(2).run(pf.torch_tensors, transport="shm"))
+
+
 def test_a_start_runs_the_prepared_call_of_its_init(pools):
     """No argument check, key, plan lookup or new prepared call per start."""
     _ok(pools(2).run(pf.starts_skip_the_full_path, transport="shm"))
