@@ -564,6 +564,27 @@ def refusals(comm) -> list:
     if not np.all(x == want):
         fails.append(f"a start from the first thread again: {x}")
 
+    # wait(timeout=) caps that wait only: past it the request stays active and a later wait completes it
+    # (rank 1 starts only once rank 0's capped wait has given up: it waits for rank 0's message first)
+    x[:] = r + 1
+    token = np.zeros(1, np.int64)
+    if r == 0:
+        req.start()
+        try:
+            req.wait(timeout=0.05)
+            fails.append("a capped wait returned before the other ranks started")
+        except pyxccl.CommTimeoutError:
+            if not req.active:
+                fails.append("a capped wait that expired left the request inactive")
+        for p in range(1, n):
+            comm.send(token, p, tag=77)
+        req.wait()
+    else:
+        comm.recv(token, 0, tag=77)
+        req.run()
+    if not np.all(x == want):
+        fails.append(f"after a capped wait: {x} want {want}")
+
     # a closed communicator: its requests refuse to start, and no request is made on it
     cc.close()
     for what, fn in (("start()", req.start), ("run()", req.run), ("init", lambda: cc.allreduce_init(x))):
