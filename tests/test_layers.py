@@ -51,9 +51,10 @@ ALLOWED = {
     "_checks": BASE | {"algorithms", "ops", "primitives"},
     "_describe": BASE,
     "_objects": BASE | {"_checks"},
+    "_persistent": BASE | {"ops"},
     "calls": BASE | {"_checks"},
     "compression.collectives": BASE | {"_checks", "calls", "compression.codecs", "ops"},
-    "comm": BASE | {"_checks", "_describe", "_objects", "calls", "compression.collectives", "core", "ops",
+    "comm": BASE | {"_checks", "_describe", "_objects", "_persistent", "calls", "compression.collectives", "core", "ops",
                     "primitives", "probe"},
     "pyxccl": BASE | {"_checks", "comm", "core", "launch_env", "ops", "rendezvous", "trace", "transport"},
     # tools above the API (they drive a Communicator, read dumps, or make worlds)

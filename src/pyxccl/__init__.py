@@ -19,11 +19,12 @@ from ._version import __version__
 from .comm import Communicator, default_timeout
 from .comm import world as _world
 from .core.engine import Work
+from .core.persistent import PersistentRequest
 from .ops import ReduceOp
 from .trace import compute
 
 __all__ = [
-    "init", "Communicator", "Work", "ReduceOp", "compute",
+    "init", "Communicator", "Work", "PersistentRequest", "ReduceOp", "compute",
     "PyxcclError", "InvalidArgumentError", "UnsupportedOpError", "TensorArgumentError", "NotSupportedError",
     "CommClosedError", "RendezvousError",
     "CommError", "CommTimeoutError", "PeerLostError", "ProtocolError", "CollectiveMismatchError",

@@ -12,10 +12,12 @@ from ._checks import Check, env_timeout
 from ._errors import CommAbortedError
 from ._describe import Description
 from ._objects import ObjectCollectives
+from ._persistent import PersistentCollectives
 from .calls import DESCRIBE, Described
 from .compression import collectives as compressed
 from .core.context import Context
 from .core.onehost import attach_segment
+from .core.persistent import CollectiveRequest, PointToPointRequest
 from .core.prepared import FULL_PATH, key
 from .ops import ReduceOp
 from .primitives import PRIMITIVES
@@ -25,13 +27,15 @@ def default_timeout() -> float:
     return env_timeout("PYXCCL_TIMEOUT", 300.0)
 
 
-class Communicator(Description, ObjectCollectives):
+class Communicator(Description, ObjectCollectives, PersistentCollectives):
     """A group of ranks that run collectives together (made by :func:`pyxccl.init` or :meth:`split`).
 
     >>> comm = pyxccl.init()                      # doctest: +SKIP
     >>> x = np.full(4, comm.rank, np.float32)
     >>> comm.allreduce(x)                         # in place: every rank now holds the sum
     >>> w = comm.allgather(x, async_op=True); w.wait()
+    >>> req = comm.allreduce_init(x)              # persistent: checked once, started many times
+    >>> req.start(); req.wait()
     """
 
     def __init__(self, ctx: Context):
@@ -66,7 +70,12 @@ class Communicator(Description, ObjectCollectives):
     def _start(self, c: Check, d: Described, k=None):
         """Run the described call ``d`` (checked by ``c``, whose ``how`` is its algorithm, async_op and
         timeout), kept under key ``k`` for its repeats (None: not kept)."""
-        algorithm, async_op, timeout = c.how
+        return self._prepare(c, d, k).start(d.inp, d.out, d.result, c.how[1], d.codec, d.after)
+
+    def _prepare(self, c: Check, d: Described, k=None):
+        """The described call ``d`` checked (its buffers' sizes and overlap), planned and prepared, not
+        run: ``_start`` runs it once, a persistent request (_persistent.py) at every start."""
+        algorithm, _, timeout = c.how
         prim = PRIMITIVES[d.primitive]
         n_in, n_out = prim.buffers(self.rank, d.args)
         for arr, want, what in ((d.inp, n_in, "the input"), (d.out, n_out, "the output")):
@@ -77,9 +86,26 @@ class Communicator(Description, ObjectCollectives):
         ctx = self._ctx
         plan = ctx.plans.plan(d.primitive, dtype, d.nbytes, d.op, d.root, algorithm, c.error, d.codec)
         keep = k if d.codec is None and d.after is None else None
-        p = ctx.prepare(c.op, plan, d.args, d.size, d.inp, d.out, timeout=timeout, writes=d.writes,
-                        allocates=d.allocates, keep=keep)
-        return p.start(d.inp, d.out, d.result, async_op, d.codec, d.after)
+        return ctx.prepare(c.op, plan, d.args, d.size, d.inp, d.out, timeout=timeout, writes=d.writes,
+                           allocates=d.allocates, keep=keep)
+
+    def _persistent(self, name: str, algorithm, timeout, *args) -> CollectiveRequest:
+        """A persistent request of call ``name`` (the ``*_init`` calls, _persistent.py): the plain call's
+        full path up to its ``Prepared``, which every start runs on the arrays described here."""
+        ctx = self._ctx
+        ctx.usable(name)        # closed or failed: refused at init, as the plain call would be
+        c = Check(self, name, (algorithm, False, timeout))
+        d = DESCRIBE[name](c, self.rank, self.size, *args)
+        return CollectiveRequest(ctx, name, self._prepare(c, d), lambda: self._prepare(c, d), d.inp, d.out, d.result)
+
+    def _point_request(self, name: str, tensor, peer, tag, timeout) -> PointToPointRequest:
+        """A persistent "send" to or "recv" from ``peer`` (None: any rank), its arguments checked once."""
+        c = Check(self, name)
+        self._ctx.usable(name)
+        buf = c.array(tensor, "tensor", writable=name == "recv")
+        peer = None if peer is None and name == "recv" else c.rank(peer, "dst" if name == "send" else "src")
+        return PointToPointRequest(self._ctx, name, buf, peer, c.tag(tag), c.timeout(timeout),
+                                   tensor if name == "recv" else None)
 
     def allreduce(self, tensor, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None, timeout=None,
                   compression=None, key=None):
