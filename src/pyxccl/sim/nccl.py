@@ -568,7 +568,7 @@ def predict(collective: str, nBytes: int, comm: Comm, model: Model | None = None
     coll = func(collective)
     model = model or tune_model(comm)
     table = cost_table(model, coll, nBytes)
-    best = _argmin(table)
+    best = argmin(table)
     rows = []
     for a in range(NCCL_NUM_ALGORITHMS):
         for p in range(NCCL_NUM_PROTOCOLS):
@@ -581,7 +581,7 @@ def predict(collective: str, nBytes: int, comm: Comm, model: Model | None = None
     return rows
 
 
-def _argmin(table) -> tuple:
+def argmin(table) -> tuple | None:
     """``topoGetAlgoInfo``: the first strict minimum of the non-negative times, algorithms then protocols."""
     minTime, best = float("inf"), None
     for a in range(NCCL_NUM_ALGORITHMS):

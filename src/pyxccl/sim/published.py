@@ -231,7 +231,7 @@ def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tupl
         for q in range(N.NCCL_NUM_PROTOCOLS):
             if (inp.algo and N.ncclAlgoStr[a] != inp.algo) or (inp.proto and N.ncclProtoStr[q] != inp.proto):
                 table[a][q] = N.NCCL_ALGO_PROTO_IGNORE
-    best = N._argmin(table)
+    best = N.argmin(table)
     if best is None:
         raise InvalidArgumentError(f"published point {p.id}: NCCL's model enables no {inp.algo}/{inp.proto} for "
                                    f"{p.collective} on {c.name}: leave the forcing out or model the graph")
