@@ -33,9 +33,10 @@ machine is shared: a busy neighbour doubles the 4-rank times).
 How it predicts. Every measured row goes through ``pyxccl.sim.run(prim, nbytes, cluster,
 [algorithm])`` with ``cluster = Cluster.measured(hosts, per_host, inter=<measured tcp>,
 calibration=...)`` whose shared-memory, segment, copy, reduction and memory figures are those the
-job's tuner recorded, and whose segment round and single-copy read rate are those
-``pyxccl.sim.calibrate.measure`` found in the job before its sweep (for a measurement saved before
-that existed: the same two figures as the job measured them after its sweep). The error is
+job's tuner recorded, and whose segment round, single-copy read rate and window reads and writes are
+those ``pyxccl.sim.calibrate.measure`` found in the job before its sweep (for a measurement saved
+before that existed: the round and the single-copy rate as the job measured them after its sweep,
+and windows priced as copies). The error is
 (predicted - measured) / measured; the table ends with the median |error| of each part and of all
 rows, and the worst rows. The "now" columns predict with the figures the job measured after its
 sweep (``cluster_now``); ``--terms`` changes one figure at a time (``_terms``). Nothing is fitted
@@ -439,6 +440,9 @@ def _terms():
         copy, gamma = now["rates"][str(row["size"])]
         return replace(c, copy=copy, gamma=gamma, mem=0.0)
 
+    def windows(c, row, now):
+        return replace(c, peer=(), win_write=()) if c.peer or c.win_write else None
+
     def both(*fs):
         def f(c, row, now):
             for g in fs:
@@ -446,6 +450,7 @@ def _terms():
             return c
         return f
     return [
+        ("windows as copies: without the calibrated reads of a peer's window and writes of one's own", windows),
         ("segment round: median of barrier calls now, not the probe's fastest batch", seg),
         ("memory: all bytes from memory once the host's buffers exceed the LLC (cache=1), not a share", memory),
         ("between hosts: the sustained rate of a host link, every rank sending both ways", tcp),
