@@ -31,7 +31,11 @@ A step ends when its sends are out and its receives are in; a receive can't
 complete before the sender sent it. Segment schedules (the one-host fast path) are
 priced by the same walk: a round's window becomes readable after the measured round
 latency, and the copies and reductions on windows cost what copies and reductions
-cost.
+cost, except where the figures were measured (``sim.calibrate``: ``peer``, ``win_write``):
+a window's lines live in the cache of the core that used them last, so reading a peer's
+window, and writing the part of one's own window that the others read in its last round,
+cost what they were measured to cost at their size (every rank at once; 4x a copy in
+cache at 64-256 KiB on this machine).
 
 The model's answer for a collective is the time of the slowest rank.
 """
