@@ -98,8 +98,11 @@ def _windows(comm) -> dict:
 
         def read():
             np.copyto(dst[:nb], theirs[:nb])
-        out["peer"].append([nb, _timed(comm, read, 40, prep=write)])
-        out["win"].append([nb, _timed(comm, write, 40, prep=read)])
+
+        def then(f):        # after everyone's last timed op: nobody writes a window another still reads
+            return lambda: (comm.barrier(), f())
+        out["peer"].append([nb, _timed(comm, read, 40, prep=then(write))])
+        out["win"].append([nb, _timed(comm, write, 40, prep=then(read))])
     return out
 
 
