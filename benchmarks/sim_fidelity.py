@@ -41,9 +41,12 @@ machine is shared: a busy neighbour doubles the 4-rank times).
 How it predicts. Every measured row goes through ``pyxccl.sim.run(prim, nbytes, cluster,
 [algorithm])`` with ``cluster = Cluster.measured(hosts, per_host, inter=<measured tcp>,
 calibration=...)`` whose shared-memory, segment, copy, reduction and memory figures are those the
-job's tuner recorded, and whose segment round and single-copy read rate are those
-``pyxccl.sim.calibrate.measure`` found in the job before its sweep (for a measurement saved before
-that existed: the same two figures as the job measured them after its sweep). The error is
+job's tuner recorded, and whose single-copy read rate and window reads and writes are those
+``pyxccl.sim.calibrate.measure`` found in the job before its sweep, and whose segment round is the
+median of barrier calls sampled between the rows (10 after each; with 4 ranks on 2 cores it drifts
+2-10x within minutes, so a figure taken once before the sweep predicts another machine state; for a
+measurement saved before that existed: calibrate's round, or for one older still the round and the
+single-copy rate as the job measured them after its sweep, and windows priced as copies). The error is
 (predicted - measured) / measured; the table ends with the median |error| of each part and of all
 rows, and the worst rows. The "now" columns predict with the figures the job measured after its
 sweep (``cluster_now``); ``--terms`` changes one figure at a time (``_terms``). Nothing is fitted
@@ -90,6 +93,7 @@ def _worker(a) -> None:
         calibration = None
     times: dict = {}
     algos: dict = {}
+    rounds_seen: list = []      # the segment's round, sampled between the rows (one host)
     for _ in range(a.rounds):
         for prim in prims:
             for nbytes in sizes:
@@ -102,6 +106,12 @@ def _worker(a) -> None:
                     raise SystemExit(f"{prim} {nbytes}: {wrong} wrong values")
                 times.setdefault((prim, case.nbytes), []).extend(ts)
                 algos[(prim, case.nbytes)] = comm.algorithm_for(prim, case.nbytes, np.float32)
+                if calibration is not None:
+                    rounds_seen += _rounds(comm, 10)
+    if rounds_seen:
+        seg = np.array([statistics.median(rounds_seen)])
+        comm.allreduce(seg, "max")
+        calibration["seg_sweep"] = float(seg[0])
     m = comm.link_figures()
     now = _figures_now(comm, hosts, sorted({s for _, s in times}))
     if comm.rank == 0:
@@ -113,6 +123,17 @@ def _worker(a) -> None:
         with open(a.out, "w") as f:
             json.dump(doc, f, indent=1)
     comm.close()
+
+
+def _rounds(comm, reps: int) -> list[float]:
+    """This rank's times of ``reps`` barrier calls on the segment (a barrier before each)."""
+    ts = []
+    for _ in range(reps):
+        comm.barrier()
+        t = time.perf_counter()
+        comm.barrier(algorithm="segment")
+        ts.append(time.perf_counter() - t)
+    return ts
 
 
 def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
@@ -323,7 +344,8 @@ def cluster_for(row: dict, machine: dict | None, calibration: dict | None = None
     if machine:
         seg = links.get("seg") or links.get(f"seg:{l}")     # the job's own segment round
         if calibration and h == 1:
-            seg = Link(calibration["seg"], 0.0)
+            # the round as sampled between the rows, when the job did; else as calibrate found it before
+            seg = Link(calibration.get("seg_sweep") or calibration["seg"], 0.0)
         c = replace(c, intra=links.get("shm", c.intra), gamma=machine["gamma"], copy=machine["copy"],
                     cores=machine.get("cores") or c.cores, seg=seg if seg or h > 1 else c.seg,
                     mem=machine.get("mem") or c.mem, cache=machine.get("cache") or c.cache,
@@ -447,6 +469,13 @@ def _terms():
         copy, gamma = now["rates"][str(row["size"])]
         return replace(c, copy=copy, gamma=gamma, mem=0.0)
 
+    def windows(c, row, now):
+        return replace(c, peer=(), win_write=()) if c.peer or c.win_write else None
+
+    def seg_before(c, row, now):
+        cal = now.get("_calibration") or {}
+        return replace(c, seg=Link(cal["seg"], 0.0)) if cal.get("seg_sweep") and row["hosts"] == 1 else None
+
     def both(*fs):
         def f(c, row, now):
             for g in fs:
@@ -454,7 +483,9 @@ def _terms():
             return c
         return f
     return [
+        ("windows as copies: without the calibrated reads of a peer's window and writes of one's own", windows),
         ("segment round: median of barrier calls now, not the probe's fastest batch", seg),
+        ("segment round: as calibrate found it before the sweep, not sampled between the rows", seg_before),
         ("memory: all bytes from memory once the host's buffers exceed the LLC (cache=1), not a share", memory),
         ("between hosts: the sustained rate of a host link, every rank sending both ways", tcp),
         ("copies and reductions: numpy's rates at the row's size, all ranks at once", cpu),
@@ -476,7 +507,7 @@ def terms(doc: dict, file=None) -> None:
             for row in doc.get(part, {}).get("rows", []):
                 job = _job(doc, part, row)
                 c = cluster_for(row, job.get("machine"), calibration_of(job))
-                c = f(c, row, job.get("now") or {}) or c
+                c = f(c, row, dict(job.get("now") or {}, _calibration=calibration_of(job))) or c
                 t = pyxccl.sim.run(row["prim"], row["size"], c, [row["algorithm"]], inplace=False)[0].time
                 errs[part].append(abs(t - row["time"]) / row["time"])
         cols = [statistics.median(e) if e else None for e in (errs["local"], errs["hosts"],

@@ -215,9 +215,41 @@ def test_calibration_measures_what_calls_see(pools):
     if fig["cma"] is not None:       # process_vm_readv allowed here
         alpha, beta = fig["cma"]
         assert alpha >= 0 and 1 / 200e9 < beta < 1 / 0.1e9
+    for key in ("peer", "win"):     # window reads and writes: (bytes, seconds) at rising sizes
+        sizes = [nb for nb, _ in fig[key]]
+        assert sizes == sorted(set(sizes)) and sizes[0] > 0
+        assert all(0 < t < 0.01 for _, t in fig[key])
     c = Cluster.measured(1, 2, calibration=fig)
     assert c.seg.alpha == fig["seg"] and (c.cma is None) == (fig["cma"] is None)
+    assert c.peer == tuple(map(tuple, fig["peer"])) and c.win_write == tuple(map(tuple, fig["win"]))
     assert run("allgather", 4 << 20, c, ["segment"])[0].time > 0
+
+
+def test_windows_are_priced_as_rounds_use_them():
+    """A window read from a peer costs what the calibration measured at its size (when more than a copy);
+    writing one's window costs it for the share the others read in that round: all of it in allgather,
+    the peer's block of two in alltoall; nothing is charged without the figures."""
+    from dataclasses import replace
+
+    from pyxccl.tuning.cost import at_size
+    KiB = 1 << 10
+    c = Cluster(1, 2, intra=Link(20e-6, 1e-9), inter=Link(60e-6, 1e-9), cpu=True, cores=2, copy=2e-11,
+                gamma=2e-11, seg=Link(4e-6, 0.0), cma=None, single_copy=False)
+    peer = ((16 * KiB, 2e-6), (64 * KiB, 3e-6))
+    win = ((16 * KiB, 3e-6), (64 * KiB, 8e-6))
+    assert at_size(win, 8 * KiB) == pytest.approx(1.5e-6) and at_size(win, 40 * KiB) == pytest.approx(5.5e-6) \
+        and at_size(win, 128 * KiB) == pytest.approx(16e-6)
+    t = {k: run(prim, 64 * KiB, replace(c, **kw), ["segment"], inplace=False)[0].time
+         for k, (prim, kw) in {"ag": ("allgather", {}), "ag+": ("allgather", dict(peer=peer, win_write=win)),
+                               "a2a": ("alltoall", {}), "a2a+": ("alltoall", dict(peer=peer, win_write=win))}.items()}
+    # allgather, a round: my 32 KiB block to my window (the peer reads all of it), my block and the peer's out
+    nb = 32 * KiB
+    assert t["ag"] == pytest.approx(4e-6 + 3 * nb * 2e-11)
+    assert t["ag+"] == pytest.approx(4e-6 + at_size(win, nb) + nb * 2e-11 + at_size(peer, nb))
+    # alltoall: my two 32 KiB blocks to my window, of which the peer reads one (half of each write is held)
+    b = 32 * KiB
+    assert t["a2a"] == pytest.approx(4e-6 + 4 * b * 2e-11)
+    assert t["a2a+"] == pytest.approx(4e-6 + 2 * (b / 2 * 2e-11 + at_size(win, b / 2)) + b * 2e-11 + at_size(peer, b))
 
 
 def test_docstring_examples_run():

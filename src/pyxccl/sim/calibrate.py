@@ -8,7 +8,12 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
   13 us for 4 ranks on 2 cores here);
 - a single-copy read of another process's buffer (process_vm_readv, the engine's ``Get`` of a
   posted buffer): alpha and beta fitted through reads of 64 KiB and 1 MiB, every rank reading its
-  next rank's buffer at once (about 10 GB/s here, against 45 GB/s for a copy in cache).
+  next rank's buffer at once (about 10 GB/s here, against 45 GB/s for a copy in cache);
+- windows as rounds use them: the lines of a window live in the cache of the core that last used
+  them, so writing one's window after the others read it (their cores hold its lines) runs at about
+  9 GB/s here up to 256 KiB, against 40 GB/s for a window nobody else touched, and reading a window
+  another rank just wrote at 10-40 GB/s (it varies from moment to moment on this VM). Kept as the
+  time at each of a few sizes (the rate is not linear in the size), every rank at once.
 
 >>> # on every rank of a one-host job:
 >>> # figures = pyxccl.sim.calibrate.measure(comm)
@@ -26,10 +31,16 @@ import numpy as np
 _SIZES = (64 << 10, 1 << 20)
 
 
-def _timed(comm, fn, reps: int) -> float:
-    """Median over ``reps`` calls of the slowest rank's time of ``fn`` (a barrier before each)."""
+_WINDOW_SIZES = (16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20)
+
+
+def _timed(comm, fn, reps: int, prep=None) -> float:
+    """Median over ``reps`` calls of the slowest rank's time of ``fn`` (``prep``, then a barrier, before
+    each)."""
     ts = []
     for _ in range(reps):
+        if prep is not None:
+            prep()
         comm.barrier()
         t = time.perf_counter()
         fn()
@@ -67,9 +78,39 @@ def _single_copy(comm) -> list[float] | None:
     return [max(0.0, times[0] - beta * _SIZES[0]), beta]
 
 
+def _windows(comm) -> dict:
+    """Reading and writing windows of the shared segment as rounds do, every rank at once, at the sizes
+    of ``_WINDOW_SIZES`` the windows hold: {"peer": [[bytes, seconds], ...] reading the next rank's
+    window right after it wrote it, "win": the same for writing one's own window right after the
+    previous rank read it}; {} without a segment. (The windows are free between calls: every round
+    writes its window before publishing.)"""
+    seg = comm._ctx.segment
+    sizes = [nb for nb in _WINDOW_SIZES if nb <= seg.area] if seg is not None else []
+    if not sizes:
+        return {}
+    u8 = np.dtype(np.uint8)
+    mine, theirs = seg.window(0, comm.rank, u8), seg.window(0, (comm.rank + 1) % comm.size, u8)
+    src, dst = np.ones(max(sizes), np.uint8), np.zeros(max(sizes), np.uint8)
+    out: dict = {"peer": [], "win": []}
+    for nb in sizes:
+        def write():
+            np.copyto(mine[:nb], src[:nb])
+
+        def read():
+            np.copyto(dst[:nb], theirs[:nb])
+
+        def then(f):        # after everyone's last timed op: nobody writes a window another still reads
+            return lambda: (comm.barrier(), f())
+        out["peer"].append([nb, _timed(comm, read, 40, prep=then(write))])
+        out["win"].append([nb, _timed(comm, write, 40, prep=then(read))])
+    return out
+
+
 def measure(comm) -> dict:
-    """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None}."""
+    """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None,
+    "peer" and "win": [[bytes, seconds], ...] or None (``_windows``)}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
     seg = _timed(comm, lambda: comm.barrier(algorithm="segment"), 60)
-    return {"seg": seg, "cma": _single_copy(comm)}
+    win = _windows(comm)
+    return {"seg": seg, "cma": _single_copy(comm), "peer": win.get("peer"), "win": win.get("win")}

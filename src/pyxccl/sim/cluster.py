@@ -54,6 +54,9 @@ class Cluster:
     mem: float = 0.0                 # CPU machines: seconds per byte read or written in memory (0: unknown)
     cache: int = 32 << 20            # ... and bytes of the last-level cache
     cma: Link | None = None          # ... and a single-copy read from another process (None: as a copy)
+    peer: tuple = ()                 # ... and reading a window another rank just wrote, ((bytes, seconds),
+                                     # ...) measured at a few sizes (sim.calibrate; (): as a copy)
+    win_write: tuple = ()            # ... and writing one's window that the others read in its last round
     seg: Link | None = None          # CPU machines on one host: the shared segment's round ("seg")
     segment_bytes: int = 2 << 20     # ... and each rank's window of it
     single_copy: bool = True         # ... and whether single-copy reads work
@@ -123,5 +126,7 @@ class Cluster:
         if calibration:
             c = replace(c, seg=Link(calibration["seg"], 0.0) if hosts == 1 else c.seg,
                         cma=Link(*calibration["cma"]) if calibration.get("cma") else None,
+                        peer=tuple(tuple(x) for x in calibration["peer"]) if calibration.get("peer") else (),
+                        win_write=tuple(tuple(x) for x in calibration["win"]) if calibration.get("win") else (),
                         source=c.source + "; calibrated")
         return c

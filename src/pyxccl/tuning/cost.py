@@ -31,7 +31,11 @@ A step ends when its sends are out and its receives are in; a receive can't
 complete before the sender sent it. Segment schedules (the one-host fast path) are
 priced by the same walk: a round's window becomes readable after the measured round
 latency, and the copies and reductions on windows cost what copies and reductions
-cost.
+cost, except where the figures were measured (``sim.calibrate``: ``peer``, ``win_write``):
+a window's lines live in the cache of the core that used them last, so reading a peer's
+window, and writing the part of one's own window that the others read in its last round,
+cost what they were measured to cost at their size (every rank at once; 4x a copy in
+cache at 64-256 KiB on this machine).
 
 The model's answer for a collective is the time of the slowest rank.
 """
@@ -71,6 +75,8 @@ class Machine:
     mem: float = 0.0             # seconds per byte read or written in memory, one process (0: not known)
     cache: int = 32 << 20        # bytes of the last-level cache
     cma: Link | None = None      # a single-copy read from another process (None: priced as a copy)
+    peer: tuple = ()             # reading a window another rank just wrote: ((bytes, seconds), ...) (): a copy
+    win_write: tuple = ()        # writing one's window the others read last round: the same (): a copy
 
     def link(self, klass: str) -> Link:
         """Measured figures of ``klass``, else the defaults."""
@@ -84,6 +90,19 @@ class Machine:
     def from_json(cls, d: dict) -> "Machine":
         return cls({k: Link(*v) for k, v in d["links"].items()}, d["gamma"], d["copy"], d["cores"],
                    mem=d.get("mem", 0.0), cache=d.get("cache", 32 << 20))
+
+
+def at_size(table, nbytes: int) -> float:
+    """Seconds for ``nbytes`` from ``table``, (bytes, seconds) measured at a few sizes in increasing
+    order: linear between two sizes, in proportion below the first, at the last one's rate beyond it."""
+    b0, t0 = table[0]
+    if nbytes <= b0:
+        return t0 * nbytes / b0
+    for b1, t1 in table[1:]:
+        if nbytes <= b1:
+            return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
+        b0, t0 = b1, t1
+    return t0 * nbytes / b0
 
 
 @dataclass
@@ -118,7 +137,7 @@ class Net:
                  shape=None, sym=None):
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
         self.gamma, self.copy, self.mem, self.cache = machine.gamma, machine.copy, machine.mem, machine.cache
-        self.cma = machine.cma
+        self.cma, self.peer, self.win_write = machine.cma, machine.peer, machine.win_write
         self._links = machine.link
         self.seg = machine.link("seg")
         self._shape, self.sym = shape, sym
@@ -180,6 +199,9 @@ class Timing(Semantics):
             self.memshare = 1.0 if net.local(scheds[0].rank) * working_set > net.cache else 0.0
             self.membyte = [net.mem * net.local(s.rank) for s in scheds]
         self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
+        self.peer = getattr(net, "peer", ())       # a read of a window another rank just wrote, when measured
+        self.win_write = getattr(net, "win_write", ())     # a write of a window the others read, when measured
+        self.held = self._held(scheds) if self.seg and self.win_write else {}
         self.posted: set = set()                   # (rank, round) that posted a user buffer to read in place
         self.free: dict = {}                       # resource -> time it is free
         self.clock = [0.0] * n
@@ -189,6 +211,25 @@ class Timing(Semantics):
         self.messages = 0
         self.published = [-1] * n
         self.visible: dict[tuple[int, int], float] = {}     # (rank, round) -> when others can read its window
+
+    def _held(self, scheds) -> dict:
+        """(rank, round) -> the share of what the rank writes to its window in the round that other ranks
+        read (in the round, or in the next with ``prev``): as calls repeat, their cores hold those
+        lines when it writes them again."""
+        posts = {(s.rank, k) for s in scheds for k, step in enumerate(s.steps) if any(type(o) is Post for o in step)}
+        read: Counter = Counter()
+        written: Counter = Counter()
+        for s in scheds:
+            for k, step in enumerate(s.steps):
+                for o in step:
+                    t = type(o)
+                    if t is Get and o.peer != s.rank:
+                        k0 = k - 1 if o.prev else k
+                        if (o.peer, k0) not in posts:
+                            read[(o.peer, k0)] += o.count
+                    if t in (Copy, Get) and (o.dst if t is Copy else o.buf) == "win" and not o.reduce:
+                        written[(s.rank, k)] += o.count
+        return {key: min(1.0, read[key] / w) for key, w in written.items() if w}
 
     def now(self, r) -> float:
         return self.clock[self.index[r]]
@@ -209,16 +250,29 @@ class Timing(Semantics):
             return nbytes * cpu
         return nbytes * (cpu * (1 - self.memshare) + self.memshare * max(cpu, touches * self.membyte[i]))
 
-    def _work(self, i, o, src_user: bool) -> float:
+    def _work(self, i, k, o, src_user: bool) -> float:
         """A local copy or reduction, or a Get (``src_user``: of a buffer its owner posted, read in place
-        by a single copy from another process when it is not this rank's)."""
-        dst = (o.dst if type(o) is Copy else o.buf) in CALL_BUFFERS
-        touches = src_user + dst * (2 if o.reduce else 1)
+        by a single copy from another process when it is not this rank's), in round ``k``."""
+        to = o.dst if type(o) is Copy else o.buf
+        touches = src_user + (to in CALL_BUFFERS) * (2 if o.reduce else 1)
         rate = self.net.gamma if o.reduce else self.net.copy
         nbytes = o.count * self.itemsize
-        if type(o) is Get and src_user and self.cma is not None and o.peer != self.rank_of[i]:
-            return self.cma.alpha * self.stretch[i] + self._cost(i, nbytes, max(rate, self.cma.beta), touches)
-        return self._cost(i, nbytes, rate, touches)
+        t = None
+        if type(o) is Get and o.peer != self.rank_of[i]:
+            if src_user and self.cma is not None:
+                return self.cma.alpha * self.stretch[i] + self._cost(i, nbytes, max(rate, self.cma.beta), touches)
+            if not src_user and self.peer:
+                # the bytes come from the writer's core's cache; the figures were measured with all the
+                # host's ranks at once (their sharing of cores is in them: no stretch on top)
+                t = max(self._cost(i, nbytes, rate, touches), at_size(self.peer, nbytes))
+        if t is None:
+            t = self._cost(i, nbytes, rate, touches)
+        held = self.held.get((self.rank_of[i], k), 0.0) if to == "win" and not o.reduce else 0.0
+        if held:
+            # writing the window: the lines the others read in its last round are in their cores' caches
+            # and must be taken back (the rest costs what a copy costs)
+            t = max(t, self._cost(i, nbytes * (1 - held), rate, touches) + at_size(self.win_write, nbytes * held))
+        return t
 
     def begin(self, r, k):
         if k and any(p < k - 1 for p in self.published):
@@ -237,7 +291,7 @@ class Timing(Semantics):
             return
         if self.inplace and type(o) is Copy and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
             return      # the same buffer: the engine does not copy
-        self.clock[i] += self._work(i, o, o.src in CALL_BUFFERS if type(o) is Copy else (o.peer, k - 1) in self.posted)
+        self.clock[i] += self._work(i, k, o, o.src in CALL_BUFFERS if type(o) is Copy else (o.peer, k - 1) in self.posted)
         if type(o) is Copy and o.dst == "win":
             self.sent[i] += o.count * self.itemsize
 
@@ -307,7 +361,7 @@ class Timing(Semantics):
         if p != i:
             self.clock[i] = max(self.clock[i], self.visible[(p, k)])
         if type(o) is Get:
-            self.clock[i] += self._work(i, o, (o.peer, k) in self.posted)
+            self.clock[i] += self._work(i, k, o, (o.peer, k) in self.posted)
         return True
 
     def end(self, r, k):
