@@ -48,6 +48,12 @@ class Description:
         """The measured figures the tuner uses (a ``pyxccl.tuning.Machine``), or None."""
         return self._ctx.mesh.machine
 
+    def shared_segment(self):
+        """The shared segment of this communicator's ranks on one host (``transport.segment``: every
+        rank's window, as the one-host algorithms use them), or None where it has none. For measuring
+        it (``pyxccl.sim.calibrate``); writing a window while a call runs breaks the call."""
+        return self._ctx.segment
+
     @property
     def thread_check(self) -> bool:
         """Whether a call's fingerprint names its thread (default True), so that calls which threads

@@ -84,7 +84,7 @@ def _windows(comm) -> dict:
     window right after it wrote it, "win": the same for writing one's own window right after the
     previous rank read it}; {} without a segment. (The windows are free between calls: every round
     writes its window before publishing.)"""
-    seg = comm._ctx.segment
+    seg = comm.shared_segment()
     sizes = [nb for nb in _WINDOW_SIZES if nb <= seg.area] if seg is not None else []
     if not sizes:
         return {}
