@@ -231,19 +231,24 @@ class Tuner:
                 every.append((name, algo, get, lb))
             else:
                 walk(name, algo, get, walked)
-        # the first look at their chains orders them (a chain broadcast's is long); then each is walked
-        # unless its chains, followed as far as needed, are longer than the best so far
+        # the first look at their chains orders them (a chain broadcast's is long): as far as the best so
+        # far needs, or, with none yet, its first search; then each is walked unless its chains, followed
+        # as far as the best then needs, are longer
         later = []
         for name, algo, get, lb in every:
+            looked = best < float("inf")
             if lb <= best and not algo.segment:
                 try:
-                    lb = max(lb, self.path_bound(get, itemsize, best if best < float("inf") else 0.0))
+                    lb = max(lb, self.path_bound(get, itemsize, best if looked else 0.0))
                 except ValueError:
                     continue
-            later.append((lb, name, algo, get))
-        for lb, name, algo, get in sorted(later, key=lambda x: (x[0], x[1])):
-            if lb <= best < float("inf") and not algo.segment:
-                lb = max(lb, self.path_bound(get, itemsize, best))
+            later.append((lb, name, algo, get, looked))
+        for lb, name, algo, get, looked in sorted(later, key=lambda x: (x[0], x[1])):
+            if lb <= best < float("inf") and not algo.segment and not looked:
+                try:
+                    lb = max(lb, self.path_bound(get, itemsize, best))
+                except ValueError:
+                    continue
             if lb > best:
                 skipped[name] = lb
                 continue
