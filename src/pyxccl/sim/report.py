@@ -202,7 +202,8 @@ def main_nccl(a) -> int:
             rows.append(dict(size=nb, **r.to_json()))
             print(f"{_bytes(nb):>10} {r.algorithm:>15} {r.protocol + (' *' if r.chosen else ''):>9} "
                   f"{_time(r.time * 1e-6):>11} {_si(r.algbw, 'B/s'):>12} {_si(r.busbw, 'B/s'):>12}")
-    print("# * what NCCL picks (the least time of its model)")
+    print("# * what NCCL picks (the least time of its model)" +
+          ("; --model pyxccl: pyxccl's own algorithms on this machine" if a.model == "auto" else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cluster": f"{a.hosts} x {a.per_host} {name}", "model": "nccl", "collective": a.collective,
