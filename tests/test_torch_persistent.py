@@ -63,3 +63,16 @@ def test_pipeline_sends_and_receives_reuse_requests(torch_pools, kind, p):
         assert a[3] == (0, 0), f"stage {s}: fresh tensors made requests {a[3]}"
         # every send and receive: seen at step 0, made at step 1, started again at every later step
         assert b[3] == (p2p, p2p * (steps - 2)), f"stage {s}: (made, reused) {b[3]}, expected {(p2p, p2p * (steps - 2))}"
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_gradient_reducer_buckets_reuse_requests(torch_pools, overlap):
+    steps, n = 4, 3
+    plain = torch_pools(n).run(tpf.reducer_steps, overlap, steps, 0, timeout=120)
+    mine = torch_pools(n).run(tpf.reducer_steps, overlap, steps, None, timeout=120)
+    for r, ((p0, k0, c0), (p1, k1, c1)) in enumerate(zip(plain, mine)):
+        assert _same_params(p0, p1), f"rank {r}: parameters differ from the plain calls'"
+        assert c0 == (0, 0) and k0 == k1 and (k1 > 1) == overlap, (c0, k0, k1)
+        # each bucket's allreduce: seen at step 0, made at step 1, started again after; the
+        # parameters' broadcast at the start is once per tensor (no request)
+        assert c1 == (k1, k1 * (steps - 2)), (c1, k1)

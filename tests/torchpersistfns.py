@@ -227,3 +227,30 @@ def pipeline_steps(comm, kind: str, microbatches: int, steps: int, fixed: bool):
     p2p = microbatches * ((s > 0) + (s < p - 1)) * 2      # each neighbour: m sends and m receives
     counts = tuple(a - c for a, c in zip(_counts(b), before))
     return losses, [q.detach().numpy().copy() for q in mine.parameters()], p2p, counts
+
+
+def reducer_steps(comm, overlap: bool, steps: int, slots):
+    """``steps`` steps of GradientReducer (dpfns' MLP, one bucket per layer) on a new pyxccl group
+    with ``slots`` (0: no persistent requests): this rank's final parameters, the bucket count and
+    the group's (made, started again) request counts."""
+    import torch
+
+    import dpfns
+    from pyxccl.parallel import Group
+    from pyxccl.parallel.data import GradientReducer
+    g, b = _group(slots=slots)
+    n, r = g.size(), g.rank()
+    model = dpfns.mlp(0)
+    red = GradientReducer(model, Group("dp", list(range(n)), r, g), bucket_cap_mb=16 / 1024, overlap=overlap)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        x, y = dpfns.batch(step, r, 0)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        red.finish()
+        opt.step()
+        opt.zero_grad()
+    red.remove()
+    out = [p.detach().numpy().copy() for p in model.parameters()], len(red.buckets), _counts(b)
+    import torch.distributed as dist
+    dist.destroy_process_group(g)
+    return out
