@@ -63,6 +63,17 @@ def repeated_calls(comm):
     got = tuple(a - c for a, c in zip(_counts(b), before))
     expect(got == (1, 2), f"broadcast: (made, reused) {got}, expected (1, 2)")
 
+    # rank 0 starts its request while the others make plain calls on new tensors: they still meet
+    t = torch.empty(3000)
+    before = _counts(b)
+    for k in range(4):
+        x = t if r == 0 else torch.empty(3000)
+        x.copy_(torch.arange(3000.0) * (r + 1) + k)
+        dist.all_reduce(x, group=g, async_op=True).wait()
+        expect(torch.equal(x, torch.arange(3000.0) * (n * (n + 1) // 2) + k * n), f"mixed step {k}: {x[:3].tolist()}")
+    got = tuple(a - c for a, c in zip(_counts(b), before))
+    expect(got == ((1, 2) if r == 0 else (0, 0)), f"mixed: (made, reused) {got}")
+
     if r < 2:                       # send and receive between ranks 0 and 1, a fixed buffer each
         buf = torch.empty(5000)
         before = _counts(b)

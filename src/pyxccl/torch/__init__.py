@@ -217,9 +217,9 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         """The persistent request for a call ``key`` on the CPU tensor ``t`` (``make(alias)``: its
         ``*_init`` on a detached alias of ``t``, so the request holds the storage, not the user's
         tensor object), or None for a plain call."""
-        if type(t) is not torch.Tensor or t.device.type != "cpu" or not t.is_contiguous():
+        if type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous() or self.persistent.slots <= 0:
             return None            # a subclass, another device, strided: the plain call says what it does
-        return self.persistent.get(key + (t.data_ptr(), t.numel(), t.dtype), t, lambda: make(t.detach()))
+        return self.persistent.get((key, t.data_ptr(), t.numel(), t.dtype), t, lambda: make(t.detach()))
 
     @staticmethod
     def _started(req, plain):
