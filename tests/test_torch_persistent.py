@@ -62,7 +62,8 @@ def test_pipeline_sends_and_receives_reuse_requests(torch_pools, kind, p):
         p2p = b[2]
         assert a[3] == (0, 0), f"stage {s}: fresh tensors made requests {a[3]}"
         # every send and receive: seen at step 0, made at step 1, started again at every later step
-        assert b[3] == (p2p, p2p * (steps - 2)), f"stage {s}: (made, reused) {b[3]}, expected {(p2p, p2p * (steps - 2))}"
+        want = (p2p, p2p * (steps - 2))
+        assert b[3] == want, f"stage {s}: (made, reused) {b[3]}, expected {want}"
 
 
 @pytest.mark.parametrize("overlap", [True, False])
