@@ -60,9 +60,12 @@ def _complete(req, k: int):
     poll test()."""
     way = k % 3
     if way == 0:
-        req.start()
+        w = req.start()
         if not req.active:
             raise AssertionError("start() left the request inactive")
+        w.wait()            # the started call's Work: done, and the request stays active until its own wait()
+        if not w.is_completed() or not req.active:
+            raise AssertionError(f"start()'s Work: completed {w.is_completed()}, request active {req.active}")
         assert req.wait() is True
         return req.result
     if way == 1:

@@ -28,10 +28,11 @@ class PersistentRequest:
     >>> for step in range(100):
     ...     x[:] = grads(step)                # new data into the same buffer
     ...     req.start(); compute(); req.wait()
+    >>> work = req.start()                    # the started call's Work (add_done_callback, ...)
     >>> req()                                 # the blocking form: start and wait
     >>> req.free()                            # or: with comm.allreduce_init(x) as req: ...
 
-    ``start()`` returns at once (the call runs on the communicator's worker, in issue order with
+    ``start()`` returns at once with the call's Work (the call runs on the communicator's worker, in issue order with
     every other call); ``wait(timeout=None)`` waits for it and raises its error; ``test()`` says
     whether it is done (raising its error once done); ``run()`` or calling the request runs it
     on the calling thread and returns what the plain call returns. Every rank must start its
@@ -48,11 +49,16 @@ class PersistentRequest:
         """Run the call once: a Work with ``async_op``, else the call's result."""
         raise NotImplementedError
 
-    def start(self) -> None:
-        """Start the call on the request's buffers and return at once; ``wait()`` or ``test()`` completes it."""
+    def start(self):
+        """Start the call on the request's buffers and return at once; ``wait()`` or ``test()`` completes it.
+
+        Returns the started call's pyxccl Work (the plain call's ``async_op=True`` result) for code that
+        waits on the Work itself or chains on it (``add_done_callback``; the torch backend wraps it in a
+        torch Work): that Work's ``wait()`` does not make the request inactive; its ``wait()``/``test()`` do."""
         if self._work is not None or self._freed:
             raise self._refused("start()")
-        self._work = self._go(True)
+        self._work = w = self._go(True)
+        return w
 
     def run(self):
         """Start and wait, on the calling thread (as the plain call without ``async_op``); returns what
@@ -95,6 +101,11 @@ class PersistentRequest:
     def active(self) -> bool:
         """Started and not yet completed by ``wait()`` or ``test()``."""
         return self._work is not None
+
+    @property
+    def freed(self) -> bool:
+        """``free()`` was called: the request refuses to start."""
+        return self._freed
 
     def free(self) -> None:
         """Release the request (its buffers and prepared call); a freed request refuses to start.

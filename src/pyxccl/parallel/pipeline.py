@@ -108,12 +108,18 @@ class Pipeline:
     the loss of a micro-batch, averaged over micro-batches. ``step`` leaves the grads of the mean
     loss in the module's parameters (accumulated: zero them between steps).
 
+    ``fixed_buffers`` (default True): every micro-batch's activation and gradient is sent from and
+    received into a buffer of its own kept across steps (an activation is copied in before its send),
+    so each step's sends and receives repeat on the same tensors, peers and sizes: on a pyxccl
+    group the backend makes them persistent requests (pyxccl/torch/_persist.py). False: fresh
+    tensors every step (what moves, and the results, are the same).
+
     ``timeline``: the last step's compute actions ``(kind, i, start, end)`` (``time.perf_counter``,
     waiting for a receive not included), ``wall``: its ``(start, end)``.
     """
 
     def __init__(self, module, group, *, microbatches: int, schedule: str = "1f1b", act_shape,
-                 act_dtype=torch.float32, loss_fn=None):
+                 act_dtype=torch.float32, loss_fn=None, fixed_buffers: bool = True):
         self.module, self.group, self.m, self.kind = module, group, microbatches, schedule
         self.stage, self.stages = group.rank, group.size
         self.rank = group.ranks[self.stage]
@@ -126,6 +132,15 @@ class Pipeline:
         self.actions = _schedule(schedule, self.stages, microbatches, self.stage)
         self.timeline: list[tuple[str, int, float, float]] = []
         self.wall = (0.0, 0.0)
+        self.fixed_buffers = fixed_buffers
+        self._bufs: dict[tuple[str, int], torch.Tensor] = {}     # ("act in"|"act out"|"grad in"|..., i) -> buffer
+
+    def _buffer(self, what: str, i: int):
+        """The kept buffer ``what`` of micro-batch ``i`` (made at first use)."""
+        b = self._bufs.get((what, i))
+        if b is None:
+            b = self._bufs[(what, i)] = torch.empty(self.act_shape, dtype=self.act_dtype)
+        return b
 
     def _split(self, t, what: str):
         if t is None or t.shape[0] % self.m:
@@ -135,13 +150,25 @@ class Pipeline:
                                        op="Pipeline.step")
         return t.chunk(self.m)
 
-    def _recv(self, src: int):
-        buf = torch.empty(self.act_shape, dtype=self.act_dtype)
+    def _recv(self, src: int, what: str, i: int):
+        if not self.fixed_buffers:
+            buf = torch.empty(self.act_shape, dtype=self.act_dtype)
+            ops.irecv(buf, src, self.group).wait()
+            return buf
+        buf = self._buffer(what + " in", i)
         ops.irecv(buf, src, self.group).wait()
-        return buf
+        # a new tensor on the buffer's memory: autograd's grad goes to it, not to the kept buffer, and
+        # the buffer is written again only by the next step's receive, after this step's backward
+        return buf.detach()
 
-    def _send(self, t, dst: int) -> None:
-        t = t.detach().contiguous()
+    def _send(self, t, dst: int, what: str, i: int) -> None:
+        t = t.detach()
+        if self.fixed_buffers and t.shape == self.act_shape and t.dtype == self.act_dtype:
+            buf = self._buffer(what + " out", i)   # free: last step's sends were waited for
+            buf.copy_(t)
+            t = buf
+        else:                                      # another shape or dtype: sent as it is, as before
+            t = t.contiguous()
         self._sends.append((t, ops.isend(t, dst, self.group)))    # t stays alive until the wait
 
     def step(self, inputs=None, targets=None):
@@ -159,22 +186,22 @@ class Pipeline:
                 if self.first:
                     x = xs[i]
                 else:
-                    x = self._recv(self.stage - 1).requires_grad_()
+                    x = self._recv(self.stage - 1, "act", i).requires_grad_()
                 start = time.perf_counter()
                 out = self.module(x)
                 if self.last:
                     out = self.loss_fn(out, ys[i]) / self.m
                     losses.append(out.detach())
                 else:
-                    self._send(out, self.stage + 1)
+                    self._send(out, self.stage + 1, "act", i)
                 saved[i] = (x, out)
             else:
                 x, out = saved.pop(i)
-                grad = None if self.last else self._recv(self.stage + 1)
+                grad = None if self.last else self._recv(self.stage + 1, "grad", i)
                 start = time.perf_counter()
                 torch.autograd.backward(out, grad)
                 if not self.first:
-                    self._send(x.grad, self.stage - 1)
+                    self._send(x.grad, self.stage - 1, "grad", i)
             self.timeline.append((kind, i, start, time.perf_counter()))
         for _, w in self._sends:           # the receivers took them: the buffers may go
             w.wait()

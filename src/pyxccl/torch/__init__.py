@@ -30,6 +30,7 @@ from pyxccl._errors import NotSupportedError, TensorArgumentError
 from pyxccl.ops import ReduceOp
 from pyxccl.rendezvous.torch_store import TorchStore
 
+from ._persist import SLOTS, RequestCache
 from ._sparse import check_sparse_allreduce, refuse_layouts, sparse_allreduce
 from ._work import FailedWork, PyxcclWork
 
@@ -115,6 +116,9 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         # may wait for a later collective (PowerSGD's hook does). Completing futures on the
         # communicator's worker, or on one thread, would deadlock that: a small pool does it.
         self._completer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pyxccl-torch-completer")
+        # calls that repeat on one tensor (DDP's buckets, a pipeline's buffers) run as persistent
+        # requests from their second sighting (_persist.py has the rules; slots=0 turns it off)
+        self.persistent = RequestCache(SLOTS)
 
     def getBackendName(self) -> str:
         return "pyxccl"
@@ -209,6 +213,25 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         fut.set_result(value)
         return _create_work_from_future(fut)
 
+    def _request(self, key, t, make):
+        """The persistent request for a call ``key`` on the CPU tensor ``t`` (``make(alias)``: its
+        ``*_init`` on a detached alias of ``t``, so the request holds the storage, not the user's
+        tensor object), or None for a plain call."""
+        if type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous() or self.persistent.slots <= 0:
+            return None            # a subclass, another device, strided: the plain call says what it does
+        return self.persistent.get((key, t.data_ptr(), t.numel(), t.dtype), t, lambda: make(t.detach()))
+
+    @staticmethod
+    def _started(req, plain):
+        """``op(async_op)`` for ``_call`` that starts ``req`` (``run()`` inline), or makes the plain call
+        ``plain(async_op)`` if ``req`` cannot start now (started by another thread since the cache
+        gave it out, or freed by the group's shutdown)."""
+        def op(a):
+            if req.active or req.freed:
+                return plain(a)
+            return req.start() if a else req.run()
+        return op
+
     def _gathered(self, op, outs, like, what):
         """Gloo's checks of a list of outputs (or inputs) of one shape per rank."""
         r = self.rank()
@@ -230,7 +253,11 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
                 t.mul_(factor)
         if len(tensors) == 1:
             t = tensors[0]
-            return self._call(lambda a: self.comm.allreduce(t, op, async_op=a, timeout=secs), t.nbytes, tensors)
+
+            def plain(a):
+                return self.comm.allreduce(t, op, async_op=a, timeout=secs)
+            req = self._request(("allreduce", op, secs), t, lambda x: self.comm.allreduce_init(x, op, timeout=secs))
+            return self._call(plain if req is None else self._started(req, plain), t.nbytes, tensors)
         return self._each(lambda t: self.comm.allreduce(t, op, async_op=True, timeout=secs), tensors)
 
     def _sparse_allreduce(self, tensors, secs):
@@ -254,9 +281,12 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
     def broadcast(self, tensors, opts):
         secs = self._secs(opts)
         if len(tensors) == 1:
-            t = tensors[0]
-            return self._call(lambda a: self.comm.broadcast(t, opts.rootRank, async_op=a, timeout=secs), t.nbytes,
-                              tensors)
+            t, root = tensors[0], opts.rootRank
+
+            def plain(a):
+                return self.comm.broadcast(t, root, async_op=a, timeout=secs)
+            req = self._request(("broadcast", root, secs), t, lambda x: self.comm.broadcast_init(x, root, timeout=secs))
+            return self._call(plain if req is None else self._started(req, plain), t.nbytes, tensors)
         return self._each(lambda t: self.comm.broadcast(t, opts.rootRank, async_op=True, timeout=secs), tensors)
 
     @_issued
@@ -407,13 +437,24 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
             send = torch.cat([i.reshape(-1) for i in input_lists[0]])
         return self._work([self.comm.scatter(send, out, root, async_op=True, timeout=self._secs(opts))], outputs)
 
+    def _point(self, name, t, peer, tag):
+        """One isend or irecv of ``t``: a persistent request's start when the same tensor, peer and tag
+        repeat (a pipeline's buffers), else the plain call."""
+        secs, comm = self._timeout, self.comm
+
+        def plain(_a):
+            return (comm.isend if name == "send" else comm.irecv)(t, peer, tag, timeout=secs)
+        init = comm.send_init if name == "send" else comm.recv_init
+        req = self._request((name, peer, tag, secs), t, lambda x: init(x, peer, tag, timeout=secs))
+        return plain(True) if req is None else self._started(req, plain)(True)
+
     @_issued
     def send(self, tensors, dst: int, tag: int = 0):
-        return self._each(lambda t: self.comm.isend(t, dst, tag, timeout=self._timeout), tensors)
+        return self._each(lambda t: self._point("send", t, dst, tag), tensors)
 
     @_issued
     def recv(self, tensors, src: int, tag: int = 0):
-        return self._each(lambda t: self.comm.irecv(t, src, tag, timeout=self._timeout), tensors)
+        return self._each(lambda t: self._point("recv", t, src, tag), tensors)
 
     @_issued
     def recv_anysource(self, tensors, tag: int = 0):
@@ -427,6 +468,8 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
         return self._call(lambda a: self.comm.barrier(async_op=a, timeout=secs), 0, [])
 
     def shutdown(self) -> None:
+        self.persistent.slots = 0
+        self.persistent.close()
         self._completer.shutdown(wait=False)
         self.comm.close()
 

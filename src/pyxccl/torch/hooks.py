@@ -1,4 +1,5 @@
-"""DDP communication hooks that average gradients with a ``pyxccl.compression`` compressor.
+"""DDP communication hooks: averaging with a ``pyxccl.compression`` compressor, and with one
+persistent allreduce per bucket (:func:`allreduce_hook`).
 
 >>> from pyxccl.compression import INT8, TopK                               # doctest: +SKIP
 >>> from pyxccl.torch.hooks import CompressionState, compression_hook
@@ -33,8 +34,9 @@ import torch.distributed as dist
 from .._errors import InvalidArgumentError
 from ..compression import Quantizer, Sparsifier, parse
 from ..compression.collectives import dense_wins
+from ._persist import settled
 
-__all__ = ["CompressionState", "compression_hook"]
+__all__ = ["CompressionState", "compression_hook", "PersistentState", "allreduce_hook"]
 
 # torch 2.13 names all_gather_into_tensor all_gather_single (the old name warns)
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -214,3 +216,81 @@ def _gather_sum(group, n, buf, send, add):
         np.divide(out, np.float32(n), out=out)
         return buf
     return work.get_future().then(after)
+
+
+class PersistentState:
+    """The state of :func:`allreduce_hook`: one persistent allreduce per DDP bucket index, on
+    ``process_group`` (None: the default group). ``created`` counts the requests made, ``reused``
+    the starts of a request made before.
+
+    A bucket's request is made the second time the hook sees that bucket with the same buffer
+    (data pointer, size, dtype) and deadline, and started from then on; a bucket whose buffer
+    changed (DDP rebuilds its buckets after the first iteration) starts over with a plain call. A
+    request holds its bucket's storage, so no other buffer can be at that address while it lives:
+    the same address, size and dtype is the same memory. Buckets live as long as the model, and
+    so do their requests; ``free()`` releases them.
+    """
+
+    def __init__(self, process_group=None):
+        self.process_group = process_group
+        self.created = self.reused = 0
+        self._seen: dict[int, tuple] = {}      # bucket index -> (its buffer's key, request or None)
+
+    def __repr__(self) -> str:
+        return f"PersistentState({len(self._seen)} buckets, {self.created} requests made)"
+
+    def request(self, backend, index: int, buf: torch.Tensor):
+        """The started-to-be request of bucket ``index`` (buffer ``buf``), or None for a plain call."""
+        key = (buf.data_ptr(), buf.numel(), buf.dtype, backend._timeout, id(backend))
+        old = self._seen.get(index)
+        if old is None or old[0] != key:
+            self._seen[index] = (key, None)      # first sighting (or a new buffer): a plain call
+            return None
+        req = old[1]
+        if req is None:
+            req = backend.comm.allreduce_init(buf.detach(), timeout=backend._timeout)
+            self._seen[index] = (key, req)
+            self.created += 1
+        elif req.active and not settled(req):
+            return None                          # its last start still runs: a plain call behind it
+        else:
+            self.reused += 1
+        return req
+
+    def free(self) -> None:
+        """Release every bucket's request (those still running are dropped once done)."""
+        for _, req in self._seen.values():
+            if req is not None and not req.active:
+                req.free()
+        self._seen.clear()
+
+
+def allreduce_hook(state: PersistentState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: ``bucket.buffer()`` averaged over ``state.process_group`` as torch's
+    ``default_hooks.allreduce_hook`` does it (divided by the group's size, then summed), the sum a
+    persistent allreduce per bucket on a pyxccl group (the same bits as the plain call: the same
+    prepared schedule); on another group (Gloo), torch's hook itself.
+
+    >>> ddp.register_comm_hook(PersistentState(), allreduce_hook)         # doctest: +SKIP
+    """
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    backend = _pyxccl_backend(group)
+    buf = bucket.buffer()
+    if backend is None or type(buf) is not torch.Tensor or not buf.is_contiguous():
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as torch_hook
+        return torch_hook(group, bucket)
+    buf.div_(dist.get_world_size(group))
+    try:
+        req = state.request(backend, bucket.index(), buf)
+    except Exception:  # noqa: BLE001  (an init the plain call refuses too: it says why)
+        req = None
+    if req is None:
+        return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
+    backend._seq += 1                    # an operation of the group, as dist.all_reduce counts it
+    secs = backend._timeout
+
+    def plain(a):
+        return backend.comm.allreduce(buf, async_op=a, timeout=secs)
+    # the backend's own call path: inline when small and nothing is queued, else on the worker
+    work = backend._call(backend._started(req, plain), buf.nbytes, [buf])
+    return work.get_future().then(lambda f: f.value()[0])
