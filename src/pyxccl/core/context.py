@@ -397,7 +397,8 @@ class Context:
         if not self.thread_check:
             return 0
         me = getattr(self._here, "me", None)        # a thread-local: on every call, so no current_thread()
-        return me[3] if me is not None and me[0].name == me[1] else self.thread()[1]
+        # Thread._name, what the .name property returns, without the property's Python call
+        return me[3] if me is not None and me[0]._name == me[1] else self.thread()[1]
 
     def thread(self) -> tuple[str, int]:
         """The calling thread as fingerprints name it, and its 16-bit digest: its name, the workers of

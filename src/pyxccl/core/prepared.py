@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from time import monotonic
+from time import monotonic, time
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ..primitives import PRIMITIVES, apart
 from . import onehost
 from .engine import Work
 from .onehost import _native
-from .recorder import ended, started
+from .recorder import _ENDED, _STATE, DONE, RUNNING, ended, started
 from .counters import schedule_io
 
 native_run = _native.run if _native is not None else None
@@ -141,18 +141,28 @@ class Prepared:
         """Run the call on arrays ``inp`` and ``out`` (None: none), in issue order; return ``result``,
         or a Work with ``async_op``. ``codec``: the call's compressor, ``after()``: what runs once its
         schedule has (compression.py)."""
+        # This is on every call, the blocking one inline most of all: locks by acquire()/release()
+        # (half the cost of `with`), the engine's claim and release and the recorder's begin and end
+        # written out here (Engine.claim/release, Recorder.begin, recorder.ended say the same).
         ctx = self.ctx
         eng = ctx.engine
-        with eng.lock:      # numbers and place in line under one lock: threads run in number order
+        lock = eng.lock
+        lock.acquire()      # numbers and place in line under one lock: threads run in number order
+        try:
             if ctx.closed or ctx.error is not None:
                 ctx.usable(self.name)
-            ctx.seq += 1
-            seq = ctx.seq
+            ctx.seq = seq = ctx.seq + 1
             ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
             deadline = monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
-            inline = not async_op and eng.claim()
+            inline = not async_op and not eng._pending      # Engine.claim(): idle, so this call runs here
             if inline:
-                entry = ctx.recorder.begin(seq, cseq, self.what)
+                eng._pending = 1
+                eng._exec.acquire()     # at most a moment: the worker is past its last item
+                rec, now = ctx.recorder, time()
+                entry = [seq, cseq, self.what, None, now, now, 0.0, RUNNING, None]     # Recorder.begin
+                rec.ops.append(entry)
+                if rec.trace is not None:
+                    rec.trace.append(entry)
             else:
                 entry = ctx.recorder.issue(seq, cseq, self.what)
                 work = Work(self.name, cseq, ctx.rank, deadline, self.plan.algo.name)
@@ -163,12 +173,17 @@ class Prepared:
                     self._execute(entry, seq, cseq, deadline, inp, out, codec, after)
                     return result
                 eng.enqueue(queued, work)
+        finally:
+            lock.release()
         if not inline:
             return work if async_op else work.result()
         try:
             self._execute(entry, seq, cseq, deadline, inp, out, codec, after)
         finally:
-            eng.release()
+            eng._exec.release()     # Engine.release()
+            lock.acquire()
+            eng._pending -= 1
+            lock.release()
         return result
 
     def _execute(self, entry, seq: int, cseq: int, deadline: float, inp, out, codec, after) -> None:
@@ -190,7 +205,7 @@ class Prepared:
                 later.calls += 1
             tmp = ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None
             if self.prog is not None:
-                seg, mine, where = ctx.segment, (cseq, *self.words), (inp, out, tmp)
+                seg, mine, where = ctx.segment, (cseq,) + self.words, (inp, out, tmp)
                 done = native_run(self.prog, 0, seg.layout, seg.round, mine, where, self.settings)
                 if type(done) is int:
                     seg.round = done
@@ -214,7 +229,7 @@ class Prepared:
                 f"rank {ctx.rank}: {self.name} #{cseq} stopped half done on {type(e).__name__}: {e}; this "
                 f"communicator is aborted: make a new one", cause=e, rank=ctx.rank, op=self.name, seq=cseq))
             raise
-        ended(entry)
+        entry[_ENDED], entry[_STATE] = time(), DONE        # recorder.ended(entry)
 
 
 def _bufs(inp, out, tmp) -> dict:
