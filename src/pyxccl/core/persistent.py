@@ -165,7 +165,7 @@ class CollectiveRequest(PersistentRequest):
         p = self._prepared.get(self._context.thread_word())
         if p is None:
             return self._go(False)
-        return p.start(self._inp, self._out, self.result, False)
+        return p.run(self._inp, self._out, self.result)
 
     __call__ = run
 
