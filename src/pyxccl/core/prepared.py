@@ -141,29 +141,19 @@ class Prepared:
     def start(self, inp, out, result, async_op: bool, codec=None, after=None):
         """Run the call on arrays ``inp`` and ``out`` (None: none), in issue order; return ``result``,
         or a Work with ``async_op``. ``codec``: the call's compressor, ``after()``: what runs once its
-        schedule has (compression.py)."""
-        # This is on every call, the blocking one inline most of all: locks by acquire()/release()
-        # (half the cost of `with`), the engine's claim and release and the recorder's begin and end
-        # written out here (Engine.claim/release, Recorder.begin, recorder.ended say the same).
+        schedule has (compression.py). (A blocking call comes through ``run``.)"""
         ctx = self.ctx
         eng = ctx.engine
-        lock = eng.lock
-        lock.acquire()      # numbers and place in line under one lock: threads run in number order
-        try:
+        with eng.lock:      # numbers and place in line under one lock: threads run in number order
             if ctx.closed or ctx.error is not None:
                 ctx.usable(self.name)
-            ctx.seq = seq = ctx.seq + 1
+            ctx.seq += 1
+            seq = ctx.seq
             ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
             deadline = monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
-            inline = not async_op and not eng._pending      # Engine.claim(): idle, so this call runs here
+            inline = not async_op and eng.claim()
             if inline:
-                eng._pending = 1
-                eng._exec.acquire()     # at most a moment: the worker is past its last item
-                rec, now = ctx.recorder, time()
-                entry = [seq, cseq, self.what, None, now, now, 0.0, RUNNING, None]     # Recorder.begin
-                rec.ops.append(entry)
-                if rec.trace is not None:
-                    rec.trace.append(entry)
+                entry = ctx.recorder.begin(seq, cseq, self.what)
             else:
                 entry = ctx.recorder.issue(seq, cseq, self.what)
                 work = Work(self.name, cseq, ctx.rank, deadline, self.plan.algo.name)
@@ -174,36 +164,32 @@ class Prepared:
                     self._execute(entry, seq, cseq, deadline, inp, out, codec, after)
                     return result
                 eng.enqueue(queued, work)
-        finally:
-            lock.release()
         if not inline:
             return work if async_op else work.result()
         try:
             self._execute(entry, seq, cseq, deadline, inp, out, codec, after)
         finally:
-            eng._exec.release()     # Engine.release()
-            lock.acquire()
-            eng._pending -= 1
-            lock.release()
+            eng.release()
         return result
 
     def run(self, inp, out, result):
         """``start(inp, out, result, False)``: the blocking call, run here when the engine is idle and the
-        native executor runs it (every small call's floor), else by ``start``. In one frame, what
-        ``start`` and ``_execute`` do for it: numbers, recorder entry, counters, the round."""
+        native executor runs it (every small call's floor), else by ``start``. What ``start`` and
+        ``_execute`` do for it, in one frame and with the engine's claim and release, the recorder's
+        begin and end and the tally's count written out (Engine.claim, Recorder.begin, recorder.ended,
+        Tally.count say the same): this is on every call, and every call it saves costs as much as
+        a line of it. Locks by acquire()/release(): half the cost of ``with``."""
         ctx = self.ctx
         eng = ctx.engine
         lock = eng.lock
-        lock.acquire()
-        if eng._pending or ctx.closed or ctx.error is not None or self.prog is None:
+        lock.acquire()      # numbers and place in line under one lock: threads run in number order
+        if ctx.closed or ctx.error is not None or self.prog is None or eng._pending or not eng._exec.acquire(False):
             lock.release()      # no numbers taken yet: start() takes them (and queues, or refuses)
             return self.start(inp, out, result, False)
-        try:
+        try:                    # the engine is this call's (Engine.claim): until _exec.release()
             ctx.seq = seq = ctx.seq + 1
             ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
             deadline = monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
-            eng._pending = 1    # Engine.claim()
-            eng._exec.acquire()
             rec, now = ctx.recorder, time()
             entry = [seq, cseq, self.what, None, now, now, 0.0, RUNNING, None]     # Recorder.begin
             rec.ops.append(entry)
@@ -212,8 +198,10 @@ class Prepared:
         finally:
             lock.release()
         try:
+            if ctx.closed or ctx.error is not None:       # aborted by another thread since (as _execute)
+                ctx.usable(self.name)
             ctx.recent[cseq & (RECENT_CALLS - 1)] = (cseq, self.record)    # names it in a mismatch error
-            t = self.tally          # Tally.count(), written out
+            t = self.tally          # Tally.count()
             n = t.calls
             t.calls = n + 1
             if not n:
@@ -235,9 +223,6 @@ class Prepared:
             raise
         finally:
             eng._exec.release()     # Engine.release()
-            lock.acquire()
-            eng._pending -= 1
-            lock.release()
         return result
 
     def _comm_failed(self, e: CommError, entry, seq: int, cseq: int) -> CommError:
