@@ -48,7 +48,7 @@ def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
                 elif t is Get and o.peer != s.rank:
                     recv += o.count * itemsize
         if s.segment:
-            sent = None         # what the peers read of it: counted when asked (Deferred)
+            sent = None         # what the peers read of it: counted when asked (Tally)
         io = kept[codec and codec.spec] = (sent, recv)
     return io
 
