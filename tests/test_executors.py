@@ -398,9 +398,32 @@ _REFUSALS = textwrap.dedent('''
             assert "not a program" in str(e), e
         else:
             raise AssertionError("ran a malformed program")
+    # its arguments are read by hand (not PyArg_ParseTuple): the wrong forms are errors, nothing runs
+    good = (prog, 0, seg.layout, seg.round, (1, 2, 3), (x, x.copy(), None), settings)
+    for at, bad, error in ((0, "text", TypeError), (1, 0.5, TypeError), (2, seg.layout[:-1], TypeError),
+                           (2, list(seg.layout), TypeError), (3, -1.0, TypeError), (4, (1, 2), TypeError),
+                           (4, (1, 2, "3"), TypeError), (5, (x, x), TypeError), (6, settings[:3], TypeError),
+                           (6, (0, 0, 2 ** 40, 0), OverflowError), (6, (0, 0, 0, None), TypeError)):
+        before = seg.round
+        try:
+            onehost._native.run(*good[:at], bad, *good[at + 1:])
+        except error:
+            assert seg.round == before, "it ran before refusing"
+        else:
+            raise AssertionError(f"ran with argument {at} = {bad!r}")
+    try:
+        onehost._native.run(*good[:-1])
+    except TypeError as e:
+        assert "takes 7 arguments" in str(e), e
+    else:
+        raise AssertionError("ran with 6 arguments")
+    refused((ro, ro, None), "and is read-only")     # in place: one view for both, still checked as the output
     out = np.zeros(100, np.float32)         # and with the right buffers it runs
     onehost.native(ctx, prog, (1, 2, 3), (x, out, None), settings, 1e18, "allreduce")
     assert (out == x).all()
+    same = x.copy()                         # in place too (one view for both)
+    onehost.native(ctx, prog, (1, 2, 3), (same, same, None), settings, 1e18, "allreduce")
+    assert (same == x).all()
     print("refused all")
 ''')
 

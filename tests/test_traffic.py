@@ -55,9 +55,10 @@ def test_the_segment_counts_what_a_rank_publishes_for_others_as_sent(pools):
         assert sent == received == 2 << 20, (sent, received)
 
 
-def test_segment_sent_is_counted_when_read_and_nothing_waits_without_bound():
-    """A segment schedule's ``sent`` (its peers' reads of it: n schedules to build) is found when the
-    counters are read, for every call made before and after; past 256 waiting, the oldest is settled."""
+def test_tallies_are_added_when_read_and_nothing_waits_without_bound():
+    """A prepared call counts its calls in a Tally; they are added to the counters when the counters
+    are read, a segment schedule's ``sent`` (its peers' reads of it: n schedules to build) found then;
+    past 256 tallies waiting, the oldest is added; a tally counts on after a reading."""
     from pyxccl.core.counters import Traffic
     from pyxccl.schedule import Get, Schedule
 
@@ -69,13 +70,15 @@ def test_segment_sent_is_counted_when_read_and_nothing_waits_without_bound():
         return s
     sched.__wrapped__ = sched
     t = Traffic()
-    ds = [t.defer("allreduce", sched(0), 4) for _ in range(300)]
-    assert sum(d.per_call is not None for d in ds) == 300 - 256      # the oldest, settled as they left
-    for d in ds:
-        for _ in range(2):          # what Prepared._execute does on a call
-            if d.per_call is not None:
-                d.counter[2] += d.per_call
-            else:
-                d.calls += 1
-    assert t.snapshot()["allreduce"]["sent"] == 300 * 2 * 2 * 5 * 4  # 2 peers read 5 float32 each, per call
-    assert all(d.per_call == 2 * 5 * 4 and d.calls == 0 for d in ds[-256:])
+    ts = [t.tally("allreduce", 20, None, 40, sched(0), 4) for _ in range(300)]
+    for x in ts:
+        x.count()
+        x.count()
+    assert len(t._unsettled) == 256 and sum(x.calls == 0 for x in ts) == 300 - 256   # the oldest, added as they left
+    assert all(x.sent == 2 * 5 * 4 for x in ts[:300 - 256]) and all(x.sent is None for x in ts[-256:])
+    got = t.snapshot()["allreduce"]
+    # 2 peers read 5 float32 each, per call
+    assert (got["calls"], got["bytes"], got["sent"], got["received"]) == (600, 600 * 20, 600 * 2 * 5 * 4, 600 * 40)
+    assert all(x.sent == 2 * 5 * 4 and x.calls == 0 for x in ts) and not t._unsettled
+    ts[0].count()                   # counts on after a reading
+    assert t.snapshot()["allreduce"]["calls"] == 601

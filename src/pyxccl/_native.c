@@ -22,6 +22,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -342,19 +343,61 @@ static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t
  * A buffer the program uses that is None, read-only where it writes, or shorter than it reaches (or a
  * segment's window shorter than its window offsets) stops it before anything runs: status BUFFER,
  * peer = the buffer id, err = the bytes the program needs of it. */
-static PyObject *run(PyObject *self, PyObject *args) {
+/* run()'s arguments, read as PyArg_ParseTuple's "y*n(KLLLLLLL)k(KKK)(OOO)(LLii)" would (the same
+ * conversions: K and k without overflow checks, L and n with, i within int), written out because this
+ * is on every call and the generic parser cost about as much as a small call's round. */
+static int items(PyObject *t, Py_ssize_t n, int arg) {
+    if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) == n) return 1;
+    PyErr_Format(PyExc_TypeError, "pyxccl._native.run: argument %d must be a tuple of %zd items, not %.50s", arg,
+                 n, Py_TYPE(t)->tp_name);
+    return 0;
+}
+static int as_ull(PyObject *o, unsigned long long *v) {     /* K */
+    if (!PyLong_Check(o)) { PyErr_Format(PyExc_TypeError, "an int is required, not %.50s", Py_TYPE(o)->tp_name); return 0; }
+    *v = PyLong_AsUnsignedLongLongMask(o);
+    return !(*v == (unsigned long long)-1 && PyErr_Occurred());
+}
+static int as_ll(PyObject *o, long long *v) {               /* L */
+    *v = PyLong_AsLongLong(o);
+    return !(*v == -1 && PyErr_Occurred());
+}
+static int as_int(PyObject *o, int *v) {                    /* i */
+    long x = PyLong_AsLong(o);
+    if (x == -1 && PyErr_Occurred()) return 0;
+    if (x < INT_MIN || x > INT_MAX) { PyErr_SetString(PyExc_OverflowError, "signed integer is out of range"); return 0; }
+    *v = (int)x;
+    return 1;
+}
+
+static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     (void)self;
     Py_buffer prog, views[3];
     PyObject *objs[3];
     Py_ssize_t pc;
-    unsigned long long base, s0, s1, s2;
+    unsigned long long base, s0, s1, s2, rnd_;
     long long line, hdr_at, head, area, pids_at, me, n, spin, yields;
     unsigned long rnd;
     int dtype, op;
-    if (!PyArg_ParseTuple(args, "y*n(KLLLLLLL)k(KKK)(OOO)(LLii)", &prog, &pc, &base, &line, &hdr_at, &head, &area,
-                          &pids_at, &me, &n, &rnd, &s0, &s1, &s2, &objs[0], &objs[1], &objs[2], &spin, &yields,
-                          &dtype, &op))
+    if (argc != 7) {
+        PyErr_Format(PyExc_TypeError, "pyxccl._native.run takes 7 arguments (%zd given)", argc);
         return NULL;
+    }
+    PyObject *lay = argv[2], *call = argv[4], *bufs = argv[5], *set = argv[6];
+    if (!items(lay, 8, 3) || !items(call, 3, 5) || !items(bufs, 3, 6) || !items(set, 4, 7)) return NULL;
+    pc = PyNumber_AsSsize_t(argv[1], PyExc_OverflowError);
+    if (pc == -1 && PyErr_Occurred()) return NULL;
+    if (!as_ull(PyTuple_GET_ITEM(lay, 0), &base) || !as_ll(PyTuple_GET_ITEM(lay, 1), &line)
+        || !as_ll(PyTuple_GET_ITEM(lay, 2), &hdr_at) || !as_ll(PyTuple_GET_ITEM(lay, 3), &head)
+        || !as_ll(PyTuple_GET_ITEM(lay, 4), &area) || !as_ll(PyTuple_GET_ITEM(lay, 5), &pids_at)
+        || !as_ll(PyTuple_GET_ITEM(lay, 6), &me) || !as_ll(PyTuple_GET_ITEM(lay, 7), &n)
+        || !as_ull(argv[3], &rnd_) || !as_ull(PyTuple_GET_ITEM(call, 0), &s0)
+        || !as_ull(PyTuple_GET_ITEM(call, 1), &s1) || !as_ull(PyTuple_GET_ITEM(call, 2), &s2)
+        || !as_ll(PyTuple_GET_ITEM(set, 0), &spin) || !as_ll(PyTuple_GET_ITEM(set, 1), &yields)
+        || !as_int(PyTuple_GET_ITEM(set, 2), &dtype) || !as_int(PyTuple_GET_ITEM(set, 3), &op))
+        return NULL;
+    rnd = (unsigned long)rnd_;          /* k: PyLong_AsUnsignedLongMask, the same bits on LP64 */
+    for (int b = 0; b < 3; b++) objs[b] = PyTuple_GET_ITEM(bufs, b);
+    if (PyObject_GetBuffer(argv[0], &prog, PyBUF_SIMPLE) < 0) return NULL;     /* y* */
     const int64_t *code = (const int64_t *)prog.buf;
     Py_ssize_t len = prog.len / (WIDTH * (Py_ssize_t)sizeof(int64_t));
     int64_t need[4] = {0, 0, 0, 0};
@@ -377,8 +420,15 @@ static PyObject *run(PyObject *self, PyObject *args) {
     for (int b = 0; b < 3 && status == DONE; b++) {
         if (!need[b]) continue;             /* not used: not even looked at */
         if (objs[b] != Py_None) {
-            if (PyObject_GetBuffer(objs[b], &views[b], PyBUF_ANY_CONTIGUOUS) < 0) { status = -1; break; }
-            held[b] = 1;
+            int same = -1;                  /* in place (out is in): its view once, as a buffer costs ~100 ns */
+            for (int j = 0; j < b; j++)
+                if (held[j] && objs[j] == objs[b]) same = j;
+            if (same >= 0) {
+                views[b] = views[same];
+            } else {
+                if (PyObject_GetBuffer(objs[b], &views[b], PyBUF_ANY_CONTIGUOUS) < 0) { status = -1; break; }
+                held[b] = 1;
+            }
             r->buf[b] = views[b].buf;
             if (views[b].len >= need[b] && !(writes[b] && views[b].readonly)) continue;
         }
@@ -512,7 +562,7 @@ static PyMethodDef methods[] = {
     {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},
     {"fence", fence, METH_NOARGS, "fence(): a full memory barrier"},
     {"overlap", overlap, METH_VARARGS, "overlap(a, b) -> bool: do two contiguous buffers share memory?"},
-    {"run", run, METH_VARARGS, "Run a compiled segment program from instruction pc (see core/onehost.py)."},
+    {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "Run a compiled segment program from instruction pc (see core/onehost.py)."},
     {"can_reduce", can_reduce, METH_VARARGS, "can_reduce(dtype_code, op_code) -> bool"},
     {"reduce_into", reduce_into, METH_VARARGS, "reduce_into(dtype_code, op_code, dst, src) -> bool: dst = dst (op) src"},
     {NULL, NULL, 0, NULL},

@@ -41,6 +41,12 @@ from .counters import Traffic
 _BLAME_SECONDS = 2.0     # a timed-out rank's wait for the others' progress (oversubscribed ranks answer late)
 
 
+class _Here(threading.local):
+    """A context's per-thread state: ``me`` None until the thread's first call (a class default:
+    reading it is an attribute load, not a getattr() call; this is on every call)."""
+    me = None
+
+
 class Context:
     def __init__(self, mesh, world_ranks: list[int], comm_id: int, timeout: float, parent: "Context | None" = None):
         self.mesh, self.mailbox = mesh, mesh.mailbox
@@ -59,7 +65,7 @@ class Context:
         self.prepared = PreparedCalls()   # calls made before, by key (core/prepared.py)
         self.thread_check = True  # fingerprints name the issuing thread
         self.setting_up = False   # comm._ready runs the set-up's calls (dispatch.SETUP's algorithms)
-        self._here = threading.local()   # .me: (this thread, its name, its name in fingerprints, digest)
+        self._here = _Here()      # .me: (this thread, its name, its name in fingerprints, digest)
         self.segment = None       # the one-host fast path's HostSegment (onehost.attach_segment)
         self.tuner = None
         self.parent, self.children = parent, []
@@ -396,14 +402,15 @@ class Context:
         """The calling thread's digest in fingerprints (0 when they do not name threads)."""
         if not self.thread_check:
             return 0
-        me = getattr(self._here, "me", None)        # a thread-local: on every call, so no current_thread()
-        return me[3] if me is not None and me[0].name == me[1] else self.thread()[1]
+        me = self._here.me          # a thread-local: on every call, so no current_thread()
+        # Thread._name, what the .name property returns, without the property's Python call
+        return me[3] if me is not None and me[0]._name == me[1] else self.thread()[1]
 
     def thread(self) -> tuple[str, int]:
         """The calling thread as fingerprints name it, and its 16-bit digest: its name, the workers of
         one thread pool counted as one ("pool_3" -> "pool"). The name is the one identity a thread has
         on every rank: threads numbered by first use would be numbered by whichever won a race."""
-        me = getattr(self._here, "me", None)
+        me = self._here.me
         if me is None or me[0].name != me[1]:       # first call of this thread, or it was renamed
             t = threading.current_thread()
             tag = re.sub(r"_\d+$", "", t.name)

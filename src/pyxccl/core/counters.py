@@ -13,7 +13,10 @@ received, on every executor.
   the sum of the other ranks' ``Get``s of this rank. Reading one's own window moves nothing.
   Only the readers' schedules say who reads what, so a rank builds its peers' schedules of the
   call (``Schedule.peers``): n schedules at n ranks, so not on the call but when the counters are
-  read (``Deferred``; then kept with the schedule, which the plan keeps).
+  read (``Tally``; then kept with the schedule, which the plan keeps).
+
+A prepared call (core/prepared.py) counts its calls in its ``Tally``, one increment per call; what
+they add to the counters above is added when the counters are read.
 
 A ring allreduce of G bytes over N ranks sends and receives 2G(N-1)/N per rank; the segment's
 allreduce of G bytes on 2 ranks, G per rank (each reduces half, reading the other's half, then
@@ -45,24 +48,39 @@ def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
                 elif t is Get and o.peer != s.rank:
                     recv += o.count * itemsize
         if s.segment:
-            sent = None         # what the peers read of it: counted when asked (Deferred)
+            sent = None         # what the peers read of it: counted when asked (Tally)
         io = kept[codec and codec.spec] = (sent, recv)
     return io
 
 
-class Deferred:
-    """The bytes a segment schedule's rank sends per call (its peers' reads of it), found when the
-    counters are read: ``calls`` made until then, ``per_call`` after."""
-    __slots__ = ("s", "itemsize", "counter", "calls", "per_call")
+class Tally:
+    """The calls one prepared call made since the counters were last read: each adds (1, ``nbytes``,
+    ``sent``, ``received``) to its operation's counter, added when the counters are read (or when more
+    than 256 tallies wait), so that a call costs one increment (``count``). A segment schedule's
+    ``sent`` (None: its peers' reads of it) is found at the first reading."""
+    __slots__ = ("traffic", "counter", "nbytes", "sent", "received", "s", "itemsize", "calls")
 
-    def __init__(self, s, itemsize: int, counter: list[int]):
-        self.s, self.itemsize, self.counter, self.calls, self.per_call = s, itemsize, counter, 0, None
+    def __init__(self, traffic: "Traffic", counter: list[int], nbytes: int, sent: int | None, received: int, s,
+                 itemsize: int):
+        self.traffic, self.counter, self.nbytes, self.sent, self.received = traffic, counter, nbytes, sent, received
+        self.s, self.itemsize, self.calls = s, itemsize, 0
+
+    def count(self) -> None:
+        """One call (Prepared.run writes this out: it is on every call)."""
+        n = self.calls
+        self.calls = n + 1
+        if not n:       # the first since the last reading: listed to be added at the next
+            self.traffic.waiting(self)
 
     def settle(self) -> None:
-        if self.per_call is None:
-            self.per_call = read_of(self.s) * self.itemsize
-        self.counter[2] += self.per_call * self.calls
-        self.calls = 0
+        n, self.calls = self.calls, 0
+        if self.sent is None:
+            self.sent = read_of(self.s) * self.itemsize
+        c = self.counter
+        c[0] += n
+        c[1] += n * self.nbytes
+        c[2] += n * self.sent
+        c[3] += n * self.received
 
 
 def read_of(s) -> int:
@@ -80,16 +98,19 @@ class Traffic:
     def __init__(self):
         self._ops: dict[str, list[int]] = {}
         self._wire: dict[str, dict[str, int]] = {}
-        self._unsettled: list[Deferred] = []
+        self._unsettled: list[Tally] = []
 
-    def defer(self, op: str, s, itemsize: int) -> Deferred:
-        """The ``sent`` of segment schedule ``s``'s calls of ``op``, settled when the counters are read
-        (or when more than 256 wait: the oldest then, so nothing grows without bound)."""
-        d = Deferred(s, itemsize, self.counter(op))
-        self._unsettled.append(d)
+    def tally(self, op: str, nbytes: int, sent: int | None, received: int, s, itemsize: int) -> Tally:
+        """The counts of one prepared call of ``op`` (schedule ``s``; ``sent`` None: a segment schedule's,
+        found when the counters are read)."""
+        return Tally(self, self.counter(op), nbytes, sent, received, s, itemsize)
+
+    def waiting(self, t: Tally) -> None:
+        """Tally ``t`` has calls to add at the next reading (when more than 256 wait, the oldest's are
+        added now, so nothing grows without bound)."""
+        self._unsettled.append(t)
         if len(self._unsettled) > 256:
             self._unsettled.pop(0).settle()
-        return d
 
     def counter(self, op: str) -> list[int]:
         """The [calls, bytes, sent, received] of ``op``, for a caller that adds to it on every call."""

@@ -166,17 +166,14 @@ class Engine:
         self._thread.start()
 
     def claim(self) -> bool:
-        """(Holding ``lock``.) True, and the engine is this caller's until ``release()``, if idle."""
-        if self._pending:
-            return False
-        self._pending = 1
-        self._exec.acquire()        # at most a moment: the worker is past its last item
-        return True
+        """(Holding ``lock``.) True, and the engine is this caller's until ``release()``, if idle: nothing
+        queued (``_pending``: queued or running on the worker) and no inline call running (one holds the
+        execution lock; callers queue behind it). Prepared.run writes this out."""
+        return not self._pending and self._exec.acquire(False)
 
     def release(self) -> None:
+        """The inline call is done (no lock needed: an inline call is not in ``_pending``)."""
         self._exec.release()
-        with self.lock:
-            self._pending -= 1
 
     def enqueue(self, fn, work: Work) -> None:
         """(Holding ``lock``.) Run ``fn(work)`` on the worker after everything issued before."""

@@ -167,6 +167,19 @@ class CollectiveRequest(PersistentRequest):
             self._prepared[self._context.thread_word()] = p
         return p.start(self._inp, self._out, self.result, async_op)
 
+    def run(self):
+        """Start and wait, on the calling thread (as the plain call without ``async_op``); returns what
+        the plain call returns."""
+        # PersistentRequest.run and _go in one frame: the blocking start is the one whose floor counts
+        if self._work is not None or self._freed:
+            raise self._refused("run()")
+        p = self._prepared.get(self._context.thread_word())
+        if p is None:
+            return self._go(False)
+        return p.run(self._inp, self._out, self.result)
+
+    __call__ = run
+
     def _drop(self) -> None:
         super()._drop()
         self._inp = self._out = self._remake = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from time import monotonic
+from time import monotonic, time
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ..primitives import PRIMITIVES, apart
 from . import onehost
 from .engine import Work
 from .onehost import _native
-from .recorder import ended, started
+from .recorder import _ENDED, _STATE, DONE, RUNNING, ended, started
 from .counters import schedule_io
 
 native_run = _native.run if _native is not None else None
@@ -93,8 +93,8 @@ def _array(obj, writable: bool):
 
 class Prepared:
     """One collective call, decided: run it with :meth:`start` (after :meth:`bind` for a repeat)."""
-    __slots__ = ("ctx", "plan", "name", "s", "words", "record", "timeout", "what", "io", "prog", "settings",
-                 "avg", "writes", "alloc", "prim", "at", "tmp", "counts", "later")
+    __slots__ = ("ctx", "plan", "name", "s", "words", "record", "timeout", "what", "tally", "prog", "settings",
+                 "avg", "writes", "alloc", "prim", "at", "tmp")
 
     def __init__(self, ctx, plan, name: str, s, size, thread: str, words, timeout, what: tuple, *, args: dict,
                  writes: bool, allocates: int | None):
@@ -102,9 +102,8 @@ class Prepared:
         self.ctx, self.plan, self.name, self.s, self.words, self.timeout = ctx, plan, name, s, words, timeout
         self.record = (plan, name, size, thread, words)        # for naming the call in a mismatch error
         self.what = what                                        # for the flight recorder
-        self.io = (what[3], *schedule_io(s, itemsize, plan.codec, plan.compressed))    # for comm.traffic()
-        self.counts = ctx.traffic.counter(name)
-        self.later = ctx.traffic.defer(name, s, itemsize) if self.io[1] is None else None   # segment: sent
+        self.tally = ctx.traffic.tally(name, what[3], *schedule_io(s, itemsize, plan.codec, plan.compressed), s,
+                                       itemsize)       # for comm.traffic()
         self.prog = onehost.program(s, itemsize) if plan.codes is not None else None   # else plan.run
         self.settings = self.prog and (*ctx.segment.waits, *plan.codes)
         self.avg, self.writes, self.alloc = plan.avg, writes, allocates     # alloc: elements of a new output
@@ -133,14 +132,16 @@ class Prepared:
             src = _array(inp, False)
             if src is None or (dst is not None and not apart(self.prim, src, dst, self.at)):
                 return FULL_PATH
-        if async_op is not False and async_op is not True:
+        if async_op is False:
+            return self.run(src, dst, result)
+        if async_op is not True:
             return FULL_PATH
-        return self.start(src, dst, result, async_op)
+        return self.start(src, dst, result, True)
 
     def start(self, inp, out, result, async_op: bool, codec=None, after=None):
         """Run the call on arrays ``inp`` and ``out`` (None: none), in issue order; return ``result``,
         or a Work with ``async_op``. ``codec``: the call's compressor, ``after()``: what runs once its
-        schedule has (compression.py)."""
+        schedule has (compression.py). (A blocking call comes through ``run``.)"""
         ctx = self.ctx
         eng = ctx.engine
         with eng.lock:      # numbers and place in line under one lock: threads run in number order
@@ -171,26 +172,87 @@ class Prepared:
             eng.release()
         return result
 
+    def run(self, inp, out, result):
+        """``start(inp, out, result, False)``: the blocking call, run here when the engine is idle and the
+        native executor runs it (every small call's floor), else by ``start``. What ``start`` and
+        ``_execute`` do for it, in one frame and with the engine's claim and release, the recorder's
+        begin and end and the tally's count written out (Engine.claim, Recorder.begin, recorder.ended,
+        Tally.count say the same): this is on every call, and every call it saves costs as much as
+        a line of it. Locks by acquire()/release(): half the cost of ``with``."""
+        ctx = self.ctx
+        eng = ctx.engine
+        lock = eng.lock
+        lock.acquire()      # numbers and place in line under one lock: threads run in number order
+        if ctx.closed or ctx.error is not None or self.prog is None or eng._pending or not eng._exec.acquire(False):
+            lock.release()      # no numbers taken yet: start() takes them (and queues, or refuses)
+            return self.start(inp, out, result, False)
+        try:                    # the engine is this call's (Engine.claim): until _exec.release()
+            ctx.seq = seq = ctx.seq + 1
+            ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
+            deadline = monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
+            rec, now = ctx.recorder, time()
+            entry = [seq, cseq, self.what, None, now, now, 0.0, RUNNING, None]     # Recorder.begin
+            rec.ops.append(entry)
+            if rec.trace is not None:
+                rec.trace.append(entry)
+        finally:
+            lock.release()
+        try:
+            if ctx.closed or ctx.error is not None:       # aborted by another thread since (as _execute)
+                ctx.usable(self.name)
+            ctx.recent[cseq & (RECENT_CALLS - 1)] = (cseq, self.record)    # names it in a mismatch error
+            t = self.tally          # Tally.count()
+            n = t.calls
+            t.calls = n + 1
+            if not n:
+                t.traffic.waiting(t)
+            seg, mine = ctx.segment, (cseq,) + self.words
+            where = (inp, out, ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None)
+            done = native_run(self.prog, 0, seg.layout, seg.round, mine, where, self.settings)
+            if type(done) is int:
+                seg.round = done
+            else:
+                onehost.native(ctx, self.prog, mine, where, self.settings, deadline, self.name, done)
+            if self.avg:
+                np.divide(out, ctx.size, out=out)
+            entry[_ENDED], entry[_STATE] = time(), DONE        # recorder.ended(entry)
+        except CommError as e:
+            raise self._comm_failed(e, entry, seq, cseq) from None
+        except BaseException as e:
+            self._broke(e, entry, cseq)
+            raise
+        finally:
+            eng._exec.release()     # Engine.release()
+        return result
+
+    def _comm_failed(self, e: CommError, entry, seq: int, cseq: int) -> CommError:
+        """The error to raise for a call that failed with ``e``: the communicator is aborted (a half-done
+        collective leaves the ranks out of step)."""
+        ctx = self.ctx
+        e = ctx.failure(e, self.name, seq, cseq, entry)
+        ctx.abort(e)
+        return e
+
+    def _broke(self, e: BaseException, entry, cseq: int) -> None:
+        """A call stopped by what is not the library's error (a bug, MemoryError, KeyboardInterrupt): the
+        ranks are out of step all the same; the others are told at once, and the entry says how it ended
+        (the caller re-raises ``e``)."""
+        ctx = self.ctx
+        ended(entry, e)
+        ctx.abort(CommAbortedError(
+            f"rank {ctx.rank}: {self.name} #{cseq} stopped half done on {type(e).__name__}: {e}; this "
+            f"communicator is aborted: make a new one", cause=e, rank=ctx.rank, op=self.name, seq=cseq))
+
     def _execute(self, entry, seq: int, cseq: int, deadline: float, inp, out, codec, after) -> None:
         ctx = self.ctx
         try:
             if ctx.closed or ctx.error is not None:       # a call queued behind one that failed
                 ctx.usable(self.name)
             ctx.recent[cseq & (RECENT_CALLS - 1)] = (cseq, self.record)    # names it in a mismatch error
-            c, (nbytes, sent, received) = self.counts, self.io
-            c[0] += 1
-            c[1] += nbytes
-            c[3] += received
-            later = self.later
-            if later is None:
-                c[2] += sent
-            elif later.per_call is not None:
-                c[2] += later.per_call
-            else:
-                later.calls += 1
+            self.tally.count()      # for comm.traffic()
             tmp = ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None
             if self.prog is not None:
-                seg, mine, where = ctx.segment, (cseq, *self.words), (inp, out, tmp)
+                seg, mine, where = ctx.segment, (cseq,) + self.words, (inp, out, tmp)
                 done = native_run(self.prog, 0, seg.layout, seg.round, mine, where, self.settings)
                 if type(done) is int:
                     seg.round = done
@@ -203,18 +265,11 @@ class Prepared:
             if self.avg:
                 np.divide(out, ctx.size, out=out)
         except CommError as e:
-            e = ctx.failure(e, self.name, seq, cseq, entry)
-            ctx.abort(e)        # a half-done collective leaves the ranks out of step
-            raise e from None
+            raise self._comm_failed(e, entry, seq, cseq) from None
         except BaseException as e:
-            # Not the library's error (a bug, MemoryError, KeyboardInterrupt): the ranks are out of
-            # step all the same; the others are told at once, and the entry says how it ended.
-            ended(entry, e)
-            ctx.abort(CommAbortedError(
-                f"rank {ctx.rank}: {self.name} #{cseq} stopped half done on {type(e).__name__}: {e}; this "
-                f"communicator is aborted: make a new one", cause=e, rank=ctx.rank, op=self.name, seq=cseq))
+            self._broke(e, entry, cseq)
             raise
-        ended(entry)
+        entry[_ENDED], entry[_STATE] = time(), DONE        # recorder.ended(entry)
 
 
 def _bufs(inp, out, tmp) -> dict:
