@@ -29,7 +29,7 @@ from ..primitives import PRIMITIVES, apart
 from . import onehost
 from .engine import Work
 from .onehost import _native
-from .recorder import _ENDED, _STATE, DONE, RUNNING, ended, started
+from .recorder import DONE, ENTRY_ENDED, ENTRY_STATE, RUNNING, ended, started
 from .counters import schedule_io
 
 native_run = _native.run if _native is not None else None
@@ -215,7 +215,7 @@ class Prepared:
                 onehost.native(ctx, self.prog, mine, where, self.settings, deadline, self.name, done)
             if self.avg:
                 np.divide(out, ctx.size, out=out)
-            entry[_ENDED], entry[_STATE] = time(), DONE        # recorder.ended(entry)
+            entry[ENTRY_ENDED], entry[ENTRY_STATE] = time(), DONE        # recorder.ended(entry)
         except CommError as e:
             raise self._comm_failed(e, entry, seq, cseq) from None
         except BaseException as e:
@@ -269,7 +269,7 @@ class Prepared:
         except BaseException as e:
             self._broke(e, entry, cseq)
             raise
-        entry[_ENDED], entry[_STATE] = time(), DONE        # recorder.ended(entry)
+        entry[ENTRY_ENDED], entry[ENTRY_STATE] = time(), DONE        # recorder.ended(entry)
 
 
 def _bufs(inp, out, tmp) -> dict:

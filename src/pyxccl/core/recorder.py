@@ -30,6 +30,8 @@ SEQ, CSEQ, OP, DTYPE, COUNT, BYTES, ALGO, PEER, ISSUED, STARTED, ENDED, STATE, E
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 # An entry in memory is shorter (the call's description is one shared tuple): made on every call.
 _WHAT, _PEER, _ISSUED, _STARTED, _ENDED, _STATE, _ERROR = range(2, 9)
+#: an in-memory entry's end time and state: what the blocking fast path (prepared.Prepared.run) writes inline
+ENTRY_ENDED, ENTRY_STATE = _ENDED, _STATE
 
 
 def expand(e: list) -> list:
