@@ -165,7 +165,9 @@ class CollectiveRequest(PersistentRequest):
             if len(self._prepared) >= 8:
                 self._prepared.clear()
             self._prepared[self._context.thread_word()] = p
-        return p.start(self._inp, self._out, self.result, async_op)
+        if async_op:
+            return p.start(self._inp, self._out, self.result, True)
+        return p.run(self._inp, self._out, self.result)
 
     def run(self):
         """Start and wait, on the calling thread (as the plain call without ``async_op``); returns what

@@ -269,7 +269,7 @@ class Prepared:
         except BaseException as e:
             self._broke(e, entry, cseq)
             raise
-        entry[ENTRY_ENDED], entry[ENTRY_STATE] = time(), DONE        # recorder.ended(entry)
+        ended(entry)
 
 
 def _bufs(inp, out, tmp) -> dict:
