@@ -251,7 +251,7 @@ class HostSegment:
         elif err is None:
             why = f"reading up to byte {end} of the {posted}-byte buffer rank {p} posted: the ranks disagree on sizes"
         elif err.errno == errno.ESRCH:      # its process is gone: a lost rank, not a protocol error
-            e = lost_error(self.rank, p, "its process exited or was killed during the call")
+            e = lost_error(self.rank, p, f"its process exited or was killed during {self._who()}")
             e.op, e.seq = self.op, self.seq
             return e
         else:
