@@ -31,6 +31,9 @@ from . import fitted
 from . import nccl as N
 
 MODELS = ("pyxccl", "nccl")
+#: how nccl-tests was started: one process driving every GPU of its node (``-g 8``), one process per GPU
+#: (``mpirun -np <GPUs> ... -g 1``), or not shown by the source
+LAUNCHES = ("single-process", "per-gpu", "unknown")
 PARTS = ("calibrate", "validate")
 #: nccl-tests' collective names -> pyxccl's primitives
 PRIMS = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reduce_scatter",
@@ -58,6 +61,15 @@ class Point:
     size: int
     time: float
     suspect_reason: str = ""
+    launch: str = "unknown"            # LAUNCHES: how nccl-tests was started, as the source shows it
+    nccl_version: str = ""             # as printed or stated ("2.26.2 (printed)", "not printed")
+    net_latency_us: float | None = None    # the NET plugin's reported latency, where the source names the plugin
+
+    @property
+    def release(self) -> str:
+        """The NCCL release the source states ("2.26.2"), or "unknown"."""
+        m = re.match(r"\s*(\d+\.\d+\.\d+)", self.nccl_version)
+        return m.group(1) if m else "unknown"
 
     @property
     def preset(self) -> str:
@@ -83,7 +95,8 @@ def load(path=None) -> list[Point]:
 def _point(d: dict) -> Point:
     return Point(d["id"], d["part"], bool(d["suspect"]), d["source_id"], d["gpu"], d["nodes"], d["gpus_per_node"],
                  d.get("nics_per_node"), d.get("nic_gbps"), d.get("network", ""), d.get("settings", ""),
-                 d["collective"], int(d["size_bytes"]), float(d["time_us"]) * 1e-6, d.get("suspect_reason") or "")
+                 d["collective"], int(d["size_bytes"]), float(d["time_us"]) * 1e-6, d.get("suspect_reason") or "",
+                 d.get("launch", "unknown"), d.get("nccl_version", ""), d.get("net_latency_us"))
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,9 @@ class Input:
     algo: str | None = None
     proto: str | None = None
     note: str = ""
+    version: str = N.DEFAULT_VERSION   # the NCCL release modelled (the source's, else the port's default)
+    launch: str = "unknown"
+    latency_inter: float = 0.0         # us: the NET plugin's latency (NCCL's graph latencyInter)
 
 
 def forced(settings: str) -> tuple[str | None, str | None]:
@@ -144,7 +160,20 @@ def model_input(p: Point) -> tuple[Input | None, str]:
         notes.append(f"{nics} x {gbps:g} Gb/s NICs (a variant of the preset)")
     if algo or proto:
         notes.append("forced " + "/".join(x for x in (algo, proto) if x))
-    return Input(p.preset, p.nodes, p.per_node, nics, GBps, algo, proto, "; ".join(notes)), "; ".join(notes)
+    version = p.release
+    if version not in N.VERSIONS:
+        notes.append(f"NCCL {version}" + (" not ported" if version != "unknown" else "") +
+                     f": priced as {N.DEFAULT_VERSION}")
+        version = N.DEFAULT_VERSION
+    elif N.version(version).legacy and p.preset != "dgx-a100":
+        return None, f"NCCL {version} is ported for A100 rings and trees only"
+    if p.launch not in LAUNCHES:
+        raise InvalidArgumentError(f"published point {p.id}: launch {p.launch!r}: give one of {', '.join(LAUNCHES)}")
+    lat = p.net_latency_us or 0.0
+    if lat:
+        notes.append(f"NET plugin latency {lat:g} us")
+    inp = Input(p.preset, p.nodes, p.per_node, nics, GBps, algo, proto, "; ".join(notes), version, p.launch, lat)
+    return inp, inp.note
 
 
 def _same_per_gpu(preset: str, nics: int, GBps: float) -> bool:
@@ -185,10 +214,10 @@ def comm(inp: Input) -> N.Comm:
     speeds while the channels fit the GPU's 240 GB/s of NVLinks (4 x 48)."""
     if inp.per_node == 1:
         g = N.Graph(2, 24.0, 24.0, N.PATH_NVL, N.PATH_PIX, source=_SRC_DERIVED)
-        return N.Comm(nNodes=inp.nodes, nRanks=inp.nodes, minCompCap=90, cpuVendor=N.CPU_VENDOR_INTEL,
-                      ring=g, tree=replace(g, pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE), name="dgx-h100 1 GPU/node",
-                      source=_SRC_DERIVED)
-    c = N.preset(inp.preset, inp.nodes, inp.per_node)
+        return _versioned(N.Comm(nNodes=inp.nodes, nRanks=inp.nodes, minCompCap=90, cpuVendor=N.CPU_VENDOR_INTEL,
+                                 ring=g, tree=replace(g, pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE),
+                                 name="dgx-h100 1 GPU/node", source=_SRC_DERIVED), inp)
+    c = _versioned(N.preset(inp.preset, inp.nodes, inp.per_node), inp)
     if inp.nics is None or inp.nodes == 1 or _same_per_gpu(inp.preset, inp.nics, inp.nic_GBps):
         return c
     if inp.preset != "dgx-a100":
@@ -198,10 +227,17 @@ def comm(inp: Input) -> N.Comm:
     bw = next(s for s in speeds if s <= inp.nic_GBps)
     nch = min(inp.nics, inp.per_node)
     intra = next(s for s in speeds if nch * s <= 240.0)
-    ring = N.Graph(nch, bw, bw, N.PATH_NVL, N.PATH_PXB, source=_SRC_DERIVED)
-    tree = N.Graph(nch, intra, bw, N.PATH_NVL, N.PATH_PXB, pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE,
-                   source=_SRC_DERIVED)
+    ring = N.Graph(nch, bw, bw, N.PATH_NVL, N.PATH_PXB, latencyInter=inp.latency_inter, source=_SRC_DERIVED)
+    tree = N.Graph(nch, intra, bw, N.PATH_NVL, N.PATH_PXB, latencyInter=inp.latency_inter,
+                   pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE, source=_SRC_DERIVED)
     return replace(c, ring=ring, tree=tree, name=f"{inp.preset} {inp.nics} NICs", source=_SRC_DERIVED)
+
+
+def _versioned(c: N.Comm, inp: Input) -> N.Comm:
+    """``c`` as NCCL ``inp.version`` models it, its graphs carrying the NET plugin's latency across nodes."""
+    lat = inp.latency_inter if c.nNodes > 1 else 0.0
+    graphs = {k: replace(getattr(c, k), latencyInter=lat) for k in ("ring", "tree", "nvls") if getattr(c, k)}
+    return replace(c, version=inp.version, **graphs)
 
 
 # --- predictions ----------------------------------------------------------------------------------------
@@ -213,7 +249,7 @@ def predict_pyxccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tu
     from . import simulate
     res = simulate.run(PRIMS[p.collective], p.size, cluster(inp, cal), inplace=False)
     best = min(res, key=lambda r: (r.time, r.algorithm))
-    return _calibrated(best.time, cal), best.algorithm
+    return _calibrated(best.time, cal, inp.launch), best.algorithm
 
 
 def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tuple[float, str]:
@@ -221,7 +257,7 @@ def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tupl
     if p.collective == "alltoall":
         from . import simulate
         r = simulate.run("alltoall", p.size, cluster(inp, cal), ["pairwise"])[0]
-        return _calibrated(r.time, cal), "pairwise (p2p)"
+        return _calibrated(r.time, cal, inp.launch), "pairwise (p2p)"
     c = comm(inp)
     model = N.tune_model(c)
     if cal is not None:
@@ -236,7 +272,7 @@ def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tupl
         raise InvalidArgumentError(f"published point {p.id}: NCCL's model enables no {inp.algo}/{inp.proto} for "
                                    f"{p.collective} on {c.name}: leave the forcing out or model the graph")
     a, q = best
-    return _calibrated(table[a][q] * 1e-6, cal), f"{N.ncclAlgoStr[a]}/{N.ncclProtoStr[q]}"
+    return _calibrated(table[a][q] * 1e-6, cal, inp.launch), f"{N.ncclAlgoStr[a]}/{N.ncclProtoStr[q]}"
 
 
 def _scaled(model: N.Model, cal: fitted.Params) -> N.Model:
@@ -246,8 +282,8 @@ def _scaled(model: N.Model, cal: fitted.Params) -> N.Model:
     return replace(model, bandwidths=bw)
 
 
-def _calibrated(t: float, cal: fitted.Params | None) -> float:
-    return t if cal is None else max(t, cal.floor) + cal.base_lat
+def _calibrated(t: float, cal: fitted.Params | None, launch: str = "unknown") -> float:
+    return t if cal is None else max(t, cal.floor) + cal.base_lat + fitted.launch_term(cal, launch)
 
 
 @dataclass
