@@ -58,7 +58,9 @@ def test_inputs_and_left_out_reasons(points):
     one, _ = P.model_input(_one(points, source_id="S02-xxrjun-cluster01-h100", per_node=1))
     assert P.comm(one).nRanks == one.nodes
     assert (inp.version, inp.launch, inp.latency_inter) == ("2.26.2", "single-process", 0.0)
-    assert (efa.version, efa.launch, efa.latency_inter) == ("2.17.1", "per-gpu", 150.0)
+    assert (efa.version, efa.launch, efa.latency_inter) == ("2.17.1", "per-gpu", 0.0)     # not priced by default
+    efa, note = P.model_input(_one(points, source_id="S12-aws-p4de-efa"), net_latency=True)
+    assert efa.latency_inter == 150.0 and "NET plugin latency 150 us" in note
     c = P.comm(efa)
     assert (c.version, c.ring.latencyInter, c.tree.latencyInter) == ("2.17.1", 150.0, 150.0)
     unknown, note = P.model_input(_one(points, source_id="S03-nccl-tests-309-gj-aion"))
@@ -150,6 +152,11 @@ def test_launch_term_fitted_from_the_paired_sweeps(points):
     assert fitted.launch_lat_of([p for p in points if p.launch == "per-gpu"]) == 0.0
     c = fitted.Params(launch_lat=10e-6)
     assert [fitted.launch_term(c, m) for m in P.LAUNCHES] == [10e-6, 0.0, 5e-6]
+    assert [P._calibrated(1e-6, c, m) for m in P.LAUNCHES] == [11e-6, 1e-6, 6e-6]
+    # form "floor": the floor is a single-process launch's, lowered by the launch term per GPU
+    f = fitted.Params(launch_lat=10e-6, floor=40e-6, form="floor")
+    assert [P._calibrated(1e-6, f, m) for m in P.LAUNCHES] == pytest.approx([40e-6, 30e-6, 35e-6], rel=1e-12)
+    assert P._calibrated(50e-6, f, "per-gpu") == 50e-6
 
 
 def _row(part, err_py, err_nc, suspect=False, left_out=False):

@@ -105,14 +105,17 @@ def fit(points, evaluate, form: str = "add") -> dict:
                 cal[(m, h)] = replace(cal[(m, h)], base_lat=max(0.0, statistics.median(
                     r.point.time - r.pred[m] for r in small)))
             else:
-                cal[(m, h)] = replace(cal[(m, h)], floor=statistics.median(r.point.time for r in small))
+                c = cal[(m, h)]     # each point's time as a single-process launch would take it
+                cal[(m, h)] = replace(c, floor=statistics.median(
+                    r.point.time + c.launch_lat - launch_term(c, r.point.launch) for r in small))
     for key, one_node in (("intra_eff", True), ("inter_eff", False)):
         sel = [p for p in points if (p.nodes == 1) == one_node and p.size >= BANDWIDTH_MIN]
         rows = evaluate(sel, cal)
         for m in models:
             for h in presets:
                 c = cal[(m, h)]
-                off = {r.point.id: c.base_lat + launch_term(c, r.point.launch) for r in rows}
+                off = {r.point.id: c.base_lat + (launch_term(c, r.point.launch) if form == "add" else 0.0)
+                       for r in rows}
                 ratios = [(r.pred[m] - off[r.point.id]) / (r.point.time - off[r.point.id]) for r in rows
                           if r.point.preset == h]
                 if ratios:
