@@ -152,7 +152,7 @@ def test_launch_term_fitted_from_the_paired_sweeps(points):
     assert fitted.launch_lat_of([p for p in points if p.launch == "per-gpu"]) == 0.0
     c = fitted.Params(launch_lat=10e-6)
     assert [fitted.launch_term(c, m) for m in P.LAUNCHES] == [10e-6, 0.0, 5e-6]
-    assert [P._calibrated(1e-6, c, m) for m in P.LAUNCHES] == [11e-6, 1e-6, 6e-6]
+    assert [P._calibrated(1e-6, c, m) for m in P.LAUNCHES] == pytest.approx([11e-6, 1e-6, 6e-6], rel=1e-12)
     # form "floor": the floor is a single-process launch's, lowered by the launch term per GPU
     f = fitted.Params(launch_lat=10e-6, floor=40e-6, form="floor")
     assert [P._calibrated(1e-6, f, m) for m in P.LAUNCHES] == pytest.approx([40e-6, 30e-6, 35e-6], rel=1e-12)
