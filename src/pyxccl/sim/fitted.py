@@ -1,6 +1,6 @@
 """The GPU presets' fitted parameters: what published nccl-tests measurements add to the models.
 
-Three numbers per (model, preset), applied by ``sim.published`` (``cluster``, ``predict_*``):
+Four numbers per (model, preset), applied by ``sim.published`` (``cluster``, ``predict_*``):
 
 - ``base_lat`` (s): added once per call: what nccl-tests times beyond the collective (the kernel
   launch and the stream synchronisation of every iteration) and what the models' step latencies miss;
