@@ -29,7 +29,7 @@ def _one(points, **kw):
 
 def test_loader_reads_every_point(points):
     raw = json.loads((resources.files("pyxccl.sim") / "data" / "nccl_published.json").read_text())
-    assert len(points) == len(raw) == 249
+    assert len(points) == len(raw) == 261
     for p, d in zip(points, raw):
         assert (p.id, p.part, p.suspect, p.source_id) == (d["id"], d["part"], d["suspect"], d["source_id"])
         assert (p.nodes, p.per_node, p.collective, p.size) == (d["nodes"], d["gpus_per_node"], d["collective"],
@@ -152,6 +152,15 @@ def test_launch_term_fitted_from_the_paired_sweeps(points):
     assert fitted.launch_lat_of([p for p in points if p.launch == "per-gpu"]) == 0.0
     c = fitted.Params(launch_lat=10e-6)
     assert [fitted.launch_term(c, m) for m in P.LAUNCHES] == [10e-6, 0.0, 5e-6]
+    # base_lat and launch_lat from the latency-bound residuals of each launch mode; a mode the preset's
+    # calibrate points lack takes the paired default in c
+    both = fitted._base_and_launch(c, [("single-process", 30e-6), ("single-process", 34e-6), ("per-gpu", 12e-6)])
+    assert (both.base_lat, both.launch_lat) == (pytest.approx(12e-6), pytest.approx(20e-6))
+    one = fitted._base_and_launch(c, [("single-process", 30e-6), ("unknown", 1.0)])
+    assert (one.base_lat, one.launch_lat) == (pytest.approx(20e-6), 10e-6)
+    per = fitted._base_and_launch(c, [("per-gpu", 7e-6)])
+    assert (per.base_lat, per.launch_lat) == (pytest.approx(7e-6), 10e-6)
+    assert fitted._base_and_launch(c, [("unknown", 9e-6)]).base_lat == pytest.approx(4e-6)
     assert [P._calibrated(1e-6, c, m) for m in P.LAUNCHES] == pytest.approx([11e-6, 1e-6, 6e-6], rel=1e-12)
     # form "floor": the floor is a single-process launch's, lowered by the launch term per GPU
     f = fitted.Params(launch_lat=10e-6, floor=40e-6, form="floor")
