@@ -12,6 +12,10 @@ Ported from NVIDIA/nccl at commit 5067397c2676d5aed50042fc39e5c8ee96eb0027 (NCCL
 - ``src/include/plugin/nccl_tuner.h``, ``src/include/graph.h``, ``src/include/device.h``,
   ``src/include/nccl_common.h``, ``src/include/enqueue.h``, ``src/graph/topo.h``: the enums and limits.
 
+Other releases (``VERSIONS``: the ones published measurements ran) are an input, ``Comm.version``: their
+constant tables read from ``tuning.cc`` at each tag, and the formula changes between them that touch
+A100/H100 rings, trees and NVLS (``Version``).
+
 Names follow the C code so that a reader can diff this file against ``tuning.cc``. What the C code
 reads from the runtime topology search (``graphs[a]->nChannels, bwIntra, bwInter, typeIntra,
 typeInter, latencyInter, sameChannels``, ``comm->maxTreePattern``) is an input here (``Graph``,
