@@ -8,6 +8,7 @@ Run it (from the repository, with the package on the path):
     python benchmarks/sim_fidelity.py --load FILE --terms       # ... and which term of the model is off
     python benchmarks/sim_fidelity.py --published [--json FILE]  # published nccl-tests figures (issue 27)
     python benchmarks/sim_fidelity.py --published --fit          # ... refitting on the calibrate part
+    python benchmarks/sim_fidelity.py --published --net-latency  # ... pricing NET plugin latencies too
 
 ``--published`` measures nothing: it predicts every point of ``pyxccl/sim/data/nccl_published.json``
 (docs/sim-data.md) with the default simulator ("pyxccl") and the NCCL tuning model's port ("nccl"),
@@ -588,11 +589,13 @@ def report(rows: list[dict], file=None, worst: int = 5) -> dict:
 
 # --- published nccl-tests measurements (issue 27) -----------------------------------------------------
 
-def published(fit: bool = False, json_path: str | None = None, file=None) -> dict:
-    """Print the published-measurement comparison; return {"rows", "summary", "fitted"} (as written to JSON)."""
+def published(fit: bool = False, json_path: str | None = None, file=None, net_latency: bool = False) -> dict:
+    """Print the published-measurement comparison; return {"rows", "summary", "fitted"} (as written to JSON).
+    ``net_latency``: price the NET plugin latencies the sources name (off by default, pyxccl.sim.published)."""
     from pyxccl.sim import fitted as F
     from pyxccl.sim import published as P
     file = file or sys.stdout
+    P.PRICE_NET_LATENCY = net_latency
     points = P.load()
     cal = P.fit(P.calibration_points(points)) if fit else F.FITTED
     before, after = P.evaluate(points), P.evaluate(points, cal)
@@ -633,7 +636,7 @@ def published(fit: bool = False, json_path: str | None = None, file=None) -> dic
         print("\n# fitted now (paste into pyxccl/sim/fitted.py FITTED):", file=file)
         for k, v in cal.items():
             print(f"    {k!r}: Params(intra_eff={v.intra_eff:.4f}, inter_eff={v.inter_eff:.4f}, "
-                  f"base_lat={v.base_lat:.4g}),", file=file)
+                  f"base_lat={v.base_lat:.4g}, launch_lat={v.launch_lat:.4g}),", file=file)
     doc = {"rows": [dict(r.to_json(), calibrated=dict(predicted=a.pred, error=a.error, choice=a.choice))
                     for r, a in zip(before, after)],
            "summary": [dict(part=k[0], model=k[1], points=k[2], before=sb[k], after=sa[k]) for k in sb],
@@ -660,6 +663,8 @@ def main(argv=None) -> int:
                     help="compare with published nccl-tests measurements (measures nothing)")
     ap.add_argument("--fit", action="store_true", help="with --published: fit on the calibrate part now")
     ap.add_argument("--json", default=None, help="with --published: write the rows and summaries here")
+    ap.add_argument("--net-latency", action="store_true",
+                    help="with --published: price the NET plugin latencies the sources name (S12: 150 us)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--prims", help=argparse.SUPPRESS)
@@ -670,7 +675,7 @@ def main(argv=None) -> int:
         _worker(a)
         return 0
     if a.published:
-        published(a.fit, a.json)
+        published(a.fit, a.json, net_latency=a.net_latency)
         return 0
     if a.load:
         with open(a.load) as f:

@@ -342,3 +342,110 @@ def test_auto_answers_with_nccls_model_where_it_describes_machine_and_call(args,
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(("protocol" in r) == (model == "nccl") for r in rows)
     assert ("NCCL's tuning model" in capsys.readouterr().out) == (model == "nccl")
+
+
+# --- NCCL releases (Comm.version): each release's constants and the formula changes between them ----------
+
+def ver(c, v):
+    return replace(c, version=v)
+
+
+def test_default_release_is_the_ported_one_and_2_29_matches_it_on_hopper():
+    c = nccl.preset("dgx-h100", 4)
+    assert c.version == nccl.DEFAULT_VERSION == "2.30.7"
+    for coll in ("allreduce", "allgather"):
+        for n in (4 << 10, 64 * MiB):
+            assert times(coll, n, ver(c, "2.29.2")) == times(coll, n, c)     # only Blackwell rows differ
+    assert nccl.version("2.29.2").perChMaxRingLL128Bws[3] == (34.5, 34.6, 34.5)
+
+
+def test_release_2_26_nvls_and_nvls_tree():
+    """2.26.2: NVLS bw = min(bwIntra, bwInter), NVLSTree min(bwIntra, bwInter (/2 beyond 2 nodes)), algbw = busBw
+    x 5/6, no nvlsEfficiency and no perChMaxNVLSTreeBws; NET NVLSTree latency 14 (2.30.7: 20.9); PAT's
+    latency "= 8 + ..." with no baseLat row."""
+    got = times("allreduce", GiB, ver(nccl.preset("dgx-h100", 1), "2.26.2"))
+    close(got["NVLS", "Simple"], t(25, GiB, 8 * min(40.0, 60.0) * 5 / 6))
+    got = times("allgather", GiB, ver(nccl.preset("dgx-h100", 1), "2.26.2"))
+    close(got["NVLS", "Simple"], t(25, GiB, 8 * 40.0))                  # AllGather: no algbw ratio from 2.23
+    got = times("allreduce", GiB, ver(nccl.preset("dgx-h100", 2), "2.26.2"))
+    close(got["NVLSTree", "Simple"], t(25 + 2 * 1 * 14, GiB, 8 * min(40.0, 48.0) * 5 / 6))
+    got = times("allreduce", GiB, ver(nccl.preset("dgx-h100", 4), "2.26.2"))
+    close(got["NVLSTree", "Simple"], t(25 + 2 * 2 * 14, GiB, 8 * min(40.0, 48.0 / 2) * 5 / 6))
+    # rings and trees: 2.26.2's tables equal 2.30.7's there
+    assert got["Ring", "Simple"] == times("allreduce", GiB, nccl.preset("dgx-h100", 4))["Ring", "Simple"]
+    g = Graph(2, 12.0, 12.0, nccl.PATH_PIX, nccl.PATH_PIX)
+    pat = Comm(nNodes=4, nRanks=4, minCompCap=90, ring=g, tree=g, nvsCount=0, version="2.26.2")
+    close(times("allgather", 8 * MiB, pat)["PAT", "Simple"], t(8.0 + 2 * (14.0 / 3.5) + 4 * 2.8, 8 * MiB, 24 * .75))
+
+
+def test_releases_2_19_and_2_21():
+    """2.19.3 / 2.21.5: Tree Simple latency 28 on NVLink and the network, no Tree Simple base latency; Ring LL
+    busBw x 1/4 (allreduce, or across nodes) or 1/3 (2.19; .5 from 2.21); Ring LL128 x 0.7 with one rank per
+    node; 2 nNodes inter steps for a ring allreduce; the algorithm's own network latency with one rank per
+    node; NVLS 23 us on NVLink in 2.19 (25 in 2.21); no PAT."""
+    c = ver(nccl.preset("dgx-a100", 2), "2.19.3")
+    n = 64 * MiB
+    got = times("allreduce", n, c)
+    bus = 8 * 24.0
+    close(got["Ring", "LL"], t(6.6 + 26 * max(0.6, 2.0) + 4 * 2.7, n, min(22.5, bus / 4) * 16 / 30))
+    close(got["Ring", "Simple"], t((8.4 + 26 * max(3.4, 6.0) + 4 * 14.0) * 1.4, n, bus * 16 / 30))
+    tb = min(8 * 30.0 * .92, 8 * 23.6)
+    corr = nccl.treeCorrectionFactor[2][log2(n >> 6)]
+    close(got["Tree", "Simple"], t(0 + 2 * (7 * 28 + 1 * 28), n, tb * .5 * corr))
+    one = ver(nccl.preset("dgx-a100", 1), "2.19.3")
+    close(times("allgather", n, one)["Ring", "LL"], t(6.6 + 7 * 0.6, n, min(87.7, 240 / 3) * 8 / 7))
+    close(times("allgather", n, ver(one, "2.21.5"))["Ring", "LL"], t(6.6 + 7 * 0.6, n, min(87.7, 240 * .5) * 8 / 7))
+    g = Graph(2, 24.0, 24.0, nccl.PATH_NVL, nccl.PATH_PIX)
+    ppn1 = Comm(nNodes=2, nRanks=2, minCompCap=90, ring=g, tree=g, version="2.21.5")
+    got = times("allreduce", n, ppn1)
+    # nsteps 2 but 2 nNodes = 4 inter steps: the intra steps go negative in 2.21 too; Ring's own NET LL128 4.0
+    close(got["Ring", "LL128"], t(14.0 + (2 - 4) * max(1.9, 1.0) + 4 * 4.0, n, min(48 * 0.7, 2 * 36.7) * 2 / 2))
+    assert all(a != "PAT" for a, _ in times("allgather", n, ppn1))
+    h = nccl.preset("dgx-h100", 1)
+    close(times("allreduce", GiB, ver(h, "2.19.3"))["NVLS", "Simple"], t(23, GiB, 320 * 5 / 6))
+    # 2.19/2.21 turn NVLS allgather bandwidth into algbw (x 5/6) too
+    close(times("allgather", GiB, ver(h, "2.21.5"))["NVLS", "Simple"], t(25, GiB, 320 * 5 / 6))
+
+
+def log2(n):
+    return nccl.log2i(n)
+
+
+def test_legacy_releases_on_a100():
+    """2.12.12 / 2.16.2 / 2.17.1 (A100 rings and trees): busBw capped at 235 on Ampere; LL's intra-node latency
+    x 1.8 across nodes; a NET plugin's latency replaces NCCL's network latency (2.18 on adds it); no net
+    overhead; ring plateau x 1.9 from nBytes >= nRanks/16 x 64 KiB; NET Ring Simple latency 9.6 (2.16, 2.17)
+    or 28 (2.12); Tree Simple 28 with no base latency."""
+    c = ver(nccl.preset("dgx-a100", 2), "2.17.1")
+    n = 64 * MiB
+    got = times("allreduce", n, c)
+    bus = 8 * 24.0
+    close(got["Ring", "LL"], t(3.6 + 26 * 0.47 * 1.8 + 4 * 2.7, n, min(22.5, bus / 4) * 16 / 30))
+    close(got["Ring", "LL128"], t(10.0 + 26 * 1.9 + 4 * 4.0, n, min(bus * .92, 8 * 20.0) * 16 / 30))
+    close(got["Ring", "Simple"], t((8.4 + 26 * 3.4 + 4 * 9.6) * 1.9, n, bus * 16 / 30))
+    small = 16 * 65536 // 16 - 1                   # below the plateau's threshold (nRanks/16 x 64 KiB)
+    close(times("allreduce", small, c)["Ring", "Simple"], t(8.4 + 26 * 3.4 + 4 * 9.6, small, bus * 16 / 30))
+    tb = min(8 * 30.0 * .92, 8 * 23.6)
+    corr = nccl.treeCorrectionFactor[2][log2(n >> 6)]
+    close(got["Tree", "Simple"], t(0 + 2 * (7 * 28 + 1 * 28), n, tb * .5 * corr))
+    efa = replace(c, ring=replace(c.ring, latencyInter=150.0), tree=replace(c.tree, latencyInter=150.0))
+    got = times("allreduce", n, efa)
+    close(got["Tree", "Simple"], t(0 + 2 * (7 * 28 + 1 * 150), n, tb * .5 * corr))
+    close(got["Ring", "Simple"], t((8.4 + 26 * 3.4 + 4 * 150) * 1.9, n, bus * 16 / 30))
+    # 2.30.7 adds the plugin latency to its own (twice for Simple: the flush)
+    got = times("allreduce", n, replace(efa, version="2.30.7"))
+    close(got["Tree", "Simple"], t(8.4 + 2 * (7 * 4.0 + 1 * (14 + 300)), n, tb * .5 * corr))
+    one = nccl.preset("dgx-a100", 1)
+    close(times("allreduce", n, ver(one, "2.16.2"))["Ring", "Simple"], t(8.4 + 14 * 3.4, n, 235.0 * 8 / 14))
+    two12 = ver(nccl.preset("dgx-a100", 2), "2.12.12")
+    close(times("allreduce", n, two12)["Ring", "Simple"], t((8.4 + 26 * 3.4 + 4 * 28) * 1.9, n, bus * 16 / 30))
+    assert {a for a, _ in times("allreduce", n, two12)} == {"Tree", "Ring"}
+
+
+def test_releases_refused_where_not_ported():
+    with pytest.raises(Exception, match="not ported"):
+        ver(nccl.preset("dgx-a100", 1), "2.18.1")
+    with pytest.raises(Exception, match="A100"):
+        ver(nccl.preset("dgx-h100", 1), "2.17.1")            # NVLS / Hopper formulas of <= 2.17 not ported
+    with pytest.raises(Exception, match="CollNet"):
+        ver(sharp("dgx-a100", 2), "2.26.2")

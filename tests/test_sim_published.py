@@ -6,6 +6,7 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from dataclasses import replace
 
 from pyxccl._errors import InvalidArgumentError
 from pyxccl.plan import hardware
@@ -28,14 +29,21 @@ def _one(points, **kw):
 
 def test_loader_reads_every_point(points):
     raw = json.loads((resources.files("pyxccl.sim") / "data" / "nccl_published.json").read_text())
-    assert len(points) == len(raw) == 249
+    assert len(points) == len(raw) == 261
     for p, d in zip(points, raw):
         assert (p.id, p.part, p.suspect, p.source_id) == (d["id"], d["part"], d["suspect"], d["source_id"])
         assert (p.nodes, p.per_node, p.collective, p.size) == (d["nodes"], d["gpus_per_node"], d["collective"],
                                                                d["size_bytes"])
         assert p.time == d["time_us"] * 1e-6
         assert p.preset in ("dgx-a100", "dgx-h100")
+        assert (p.launch, p.nccl_version, p.net_latency_us) == (d["launch"], d["nccl_version"], d["net_latency_us"])
+        assert p.launch in P.LAUNCHES and d["launch_evidence"]
     assert {p.part for p in points} == {"calibrate", "validate"}
+    # the launch modes and releases as the sources state them (docs/sim-data.md)
+    assert {p.launch for p in points if p.source_id == "S15-unresolved-a100-thanos"} == {"single-process", "per-gpu"}
+    assert {(p.source_id, p.release) for p in points if p.source_id.startswith(("S01", "S10", "S12", "S03"))} == {
+        ("S01-together-h100-1n", "2.26.2"), ("S10-gcm-fixtures-a100", "2.16.2"), ("S10-gcm-fixtures-a100", "2.12.12"),
+        ("S12-aws-p4de-efa", "2.17.1"), ("S03-nccl-tests-309-gj-aion", "unknown")}
 
 
 def test_inputs_and_left_out_reasons(points):
@@ -45,9 +53,19 @@ def test_inputs_and_left_out_reasons(points):
     efa, _ = P.model_input(_one(points, source_id="S12-aws-p4de-efa"))
     assert (efa.nics, efa.nic_GBps, efa.proto) == (4, 12.5, "Simple")
     oci, note = P.model_input(_one(points, source_id="S07-oci-tutorial-h100"))
-    assert P.comm(oci) == N.preset("dgx-h100", 2, 8) and "per GPU" in note     # 16 x 200G: the preset's per GPU
+    # 16 x 200G: the preset's per GPU; NCCL 2.21.5 as the tutorial states
+    assert P.comm(oci) == replace(N.preset("dgx-h100", 2, 8), version="2.21.5") and "per GPU" in note
     one, _ = P.model_input(_one(points, source_id="S02-xxrjun-cluster01-h100", per_node=1))
     assert P.comm(one).nRanks == one.nodes
+    assert (inp.version, inp.launch, inp.latency_inter) == ("2.26.2", "single-process", 0.0)
+    assert (efa.version, efa.launch, efa.latency_inter) == ("2.17.1", "per-gpu", 0.0)     # not priced by default
+    efa, note = P.model_input(_one(points, source_id="S12-aws-p4de-efa"), net_latency=True)
+    assert efa.latency_inter == 150.0 and "NET plugin latency 150 us" in note
+    c = P.comm(efa)
+    assert (c.version, c.ring.latencyInter, c.tree.latencyInter) == ("2.17.1", 150.0, 150.0)
+    unknown, note = P.model_input(_one(points, source_id="S03-nccl-tests-309-gj-aion"))
+    assert unknown.version == N.DEFAULT_VERSION and "NCCL unknown: priced as 2.30.7" in note
+    assert P.comm(unknown).version == N.DEFAULT_VERSION
     for src, why in (("S06-a3mega-ztan", "TCPXO"), ("S08-nccl-tests-232", "unstated speed"),
                      ("S09-coreweave-h100-8n-sharp", "SHARP"), ("S14-coreweave-a100-sharp-2023", "SHARP")):
         inp, reason = P.model_input(_one(points, source_id=src))
@@ -64,9 +82,17 @@ def test_nccl_prediction_is_the_port(points):
     rows = [r for r in N.predict("allgather", q.size, N.preset("dgx-h100", 1, 8)) if r.algorithm == "Ring"]
     ring = min(rows, key=lambda r: r.time)
     assert P.predict_nccl(q, inp) == (ring.time * 1e-6, f"Ring/{ring.protocol}")
-    # the fitted base latency adds to the time; an efficiency divides NCCL's bandwidths
+    # the fitted base latency adds to the time, the launch term as the point's launch says; an efficiency
+    # divides NCCL's bandwidths
     t0, _ = P.predict_nccl(q, inp)
     assert P.predict_nccl(q, inp, fitted.Params(base_lat=7e-6))[0] == pytest.approx(t0 + 7e-6, rel=1e-12)
+    assert inp.launch == "single-process"
+    cal = fitted.Params(base_lat=7e-6, launch_lat=4e-6)
+    assert P.predict_nccl(q, inp, cal)[0] == pytest.approx(t0 + 11e-6, rel=1e-12)
+    assert P.predict_nccl(q, replace(inp, launch="per-gpu"), cal)[0] == pytest.approx(t0 + 7e-6, rel=1e-12)
+    assert P.predict_nccl(q, replace(inp, launch="unknown"), cal)[0] == pytest.approx(t0 + 9e-6, rel=1e-12)
+    # the point's release: S01 ran 2.26.2, whose Ring constants on one H100 node are 2.30.7's
+    assert P.comm(inp).version == "2.26.2"
     model = N.tune_model(N.preset("dgx-h100", 1, 8))
     half = P._scaled(model, fitted.Params(intra_eff=0.5))
     assert half.bandwidths[N.ncclFuncAllGather][N.NCCL_ALGO_RING][2] == \
@@ -110,8 +136,36 @@ def test_fit_sees_calibrate_points_only(points, monkeypatch):
     # the table in fitted.py is what this fit gives (to its printed digits)
     assert set(cal) == set(fitted.FITTED)
     for k, v in fitted.FITTED.items():
-        for f in ("intra_eff", "inter_eff", "base_lat"):
+        for f in ("intra_eff", "inter_eff", "base_lat", "launch_lat"):
             assert getattr(cal[k], f) == pytest.approx(getattr(v, f), rel=1e-3), (k, f)
+
+
+def test_launch_term_fitted_from_the_paired_sweeps(points):
+    """launch_lat: the median (single-process - per-GPU) time of S15's two sweeps at 1-64 KiB, the only
+    calibrate source that ran both ways on one machine."""
+    s15 = [p for p in points if p.source_id == "S15-unresolved-a100-thanos" and p.size <= 64 << 10]
+    one = {p.size: p.time for p in s15 if p.launch == "single-process"}
+    per = {p.size: p.time for p in s15 if p.launch == "per-gpu"}
+    assert sorted(one) == sorted(per) == [1 << 10, 4 << 10, 16 << 10, 64 << 10]
+    want = sorted(one[s] - per[s] for s in one)
+    assert fitted.launch_lat_of(P.calibration_points(points)) == pytest.approx((want[1] + want[2]) / 2)
+    assert fitted.launch_lat_of([p for p in points if p.launch == "per-gpu"]) == 0.0
+    c = fitted.Params(launch_lat=10e-6)
+    assert [fitted.launch_term(c, m) for m in P.LAUNCHES] == [10e-6, 0.0, 5e-6]
+    # base_lat and launch_lat from the latency-bound residuals of each launch mode; a mode the preset's
+    # calibrate points lack takes the paired default in c
+    both = fitted._base_and_launch(c, [("single-process", 30e-6), ("single-process", 34e-6), ("per-gpu", 12e-6)])
+    assert (both.base_lat, both.launch_lat) == (pytest.approx(12e-6), pytest.approx(20e-6))
+    one = fitted._base_and_launch(c, [("single-process", 30e-6), ("unknown", 1.0)])
+    assert (one.base_lat, one.launch_lat) == (pytest.approx(20e-6), 10e-6)
+    per = fitted._base_and_launch(c, [("per-gpu", 7e-6)])
+    assert (per.base_lat, per.launch_lat) == (pytest.approx(7e-6), 10e-6)
+    assert fitted._base_and_launch(c, [("unknown", 9e-6)]).base_lat == pytest.approx(4e-6)
+    assert [P._calibrated(1e-6, c, m) for m in P.LAUNCHES] == pytest.approx([11e-6, 1e-6, 6e-6], rel=1e-12)
+    # form "floor": the floor is a single-process launch's, lowered by the launch term per GPU
+    f = fitted.Params(launch_lat=10e-6, floor=40e-6, form="floor")
+    assert [P._calibrated(1e-6, f, m) for m in P.LAUNCHES] == pytest.approx([40e-6, 30e-6, 35e-6], rel=1e-12)
+    assert P._calibrated(50e-6, f, "per-gpu") == 50e-6
 
 
 def _row(part, err_py, err_nc, suspect=False, left_out=False):

@@ -1,16 +1,25 @@
 """The GPU presets' fitted parameters: what published nccl-tests measurements add to the models.
 
-Three numbers per (model, preset), applied by ``sim.published`` (``cluster``, ``predict_*``):
+Four numbers per (model, preset), applied by ``sim.published`` (``cluster``, ``predict_*``):
 
 - ``base_lat`` (s): added once per call: what nccl-tests times beyond the collective (the kernel
   launch and the stream synchronisation of every iteration) and what the models' step latencies miss;
 - ``intra_eff``: the bandwidth a host's GPUs reach over the presets' figures (pyxccl: the NVSwitch port;
   NCCL's model: its single-node bandwidths);
-- ``inter_eff``: the same across hosts (pyxccl: the NICs; NCCL's model: its multi-node bandwidths).
+- ``inter_eff``: the same across hosts (pyxccl: the NICs; NCCL's model: its multi-node bandwidths);
+- ``launch_lat`` (s): what one nccl-tests process driving every GPU of its node (``-g 8``) pays per call
+  over one process per GPU (it launches the node's kernels one after the other from one thread); a
+  point whose source does not show its launch pays half of it (the midpoint: off by at most half
+  either way).
 
 How they are fitted (``fit``), on the calibrate part only, each in turn, by the median ratio:
 
-1. ``base_lat``: the median of (measured - predicted) over the latency-bound points (<= 64 KiB);
+0. a default ``launch_lat``: the median of (single-process - per-GPU) time over the latency-bound sizes
+   a source measured both ways on one machine (``launch_lat_of``);
+1. ``base_lat`` and ``launch_lat``: the median of (measured - predicted) over the latency-bound points
+   (<= 64 KiB) of each launch mode; ``base_lat`` is the per-GPU one, ``launch_lat`` the single-process
+   one's excess; a preset whose calibrate points ran one mode only takes step 0's figure for the other
+   (``_base_and_launch``);
 2. ``intra_eff``: the median of predicted / (measured - base_lat) transfer time over one-node points of
    64 MiB and more (bandwidth-bound), predicted with the step 1 figure;
 3. ``inter_eff``: the same over several-node points of 64 MiB and more, predicted with steps 1 and 2.
@@ -35,26 +44,65 @@ class Params:
     base_lat: float = 0.0          # seconds added to every call
     floor: float = 0.0             # seconds no call takes less than (form "floor")
     form: str = "add"              # "add": base_lat; "floor": floor
+    launch_lat: float = 0.0        # seconds a single-process (-g 8) launch adds over one process per GPU
+
+
+def launch_term(cal: Params, launch: str) -> float:
+    """Seconds the launch mode adds: all of ``launch_lat`` single-process, none per GPU, half unknown."""
+    return {"single-process": cal.launch_lat, "per-gpu": 0.0}.get(launch, cal.launch_lat / 2)
+
+
+def launch_lat_of(points) -> float:
+    """The median of (single-process - per-GPU) time over the points a source measured both ways (same
+    collective, nodes and size, at most ``LATENCY_MAX``); 0 when no source did."""
+    by = {}
+    for p in points:
+        if p.size <= LATENCY_MAX and p.launch in ("single-process", "per-gpu"):
+            by.setdefault((p.source_id, p.collective, p.nodes, p.per_node, p.size), {})[p.launch] = p.time
+    diffs = [v["single-process"] - v["per-gpu"] for v in by.values() if len(v) == 2]
+    return max(0.0, statistics.median(diffs)) if diffs else 0.0
 
 
 # Fitted by ``pyxccl.sim.published.fit(calibration_points(load()))`` on the calibrate part of
 # data/nccl_published.json (docs/sim-data.md): dgx-h100 from S01 (together-nccl-tests, 1 x 8, Ring),
 # S03 (NVIDIA/nccl-tests#309 gj-aion, 2/4/8 x 8) and S05 (NVIDIA/nccl-tests#290, 1 x 8, NVLS);
-# dgx-a100 from S11 (oracle-quickstart/oci-hpc-oke, 2 x 8 RoCE) and S15 (unresolved note, 1 x 8).
+# S17 (NVIDIA/exemplar-performance, 1 x 8, NVLS); dgx-a100 from S11 (oracle-quickstart/oci-hpc-oke,
+# 2 x 8 RoCE) and S15 (unresolved note, 1 x 8);
+# base_lat / launch_lat per launch mode: dgx-h100 from S01 (-g 8) and S17 (NVIDIA/exemplar-performance,
+# 1 x 8, one process per GPU), dgx-a100 from S15's -g 8 sweep and S15's mpirun sweep with S11.
+# Each point priced with the NCCL release its source states (nccl.VERSIONS; unknown: 2.30.7).
 # Form "add" (base_lat) chosen over "floor" by calibrate-part error only (median |error| on the 108 clean
-# calibrate points: pyxccl 10.0% vs 14.0%, nccl 8.2% vs 8.7%); two forms were tried, no other.
+# calibrate points, before the launch and release inputs: pyxccl 10.0% vs 14.0%, nccl 8.2% vs 8.7%); two
+# forms were tried, no other.
 # inter_eff > 1 for pyxccl is no faster NIC: it stands for what pyxccl's algorithms lack against NCCL's
 # across hosts (NVLSTree, a tree whose two nodes exchange half of a ring's bytes).
 # Regenerate: python benchmarks/sim_fidelity.py --published --fit
 FITTED: dict = {
-    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8471, inter_eff=1.2209, base_lat=2.683e-05),
-    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0149, inter_eff=1.2103, base_lat=3.129e-05),
-    ("nccl", "dgx-a100"): Params(intra_eff=0.9150, inter_eff=1.1250, base_lat=1.78e-05),
-    ("nccl", "dgx-h100"): Params(intra_eff=0.9950, inter_eff=0.8839, base_lat=2.388e-05),
+    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8458, inter_eff=1.2190, base_lat=2.348e-05, launch_lat=9.46e-06),
+    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0569, inter_eff=1.1750, base_lat=1.1e-05, launch_lat=2.028e-05),
+    ("nccl", "dgx-a100"): Params(intra_eff=0.9143, inter_eff=1.1274, base_lat=1.609e-05, launch_lat=8.312e-06),
+    ("nccl", "dgx-h100"): Params(intra_eff=0.9907, inter_eff=0.8793, base_lat=2.727e-06, launch_lat=2.115e-05),
 }
 
 
 FORMS = ("add", "floor")
+
+
+def _base_and_launch(c: Params, residuals) -> Params:
+    """``c`` with ``base_lat`` (a per-GPU launch's) and ``launch_lat`` from (launch, measured - predicted)
+    pairs: the median per launch mode; where the calibrate points of the preset ran only one of the two
+    modes, the other is that one -/+ the paired ``launch_lat`` already in ``c``."""
+    by = {m: [r for l, r in residuals if l == m] for m in ("single-process", "per-gpu")}
+    one = statistics.median(by["single-process"]) if by["single-process"] else None
+    per = statistics.median(by["per-gpu"]) if by["per-gpu"] else None
+    if one is not None and per is not None:
+        return replace(c, base_lat=max(0.0, per), launch_lat=max(0.0, one - per))
+    if one is not None:
+        return replace(c, base_lat=max(0.0, one - c.launch_lat))
+    if per is not None:
+        return replace(c, base_lat=max(0.0, per))
+    unknown = [r for l, r in residuals if l == "unknown"]
+    return replace(c, base_lat=max(0.0, statistics.median(unknown) - c.launch_lat / 2))
 
 
 def fit(points, evaluate, form: str = "add") -> dict:
@@ -66,7 +114,8 @@ def fit(points, evaluate, form: str = "add") -> dict:
         raise ValueError(f"fit form {form!r}: give one of {', '.join(FORMS)}")
     presets = sorted({p.preset for p in points})
     models = ("pyxccl", "nccl")
-    cal = {(m, h): Params(form=form) for m in models for h in presets}
+    launch = launch_lat_of(points)
+    cal = {(m, h): Params(form=form, launch_lat=launch) for m in models for h in presets}
     rows = evaluate([p for p in points if p.size <= LATENCY_MAX], cal)
     for m in models:
         for h in presets:
@@ -74,17 +123,22 @@ def fit(points, evaluate, form: str = "add") -> dict:
             if not small:
                 continue
             if form == "add":
-                cal[(m, h)] = replace(cal[(m, h)], base_lat=max(0.0, statistics.median(
-                    r.point.time - r.pred[m] for r in small)))
+                cal[(m, h)] = _base_and_launch(cal[(m, h)], [(r.point.launch, r.point.time - r.pred[m]
+                                                              + launch_term(cal[(m, h)], r.point.launch))
+                                                             for r in small])
             else:
-                cal[(m, h)] = replace(cal[(m, h)], floor=statistics.median(r.point.time for r in small))
+                c = cal[(m, h)]     # each point's time as a single-process launch would take it
+                cal[(m, h)] = replace(c, floor=statistics.median(
+                    r.point.time + c.launch_lat - launch_term(c, r.point.launch) for r in small))
     for key, one_node in (("intra_eff", True), ("inter_eff", False)):
         sel = [p for p in points if (p.nodes == 1) == one_node and p.size >= BANDWIDTH_MIN]
         rows = evaluate(sel, cal)
         for m in models:
             for h in presets:
                 c = cal[(m, h)]
-                ratios = [(r.pred[m] - c.base_lat) / (r.point.time - c.base_lat) for r in rows
+                off = {r.point.id: c.base_lat + (launch_term(c, r.point.launch) if form == "add" else 0.0)
+                       for r in rows}
+                ratios = [(r.pred[m] - off[r.point.id]) / (r.point.time - off[r.point.id]) for r in rows
                           if r.point.preset == h]
                 if ratios:
                     cal[(m, h)] = replace(c, **{key: statistics.median(ratios) * getattr(c, key)})

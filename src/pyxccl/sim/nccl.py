@@ -12,6 +12,10 @@ Ported from NVIDIA/nccl at commit 5067397c2676d5aed50042fc39e5c8ee96eb0027 (NCCL
 - ``src/include/plugin/nccl_tuner.h``, ``src/include/graph.h``, ``src/include/device.h``,
   ``src/include/nccl_common.h``, ``src/include/enqueue.h``, ``src/graph/topo.h``: the enums and limits.
 
+Other releases (``VERSIONS``: the ones published measurements ran) are an input, ``Comm.version``: their
+constant tables read from ``tuning.cc`` at each tag, and the formula changes between them that touch
+A100/H100 rings, trees and NVLS (``Version``).
+
 Names follow the C code so that a reader can diff this file against ``tuning.cc``. What the C code
 reads from the runtime topology search (``graphs[a]->nChannels, bwIntra, bwInter, typeIntra,
 typeInter, latencyInter, sameChannels``, ``comm->maxTreePattern``) is an input here (``Graph``,
@@ -138,6 +142,119 @@ treeCorrectionFactor = (
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
 )
 
+# --- the releases the published measurements ran (NCCL version as an input) --------------------------------
+@dataclass(frozen=True)
+class Version:
+    """One NCCL release's tuning constants (``src/graph/tuning.cc`` at ``commit``), as 7-algorithm tables
+    (an algorithm the release does not have has zeros; ``algorithms`` says how many it has).
+
+    Only the constant tables differ between releases here, and the few formula changes ``tune_model`` and
+    ``algo_time`` name by version (NVLS/NVLSTree bandwidth before ``nvlsEfficiency``, the Ring LL/LL128
+    factors, the network latency rules, the ring plateau); everything else is 2.30.7's code. The ports of
+    releases before 2.19 (``legacy``) cover Tree and Ring on A100-class GPUs only: their CollNet and NVLS
+    formulas were not ported."""
+    name: str
+    commit: str
+    baseLatencies: tuple
+    hwLatencies: tuple
+    llMaxBws: tuple
+    perChMaxRingLL128Bws: tuple
+    perChMaxTreeLL128Bws: tuple
+    perChMaxTreeBws: tuple
+    perChMaxNVLSTreeBws: tuple | None = None      # None: the release caps NVLSTree by nothing of its own
+    nvlsEfficiency: tuple | None = None           # None: NVLS bandwidth min(bwIntra, bwInter) (2.19-2.26)
+    algorithms: int = 7
+
+    @property
+    def key(self) -> tuple:
+        return tuple(int(x) for x in self.name.split("."))
+
+    @property
+    def legacy(self) -> bool:
+        """A release before 2.19 (before the tuning rewrite that added NVLSTree and per-channel LL128 tables)."""
+        return self.key < (2, 19)
+
+
+def _rows(*rows, n=7):
+    """Algorithm rows padded with zero rows to ``n`` (C's static arrays are zero-filled the same way)."""
+    return tuple(rows) + ((0.0, 0.0, 0.0),) * (n - len(rows))
+
+
+_Z = (0.0, 0.0, 0.0)
+_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8))        # Volta, Ampere rows of perChMaxTreeBws since 2.12
+_LL_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0))           # Volta, Ampere rows of llMaxBws since 2.12
+_V2_30 = Version(
+    "2.30.7", "5067397c2676d5aed50042fc39e5c8ee96eb0027", baseLatencies, hwLatencies, llMaxBws,
+    perChMaxRingLL128Bws, perChMaxTreeLL128Bws, perChMaxTreeBws, perChMaxNVLSTreeBws, nvlsEfficiency)
+_V2_26 = Version(
+    "2.26.2", "f44ac759fee12ecb3cc6891e9e739a000f66fd70",
+    _rows((6.8, 14.0, 8.4), (6.6, 14.0, 8.4)),
+    (_rows((0.6, 1.25, 4.0), (0.6, 1.9, 3.4), (0, 0, 3.7), (0, 0, 2.8), (0, 0, 25), (0, 0, 25)),
+     _rows((1.0, 1.9, 4.0), (1.0, 2.5, 5.7), (0, 0, 3.7), (0, 0, 2.8), _Z, _Z),
+     _rows((5.0, 8.5, 14), (2.7, 4.0, 14.0), (0, 0, 31), (0, 0, 30), (0, 0, 18), (0, 0, 14))),
+    _LL_BW + ((141.0, 45.0, 35.0), (2 * 141.0, 2 * 45.0, 2 * 35.0)),
+    ((20.0,) * 3, (20.0,) * 3, (36.7,) * 3, (2 * 36.7,) * 3),
+    ((20.0,) * 3, (20.0,) * 3, (36.7, 36.7, 29.0), (2 * 36.7, 2 * 36.7, 2 * 29.0)),
+    _TREE_BW + ((38.7, 41.4, 36.0), (2 * 38.7, 2 * 41.4, 2 * 36.0)))
+_V2_21 = Version(
+    "2.21.5", "ab2b89c4c339bd7f816fbc114a4b05d386b66290",
+    _rows((6.8, 14.0, 0), (6.6, 14.0, 8.4)),
+    (_rows((0.6, 1.25, 28), (0.6, 1.9, 3.4), (0, 0, 3.7), (0, 0, 2.8), (0, 0, 25), (0, 0, 25)),
+     _rows((1.0, 1.9, 28), (1.0, 2.5, 5.7), (0, 0, 3.7), (0, 0, 2.8), _Z, _Z),
+     _rows((5.0, 8.5, 28), (2.7, 4.0, 14.0), (0, 0, 31), (0, 0, 30), (0, 0, 18), (0, 0, 14))),
+    _LL_BW + ((141.0, 45.0, 35.0), _Z),
+    ((20.0,) * 3, (20.0,) * 3, (36.7,) * 3, _Z),
+    ((20.0,) * 3, (20.0,) * 3, (36.7, 36.7, 29.0), _Z),
+    _TREE_BW + ((38.7, 41.4, 36.0), _Z), algorithms=6)
+_V2_19 = replace(
+    _V2_21, name="2.19.3", commit="8c6c5951854a57ba90c4424fa040497f6defac46",
+    hwLatencies=(_rows((0.6, 1.25, 28), (0.6, 1.9, 3.4), (0, 0, 3.7), (0, 0, 2.8), (0, 0, 23), (0, 0, 23)),
+                 _V2_21.hwLatencies[1], _V2_21.hwLatencies[2]),
+    llMaxBws=_LL_BW + ((87.7, 22.5, 19.0), _Z))
+_LEGACY_NVL = ((0.52, 1.25, 28), (0.47, 1.9, 3.4))
+_LEGACY_PCI = ((1.0, 1.9, 28), (1.0, 2.5, 5.7))
+_V2_17 = Version(
+    "2.17.1", "5d3ab08b69754cb863ab1bf6e3fb6f7612bb725b",
+    _rows((4.4, 4.4, 0), (3.6, 10.0, 8.4), (4.4, 4.4, 0), (4.4, 4.4, 0), (0, 0, 40.0)),
+    (_rows(*_LEGACY_NVL, (0, 0, 8.0), (0, 0, 8.0), _Z), _rows(*_LEGACY_PCI, (0, 0, 8.0), (0, 0, 8.0), _Z),
+     _rows((5.0, 8.5, 28), (2.7, 4.0, 9.6), (0, 0, 10.7), (0, 0, 10.7), _Z)),
+    _LL_BW + ((87.7, 22.5, 19.0), _Z),
+    ((20.0,) * 3, (20.0,) * 3, (36.7,) * 3, _Z),     # ll128MaxBwPerCh[compCapIndex], one figure for Ring and Tree
+    ((20.0,) * 3, (20.0,) * 3, (36.7,) * 3, _Z),
+    _TREE_BW + ((38.7, 41.4, 33.0), _Z), algorithms=5)
+_V2_16 = replace(
+    _V2_17, name="2.16.2", commit="28189e2df85885b78bf20384cefc3cedab023bf5",
+    baseLatencies=_rows((4.4, 4.4, 0), (3.6, 10.0, 8.4), (4.4, 4.4, 0), (4.4, 4.4, 0)),
+    hwLatencies=tuple(_rows(*h[:4]) for h in _V2_17.hwLatencies),
+    perChMaxRingLL128Bws=((20.0,) * 3,) * 3 + (_Z,), perChMaxTreeLL128Bws=((20.0,) * 3,) * 3 + (_Z,),
+    perChMaxTreeBws=_TREE_BW + (_TREE_BW[1], _Z), algorithms=4)
+_V2_12 = Version(
+    "2.12.12", "7aa1c46fd551d5514474cfc55848219dc67ca683",
+    _rows((4.4, 4.4, 0), (3.6, 10.0, 8.4), (4.4, 4.4, 0)),          # Tree, Ring, CollNet (one algorithm then)
+    (_rows(*_LEGACY_NVL, (0.5, 1.2, 8.0)), _rows(*_LEGACY_PCI, (1.0, 1.9, 8.0)),
+     _rows((5.0, 8.5, 28), (2.7, 4.0, 28), (5.0, 5.0, 10.7))),
+    _LL_BW + (_Z, _Z), ((20.0,) * 3,) * 2 + (_Z, _Z), ((20.0,) * 3,) * 2 + (_Z, _Z), _TREE_BW + (_Z, _Z),
+    algorithms=3)
+#: the ported releases, by version: the ones the published measurements ran (docs/sim-data.md) and 2.30.7.
+#: 2.29.2's tables differ from 2.30.7's only in Blackwell's Ring LL128 and NVLSTree rows.
+VERSIONS = {v.name: v for v in (
+    _V2_30,
+    replace(_V2_30, name="2.29.2", commit="ebd1e929285881cb4df02c3459588a2e12b2d8c0",
+            perChMaxRingLL128Bws=perChMaxRingLL128Bws[:3] + ((34.5, 34.6, 34.5),),
+            perChMaxNVLSTreeBws=perChMaxNVLSTreeBws[:3] + ((0.0, 96.0, 43.8),)),
+    _V2_26, _V2_21, _V2_19, _V2_17, _V2_16, _V2_12)}
+#: the release a Comm models unless told otherwise (the one this file is ported from)
+DEFAULT_VERSION = "2.30.7"
+
+
+def version(name: str) -> Version:
+    """The ported release ``name`` ("2.26.2"), or an error naming the ported ones."""
+    if name not in VERSIONS:
+        raise InvalidArgumentError(f"NCCL {name}: its tuning constants are not ported; give one of "
+                                   f"{', '.join(VERSIONS)}")
+    return VERSIONS[name]
+
+
 # getNetOverhead (tuning.cc): microseconds by CPU
 CPU_ARCH_X86, CPU_ARCH_POWER, CPU_ARCH_ARM = "x86", "power", "arm"
 CPU_VENDOR_INTEL, CPU_VENDOR_AMD, CPU_VENDOR_MIXED, CPU_VENDOR_OTHER = "intel", "amd", "mixed", "other"
@@ -194,10 +311,18 @@ class Comm:
     netDeviceHost: bool = True        # NCCL_NET_DEVICE_HOST (PAT needs it)
     maxTreePattern: int = -1          # -1: the tree graph's pattern
     cudartVersion: int = 12000
+    version: str = DEFAULT_VERSION    # the NCCL release whose constants and formulas apply (VERSIONS)
     name: str = ""
     source: str = field(default="", compare=False)
 
     def __post_init__(self):
+        v = version(self.version)
+        if v.key < (2, 29) and (self.collnetDirect is not None or self.collnetChain is not None):
+            raise InvalidArgumentError(f"NCCL model: CollNet formulas of NCCL {self.version} are not ported (only "
+                                       "2.29.2's and 2.30.7's): model CollNet with one of those versions")
+        if v.legacy and (self.minCompCap != 80 or self.nvls is not None):
+            raise InvalidArgumentError(f"NCCL model: NCCL {self.version} is ported for A100 (sm80) rings and trees "
+                                       "only: give a version from 2.19.3 on for other GPUs or NVLS")
         if self.nNodes < 1 or self.nRanks < self.nNodes:
             raise InvalidArgumentError(f"NCCL model: {self.nRanks} ranks on {self.nNodes} nodes: give nodes >= 1 "
                                        "and at least one rank per node")
@@ -274,6 +399,8 @@ def tune_model(comm: Comm) -> Model:
     minCompCap = comm.minCompCap
     maxCompCap = comm.maxCompCap or comm.minCompCap
     graphs = comm.graphs()
+    V = version(comm.version)
+    k = V.key
     if nRanks <= 1:
         return Model(comm, _freeze(bandwidths), _freeze(latencies))
 
@@ -282,12 +409,12 @@ def tune_model(comm: Comm) -> Model:
     index2 = nNodes - 1 if nNodes <= 2 else 2
     # LL: for single node, we look at GPU type; for multi-node, we look at CPU type
     index1 = compCapIndex if nNodes == 1 else (1 if comm.cpuVendor in (CPU_VENDOR_AMD, CPU_VENDOR_MIXED) else 0)
-    llMaxBw = llMaxBws[index1][index2]
-    perChMaxTreeBw = perChMaxTreeBws[compCapIndex][index2]
-    perChMaxRingLL128Bw = perChMaxRingLL128Bws[compCapIndex][index2]
-    perChMaxTreeLL128Bw = perChMaxTreeLL128Bws[compCapIndex][index2]
-    perChMaxNVLSTreeBw = perChMaxNVLSTreeBws[compCapIndex][index2]
-    hwLat = [[list(p) for p in hw] for hw in hwLatencies]
+    llMaxBw = V.llMaxBws[index1][index2]
+    perChMaxTreeBw = V.perChMaxTreeBws[compCapIndex][index2]
+    perChMaxRingLL128Bw = V.perChMaxRingLL128Bws[compCapIndex][index2]
+    perChMaxTreeLL128Bw = V.perChMaxTreeLL128Bws[compCapIndex][index2]
+    perChMaxNVLSTreeBw = V.perChMaxNVLSTreeBws[compCapIndex][index2] if V.perChMaxNVLSTreeBws else float("inf")
+    hwLat = [[list(p) for p in hw] for hw in V.hwLatencies]
     # De-penalize Tree/Simple latency on Power systems to favor Tree than Ring
     if comm.cpuArch == CPU_ARCH_POWER:
         hwLat[NCCL_HW_PCI][NCCL_ALGO_TREE][NCCL_PROTO_SIMPLE] = hwLat[NCCL_HW_PCI][NCCL_ALGO_RING][NCCL_PROTO_SIMPLE]
@@ -301,6 +428,8 @@ def tune_model(comm: Comm) -> Model:
         nsteps = (2 * (nRanks - 1) if coll == ncclFuncAllReduce
                   else nRanks - 1 if coll in (ncclFuncReduceScatter, ncclFuncAllGather) else nRanks)
         for a in range(NA):
+            if a >= V.algorithms:
+                continue                 # not in this release: bandwidth 0, never chosen
             if coll in (ncclFuncBroadcast, ncclFuncReduce) and a != NCCL_ALGO_RING:
                 continue
             if coll in (ncclFuncReduceScatter, ncclFuncAllGather) and a not in (
@@ -317,7 +446,11 @@ def tune_model(comm: Comm) -> Model:
                     continue
                 collnet = a in (NCCL_ALGO_COLLNET_DIRECT, NCCL_ALGO_COLLNET_CHAIN)
                 bw = f32(g.bwIntra if nNodes <= 2 or collnet else g.bwInter)
-                if a in (NCCL_ALGO_NVLS_TREE, NCCL_ALGO_NVLS):
+                if a in (NCCL_ALGO_NVLS_TREE, NCCL_ALGO_NVLS) and V.nvlsEfficiency is None:
+                    # 2.19-2.26: the graph's bandwidths, NVLSTree's inter-node one halved beyond 2 nodes
+                    bw = f32(min(g.bwIntra, g.bwInter) if a == NCCL_ALGO_NVLS else
+                             min(g.bwIntra, g.bwInter if nNodes <= 2 else f32(g.bwInter / 2)))
+                elif a in (NCCL_ALGO_NVLS_TREE, NCCL_ALGO_NVLS):
                     # NVLS/NVLStree needs at least 2 channels
                     if g.nChannels < 2:
                         continue
@@ -336,10 +469,17 @@ def tune_model(comm: Comm) -> Model:
                 busBw = f32(g.nChannels * bw)
 
                 # Various model refinements
+                if V.legacy and compCapIndex == NCCL_AMPERE_COMPCAP_IDX:
+                    busBw = min(busBw, f32(235.0))              # <= 2.17
                 if a == NCCL_ALGO_RING and p == NCCL_PROTO_LL:
-                    busBw = f32(min(llMaxBw, busBw * .5))
+                    if k < (2, 21):
+                        busBw = f32(min(llMaxBw, busBw * (1.0 / 4.0 if nNodes > 1 or coll in (
+                            ncclFuncAllReduce, ncclFuncReduce) else 1.0 / 3.0)))
+                    else:
+                        busBw = f32(min(llMaxBw, busBw * .5))
                 if a == NCCL_ALGO_RING and p == NCCL_PROTO_LL128:
-                    busBw = f32(min(busBw * 0.92, g.nChannels * perChMaxRingLL128Bw))
+                    # up to 2.21: 0.7 with one rank per node
+                    busBw = f32(min(busBw * (0.7 if k < (2, 23) and ppn < 2 else 0.92), g.nChannels * perChMaxRingLL128Bw))
                 if a == NCCL_ALGO_TREE and coll == ncclFuncAllReduce:
                     busBw = f32(min(busBw * .92, g.nChannels * perChMaxTreeBw))
                 if a == NCCL_ALGO_TREE and p == NCCL_PROTO_LL:
@@ -347,7 +487,7 @@ def tune_model(comm: Comm) -> Model:
                 if a == NCCL_ALGO_TREE and p == NCCL_PROTO_LL128:
                     busBw = f32(min(busBw * (7.0 / 9.0 if nNodes == 1 else 120.0 / 128.0),
                                     g.nChannels * perChMaxTreeLL128Bw))
-                if a == NCCL_ALGO_TREE and maxTreePattern == NCCL_TOPO_PATTERN_TREE:
+                if a == NCCL_ALGO_TREE and maxTreePattern == NCCL_TOPO_PATTERN_TREE and not V.legacy:
                     busBw = f32(busBw * .85)
                 if a == NCCL_ALGO_PAT:
                     busBw = f32(busBw * .75)
@@ -383,23 +523,32 @@ def tune_model(comm: Comm) -> Model:
                     if busBw > 0.0 and comm.localRanks > nHeads:
                         busBw = 0.0
 
-                # Convert bus BW to algorithm BW
-                if not (a != NCCL_ALGO_RING and coll in (ncclFuncAllGather, ncclFuncReduceScatter)):
+                # Convert bus BW to algorithm BW (up to 2.21 for every function, NVLS's AllGather/ReduceScatter too)
+                if k < (2, 23) or not (a != NCCL_ALGO_RING and coll in (ncclFuncAllGather, ncclFuncReduceScatter)):
                     ratio = 1.0
-                    if a in (NCCL_ALGO_RING, NCCL_ALGO_NVLS, NCCL_ALGO_NVLS_TREE):
+                    if a == NCCL_ALGO_RING or (a in (NCCL_ALGO_NVLS, NCCL_ALGO_NVLS_TREE) and V.nvlsEfficiency):
                         ratio = f32(ratio * ((1.0 * nRanks) / nsteps))
+                    elif a in (NCCL_ALGO_NVLS, NCCL_ALGO_NVLS_TREE):
+                        ratio = f32(ratio * 5.0 / 6.0)          # 2.19-2.26
                     else:
                         ratio = f32(ratio * .5)
                     busBw = f32(busBw * ratio)
                 bandwidths[coll][a][p] = busBw
-                lat = f32(baseLatencies[a][p])
+                lat = f32(V.baseLatencies[a][p])
                 intraLat = f32(hwLat[intraHw[a]][a][p])
-                # With ppn=1 latencies are fully exposed, use the Tree network latency
-                interLat = f32(hwLat[NCCL_HW_NET][NCCL_ALGO_TREE][p] if ppn == 1 else hwLat[NCCL_HW_NET][a][p])
-                interLat = f32(interLat + g.latencyInter)
-                # Also add the flush extra latency
-                if p == NCCL_PROTO_SIMPLE:
+                if V.legacy:
+                    # <= 2.17: the NET plugin's latency replaces NCCL's network latency; LL across nodes x1.8
+                    interLat = f32(g.latencyInter if g.latencyInter else hwLat[NCCL_HW_NET][a][p])
+                    if nNodes > 1 and p == NCCL_PROTO_LL:
+                        intraLat = f32(intraLat * f32(1.8))
+                else:
+                    # With ppn=1 latencies are fully exposed, use the Tree network latency (from 2.23)
+                    interLat = f32(hwLat[NCCL_HW_NET][NCCL_ALGO_TREE][p] if ppn == 1 and k >= (2, 23)
+                                   else hwLat[NCCL_HW_NET][a][p])
                     interLat = f32(interLat + g.latencyInter)
+                    # Also add the flush extra latency
+                    if p == NCCL_PROTO_SIMPLE:
+                        interLat = f32(interLat + g.latencyInter)
 
                 if a == NCCL_ALGO_RING:
                     rlat = f32(hwLat[hw[a]][a][p])
@@ -414,12 +563,14 @@ def tune_model(comm: Comm) -> Model:
                     else:
                         # Inter-node rings still have to launch nsteps * net overhead.
                         netOverhead = 0.0
-                        if nNodes > 1:
+                        if nNodes > 1 and not V.legacy:
                             netOverhead = f32(_getNetOverhead(comm))
                             if p == NCCL_PROTO_SIMPLE:
                                 netOverhead = f32(netOverhead * 3)
                         intraLat = max(intraLat, netOverhead)
                         nInterSteps = 0 if nNodes == 1 else 2 * (nNodes - 1) if coll == ncclFuncAllReduce else nNodes - 1
+                        if k < (2, 23) and coll == ncclFuncAllReduce and nNodes > 1:
+                            nInterSteps = 2 * nNodes            # up to 2.21
                         lat = f32(lat + f32(f32((nsteps - nInterSteps) * intraLat) + f32(nInterSteps * interLat)))
                 elif a == NCCL_ALGO_TREE:
                     if coll == ncclFuncAllReduce:
@@ -439,6 +590,8 @@ def tune_model(comm: Comm) -> Model:
                     lat = f32(lat + f32(intraLat + f32(2 * log2i(nNodes) * interLat)))
                 elif a == NCCL_ALGO_PAT:
                     if coll in (ncclFuncAllGather, ncclFuncReduceScatter):
+                        if k < (2, 27):
+                            lat = f32(8.0)                      # "= 8 // Base time" (baseLat has no PAT row)
                         lat = f32(lat + (log2i(nNodes) * (interLat / 3.5) + nRanks * 2.8))
                 latencies[coll][a][p] = lat
 
@@ -495,7 +648,12 @@ def algo_time(model: Model, coll: int, algorithm: int, protocol: int, nBytes: in
     if (algorithm == NCCL_ALGO_NVLS_TREE and coll == ncclFuncAllReduce and 0 <= logSize < 24
             and comm.minCompCap >= 100 and comm.cpuArch == CPU_ARCH_X86):
         bw = f32(bw * treeCorrectionFactor[protocol][logSize])
-    if (algorithm == NCCL_ALGO_RING and protocol == NCCL_PROTO_SIMPLE and comm.nNodes > 1
+    if version(comm.version).legacy:
+        # <= 2.17: from nRanks/16 x 64 KiB; x1.9 (2.17: x1.5 from sm90)
+        if (algorithm == NCCL_ALGO_RING and protocol == NCCL_PROTO_SIMPLE and comm.nNodes > 1
+                and coll == ncclFuncAllReduce and nBytes >= comm.nRanks / 16.0 * 65536):
+            lat = f32(lat * (1.5 if comm.version == "2.17.1" and comm.minCompCap >= 90 else 1.9))
+    elif (algorithm == NCCL_ALGO_RING and protocol == NCCL_PROTO_SIMPLE and comm.nNodes > 1
             and coll == ncclFuncAllReduce and nBytes // (comm.nChannels * comm.nRanks) >= 64):
         lat = f32(lat * (1.9 if comm.minCompCap < 80 else 1.4))     # Plateau effect of ring
     latCount = 1        # numPipeOps = 1: DIVUP(1, NCCL_MAX_DEV_WORK_BATCH_COLLS) = 1 too

@@ -31,6 +31,9 @@ from . import fitted
 from . import nccl as N
 
 MODELS = ("pyxccl", "nccl")
+#: how nccl-tests was started: one process driving every GPU of its node (``-g 8``), one process per GPU
+#: (``mpirun -np <GPUs> ... -g 1``), or not shown by the source
+LAUNCHES = ("single-process", "per-gpu", "unknown")
 PARTS = ("calibrate", "validate")
 #: nccl-tests' collective names -> pyxccl's primitives
 PRIMS = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reduce_scatter",
@@ -58,6 +61,15 @@ class Point:
     size: int
     time: float
     suspect_reason: str = ""
+    launch: str = "unknown"            # LAUNCHES: how nccl-tests was started, as the source shows it
+    nccl_version: str = ""             # as printed or stated ("2.26.2 (printed)", "not printed")
+    net_latency_us: float | None = None    # the NET plugin's reported latency, where the source names the plugin
+
+    @property
+    def release(self) -> str:
+        """The NCCL release the source states ("2.26.2"), or "unknown"."""
+        m = re.match(r"\s*(\d+\.\d+\.\d+)", self.nccl_version)
+        return m.group(1) if m else "unknown"
 
     @property
     def preset(self) -> str:
@@ -83,7 +95,8 @@ def load(path=None) -> list[Point]:
 def _point(d: dict) -> Point:
     return Point(d["id"], d["part"], bool(d["suspect"]), d["source_id"], d["gpu"], d["nodes"], d["gpus_per_node"],
                  d.get("nics_per_node"), d.get("nic_gbps"), d.get("network", ""), d.get("settings", ""),
-                 d["collective"], int(d["size_bytes"]), float(d["time_us"]) * 1e-6, d.get("suspect_reason") or "")
+                 d["collective"], int(d["size_bytes"]), float(d["time_us"]) * 1e-6, d.get("suspect_reason") or "",
+                 d.get("launch", "unknown"), d.get("nccl_version", ""), d.get("net_latency_us"))
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,9 @@ class Input:
     algo: str | None = None
     proto: str | None = None
     note: str = ""
+    version: str = N.DEFAULT_VERSION   # the NCCL release modelled (the source's, else the port's default)
+    launch: str = "unknown"
+    latency_inter: float = 0.0         # us: the NET plugin's latency (NCCL's graph latencyInter)
 
 
 def forced(settings: str) -> tuple[str | None, str | None]:
@@ -115,8 +131,15 @@ def forced(settings: str) -> tuple[str | None, str | None]:
     return algo, proto
 
 
-def model_input(p: Point) -> tuple[Input | None, str]:
-    """(the model input, a note) for a point, or (None, why it is left out)."""
+#: price a NET plugin's reported latency (NCCL's graph latencyInter)? Off: no calibrate point has one, so
+#: nothing checks what it does to the model's time (with it NCCL 2.17.1 prices S12's 1 KiB allreduce at
+#: ~700 us against 161 us measured: the plugin's figure steers NCCL's choice, docs/sim.md)
+PRICE_NET_LATENCY = False
+
+
+def model_input(p: Point, net_latency: bool | None = None) -> tuple[Input | None, str]:
+    """(the model input, a note) for a point, or (None, why it is left out). ``net_latency``: price the
+    NET plugin latency the source names (None: ``PRICE_NET_LATENCY``)."""
     algo, proto = forced(p.settings)
     net = p.network.lower()
     if algo in ("CollNetChain", "CollNetDirect") or "sharp" in net:
@@ -144,7 +167,23 @@ def model_input(p: Point) -> tuple[Input | None, str]:
         notes.append(f"{nics} x {gbps:g} Gb/s NICs (a variant of the preset)")
     if algo or proto:
         notes.append("forced " + "/".join(x for x in (algo, proto) if x))
-    return Input(p.preset, p.nodes, p.per_node, nics, GBps, algo, proto, "; ".join(notes)), "; ".join(notes)
+    version = p.release
+    if version not in N.VERSIONS:
+        notes.append(f"NCCL {version}" + (" not ported" if version != "unknown" else "") +
+                     f": priced as {N.DEFAULT_VERSION}")
+        version = N.DEFAULT_VERSION
+    elif N.version(version).legacy and p.preset != "dgx-a100":
+        return None, f"NCCL {version} is ported for A100 rings and trees only"
+    if p.launch not in LAUNCHES:
+        raise InvalidArgumentError(f"published point {p.id}: launch {p.launch!r}: give one of {', '.join(LAUNCHES)}")
+    lat = p.net_latency_us or 0.0
+    if lat and not (PRICE_NET_LATENCY if net_latency is None else net_latency):
+        notes.append(f"NET plugin latency {lat:g} us not priced")
+        lat = 0.0
+    elif lat:
+        notes.append(f"NET plugin latency {lat:g} us")
+    inp = Input(p.preset, p.nodes, p.per_node, nics, GBps, algo, proto, "; ".join(notes), version, p.launch, lat)
+    return inp, inp.note
 
 
 def _same_per_gpu(preset: str, nics: int, GBps: float) -> bool:
@@ -185,10 +224,10 @@ def comm(inp: Input) -> N.Comm:
     speeds while the channels fit the GPU's 240 GB/s of NVLinks (4 x 48)."""
     if inp.per_node == 1:
         g = N.Graph(2, 24.0, 24.0, N.PATH_NVL, N.PATH_PIX, source=_SRC_DERIVED)
-        return N.Comm(nNodes=inp.nodes, nRanks=inp.nodes, minCompCap=90, cpuVendor=N.CPU_VENDOR_INTEL,
-                      ring=g, tree=replace(g, pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE), name="dgx-h100 1 GPU/node",
-                      source=_SRC_DERIVED)
-    c = N.preset(inp.preset, inp.nodes, inp.per_node)
+        return _versioned(N.Comm(nNodes=inp.nodes, nRanks=inp.nodes, minCompCap=90, cpuVendor=N.CPU_VENDOR_INTEL,
+                                 ring=g, tree=replace(g, pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE),
+                                 name="dgx-h100 1 GPU/node", source=_SRC_DERIVED), inp)
+    c = _versioned(N.preset(inp.preset, inp.nodes, inp.per_node), inp)
     if inp.nics is None or inp.nodes == 1 or _same_per_gpu(inp.preset, inp.nics, inp.nic_GBps):
         return c
     if inp.preset != "dgx-a100":
@@ -198,10 +237,17 @@ def comm(inp: Input) -> N.Comm:
     bw = next(s for s in speeds if s <= inp.nic_GBps)
     nch = min(inp.nics, inp.per_node)
     intra = next(s for s in speeds if nch * s <= 240.0)
-    ring = N.Graph(nch, bw, bw, N.PATH_NVL, N.PATH_PXB, source=_SRC_DERIVED)
-    tree = N.Graph(nch, intra, bw, N.PATH_NVL, N.PATH_PXB, pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE,
-                   source=_SRC_DERIVED)
+    ring = N.Graph(nch, bw, bw, N.PATH_NVL, N.PATH_PXB, latencyInter=inp.latency_inter, source=_SRC_DERIVED)
+    tree = N.Graph(nch, intra, bw, N.PATH_NVL, N.PATH_PXB, latencyInter=inp.latency_inter,
+                   pattern=N.NCCL_TOPO_PATTERN_BALANCED_TREE, source=_SRC_DERIVED)
     return replace(c, ring=ring, tree=tree, name=f"{inp.preset} {inp.nics} NICs", source=_SRC_DERIVED)
+
+
+def _versioned(c: N.Comm, inp: Input) -> N.Comm:
+    """``c`` as NCCL ``inp.version`` models it, its graphs carrying the NET plugin's latency across nodes."""
+    lat = inp.latency_inter if c.nNodes > 1 else 0.0
+    graphs = {k: replace(getattr(c, k), latencyInter=lat) for k in ("ring", "tree", "nvls") if getattr(c, k)}
+    return replace(c, version=inp.version, **graphs)
 
 
 # --- predictions ----------------------------------------------------------------------------------------
@@ -213,7 +259,7 @@ def predict_pyxccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tu
     from . import simulate
     res = simulate.run(PRIMS[p.collective], p.size, cluster(inp, cal), inplace=False)
     best = min(res, key=lambda r: (r.time, r.algorithm))
-    return _calibrated(best.time, cal), best.algorithm
+    return _calibrated(best.time, cal, inp.launch), best.algorithm
 
 
 def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tuple[float, str]:
@@ -221,7 +267,7 @@ def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tupl
     if p.collective == "alltoall":
         from . import simulate
         r = simulate.run("alltoall", p.size, cluster(inp, cal), ["pairwise"])[0]
-        return _calibrated(r.time, cal), "pairwise (p2p)"
+        return _calibrated(r.time, cal, inp.launch), "pairwise (p2p)"
     c = comm(inp)
     model = N.tune_model(c)
     if cal is not None:
@@ -236,7 +282,7 @@ def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tupl
         raise InvalidArgumentError(f"published point {p.id}: NCCL's model enables no {inp.algo}/{inp.proto} for "
                                    f"{p.collective} on {c.name}: leave the forcing out or model the graph")
     a, q = best
-    return _calibrated(table[a][q] * 1e-6, cal), f"{N.ncclAlgoStr[a]}/{N.ncclProtoStr[q]}"
+    return _calibrated(table[a][q] * 1e-6, cal, inp.launch), f"{N.ncclAlgoStr[a]}/{N.ncclProtoStr[q]}"
 
 
 def _scaled(model: N.Model, cal: fitted.Params) -> N.Model:
@@ -246,8 +292,14 @@ def _scaled(model: N.Model, cal: fitted.Params) -> N.Model:
     return replace(model, bandwidths=bw)
 
 
-def _calibrated(t: float, cal: fitted.Params | None) -> float:
-    return t if cal is None else max(t, cal.floor) + cal.base_lat
+def _calibrated(t: float, cal: fitted.Params | None, launch: str = "unknown") -> float:
+    if cal is None:
+        return t
+    if cal.form == "floor":
+        # the host's time to issue a call bounds it from below (nccl-tests calls back to back): the
+        # floor is a single-process launch's; the launch term lowers it for one process per GPU
+        return max(t, cal.floor - cal.launch_lat + fitted.launch_term(cal, launch)) + cal.base_lat
+    return max(t, cal.floor) + cal.base_lat + fitted.launch_term(cal, launch)
 
 
 @dataclass
