@@ -7,7 +7,7 @@ median time of all_reduce / all_gather_into_tensor / reduce_scatter_tensor /
 all_to_all_single at 8 B, 1 MiB and 64 MiB (nccl-tests sizes: the full
 buffer), each with the default group on pyxccl and a Gloo group, interleaved. The DDP rows end
 with the time each backend adds over the no-communication step, and the ratio of the two (the
-target: pyxccl's at most a third of Gloo's).
+target: pyxccl's at most a third of Gloo's), and the same for the CPU time the step used.
 """
 import argparse
 import os
@@ -32,6 +32,19 @@ def timed(fn, iters, warmup=3):
         if i >= warmup:
             out.append(dt.item())
     return statistics.median(out)
+
+
+def timed_step(fn):
+    """One call of ``fn``: (its time, max over ranks; the CPU time its processes used, summed over
+    ranks: every thread, so a backend's worker and helper threads count)."""
+    dist.barrier()
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    out = torch.tensor([time.perf_counter() - t, time.process_time() - c], dtype=torch.float64)
+    wall, cpu = out.clone(), out.clone()
+    dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+    dist.all_reduce(cpu)
+    return wall[0].item(), cpu[1].item()
 
 
 def _no_communication(state, bucket):
@@ -84,23 +97,29 @@ def main():
         setups.append((name, ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3)))
     x, y = torch.randn(a.batch, 1024), torch.randn(a.batch, 1024)
     steps = {name: [] for name, _, _ in setups}
+    cpus = {name: [] for name, _, _ in setups}
     for i in range(3 + a.steps):
         for name, ddp, opt in setups:
             def step():
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(ddp(x), y).backward()
                 opt.step()
-            t = timed(step, 1, warmup=0)
+            t, c = timed_step(step)
             if i >= 3:
                 steps[name].append(t)
+                cpus[name].append(c)
     med = {k: statistics.median(v) for k, v in steps.items()}
     added = {k: statistics.median(s - f for s, f in zip(steps[k], steps["floor"])) for k in ("pyxccl", "gloo")}
+    # on a shared machine the wall times follow the other users' load; CPU time much less
+    added_cpu = {k: statistics.median(s - f for s, f in zip(cpus[k], cpus["floor"])) for k in ("pyxccl", "gloo")}
     what = f"DDP step ({params / 1e6:.1f} M params, batch {a.batch})"
     rows += [(what, "pyxccl", med["pyxccl"]), (what, "gloo", med["gloo"]),
              ("DDP step, no communication (floor)", "pyxccl", med["floor"]),
              ("DDP step, no communication (floor)", "gloo", med["floor"]),
              ("DDP step minus the floor (added)", "pyxccl", added["pyxccl"]),
-             ("DDP step minus the floor (added)", "gloo", added["gloo"])]
+             ("DDP step minus the floor (added)", "gloo", added["gloo"]),
+             ("DDP step CPU, all ranks, minus the floor's", "pyxccl", added_cpu["pyxccl"]),
+             ("DDP step CPU, all ranks, minus the floor's", "gloo", added_cpu["gloo"])]
     if r == 0:
         print(f"# torch {torch.__version__}, {n} ranks, median ms (max over ranks per iteration)")
         print(f"{'what':<42}{'pyxccl':>12}{'gloo':>12}{'gloo/pyxccl':>13}")
@@ -108,7 +127,8 @@ def main():
             (what, _, t1), (_, _, t2) = rows[i], rows[i + 1]
             print(f"{what:<42}{t1 * 1e3:>12.3f}{t2 * 1e3:>12.3f}{t2 / t1:>13.2f}")
         print(f"pyxccl's added time / gloo's: {added['pyxccl'] / added['gloo']:.2f} "
-              f"(per round: {' '.join(f'{(p - f) / (g - f):.2f}' for p, g, f in zip(*steps.values()))})")
+              f"(per round: {' '.join(f'{(p - f) / (g - f):.2f}' for p, g, f in zip(*steps.values()))}); "
+              f"added CPU time: {added_cpu['pyxccl'] / added_cpu['gloo']:.2f}")
     dist.destroy_process_group()
 
 
