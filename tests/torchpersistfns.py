@@ -168,19 +168,25 @@ def _ddp_model():
                                torch.nn.Linear(32, 4))
 
 
-def ddp_steps(comm, variant: str, steps: int):
-    """``steps`` DDP steps of a small MLP in several buckets on a new pyxccl group. ``variant``:
-    "plain" (no persistent requests), "cache" (the backend's requests, no hook), "hook"
-    (:func:`pyxccl.torch.hooks.allreduce_hook`, backend cache off), "torch_hook" (torch's
-    default allreduce_hook, cache off). Returns the final parameters, the bucket count of the
-    last step and the (made, started again) counts of the variant's requests."""
+def ddp_steps(comm, variant: str, steps: int, free_after: int | None = None):
+    """``steps`` DDP steps of a small MLP in several buckets on a new group. ``variant``: "plain"
+    (pyxccl, no persistent requests), "cache" (the backend's requests, no hook), "hook"
+    (:func:`pyxccl.torch.hooks.allreduce_hook`, taking its requests from the backend's cache),
+    "torch_hook" (torch's default allreduce_hook, cache off); "hook_gloo" and "torch_hook_gloo"
+    the two hooks on a Gloo group. With ``free_after``, the hook's ``state.free()`` runs after that
+    step. Returns the final parameters, the bucket count of the last step, the (made, started
+    again) counts of the variant's requests (the hook's state's for the hooks) and the backend
+    cache's counts."""
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as torch_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from pyxccl.torch.hooks import PersistentState, allreduce_hook
-    g, b = _group(slots=None if variant == "cache" else 0)
+    if variant.endswith("_gloo"):
+        g, b = dist.new_group(backend="gloo"), None
+    else:
+        g, b = _group(slots=None if variant in ("cache", "hook") else 0)
     model = _ddp_model()
     ddp = DDP(model, process_group=g, bucket_cap_mb=0.004)
     seen: dict[int, set] = {}
@@ -191,9 +197,9 @@ def ddp_steps(comm, variant: str, steps: int):
             seen.setdefault(step, set()).add(bucket.index())
             return hook(s, bucket)
         ddp.register_comm_hook(st, h)
-    if variant == "hook":
+    if variant.startswith("hook"):
         counted(allreduce_hook, state)
-    elif variant == "torch_hook":
+    elif variant.startswith("torch_hook"):
         counted(torch_hook, g)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(1)
@@ -203,13 +209,16 @@ def ddp_steps(comm, variant: str, steps: int):
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(x[r * 8:(r + 1) * 8]), y[r * 8:(r + 1) * 8]).backward()
         opt.step()
-    counts = (state.created, state.reused) if variant == "hook" else _counts(b)
+        if step == free_after:
+            state.free()
+    cache = _counts(b) if b else (0, 0)
+    counts = (state.created, state.reused) if variant.startswith("hook") else cache
     params = [p.detach().numpy().copy() for p in model.parameters()]
     buckets = len(seen.get(steps - 1, ()))
     del ddp
     state.free()
     dist.destroy_process_group(g)
-    return params, buckets, counts
+    return params, buckets, counts, cache
 
 
 def pipeline_steps(comm, kind: str, microbatches: int, steps: int, fixed: bool):

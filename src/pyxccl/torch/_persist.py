@@ -18,8 +18,9 @@ The rules (one :class:`RequestCache` per process group):
   entry holding its old storage until it is evicted or the tensor dies; it is never started, as
   the key holds the data pointer.
 - At most ``slots`` keys (LRU). An evicted request is dropped (with the last reference go the
-  request and the storage it holds; a start still running keeps what it needs); ``close()`` (the
-  group's shutdown) frees every one not running.
+  request and the storage it holds; a start still running keeps what it needs); ``discard(t)``
+  frees those of one tensor (the DDP hook's ``PersistentState.free()``), ``close()`` (the group's
+  shutdown) every one not running.
 """
 from __future__ import annotations
 
@@ -103,13 +104,25 @@ class RequestCache:
         while len(self._entries) > self.slots:
             self._entries.popitem(last=False)
 
+    def discard(self, tensor) -> None:
+        """Forget ``tensor`` under every key it was seen with, freeing its requests not running (a
+        running one is only dropped; a caller that just got one finds it freed and makes the plain call)."""
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if e.ref() is tensor]
+            entries = [self._entries.pop(k) for k in keys]
+        _free(entries)
+
     def close(self) -> None:
         """Free every request (the group is going away)."""
         with self._lock:
             entries, self._entries = list(self._entries.values()), OrderedDict()
-        for e in entries:
-            if e.req is not None and not e.req.active:
-                e.req.free()
+        _free(entries)
+
+
+def _free(entries) -> None:
+    for e in entries:
+        if e.req and not e.req.active:          # not None (no request yet), not _NEVER
+            e.req.free()
 
 
 def settled(req) -> bool:

@@ -1,5 +1,5 @@
-"""DDP communication hooks: averaging with a ``pyxccl.compression`` compressor, and with one
-persistent allreduce per bucket (:func:`allreduce_hook`).
+"""DDP communication hooks: averaging with a ``pyxccl.compression`` compressor, and torch's
+divide-then-sum averaging with a persistent allreduce per bucket (:func:`allreduce_hook`).
 
 >>> from pyxccl.compression import INT8, TopK                               # doctest: +SKIP
 >>> from pyxccl.torch.hooks import CompressionState, compression_hook
@@ -27,6 +27,8 @@ buckets after the first iteration, what each parameter had not sent moves with i
 bucket. With ``momentum=`` use plain SGD (the sent values carry the momentum).
 """
 
+import weakref
+
 import numpy as np  # (no "from __future__ import annotations": DDP compares the hook's annotations as objects)
 import torch
 import torch.distributed as dist
@@ -34,7 +36,6 @@ import torch.distributed as dist
 from .._errors import InvalidArgumentError
 from ..compression import Quantizer, Sparsifier, parse
 from ..compression.collectives import dense_wins
-from ._persist import settled
 
 __all__ = ["CompressionState", "compression_hook", "PersistentState", "allreduce_hook"]
 
@@ -219,78 +220,71 @@ def _gather_sum(group, n, buf, send, add):
 
 
 class PersistentState:
-    """The state of :func:`allreduce_hook`: one persistent allreduce per DDP bucket index, on
-    ``process_group`` (None: the default group). ``created`` counts the requests made, ``reused``
-    the starts of a request made before.
+    """The state of :func:`allreduce_hook`: the process group (None: the default group) and what the
+    hook's calls did with the group's persistent requests.
 
-    A bucket's request is made the second time the hook sees that bucket with the same buffer
-    (data pointer, size, dtype) and deadline, and started from then on; a bucket whose buffer
-    changed (DDP rebuilds its buckets after the first iteration) starts over with a plain call. A
-    request holds its bucket's storage, so no other buffer can be at that address while it lives:
-    the same address, size and dtype is the same memory. Buckets live as long as the model, and
-    so do their requests; ``free()`` releases them.
+    The requests are the backend's own (``pyxccl/torch/_persist.py``, the same that DDP's built-in
+    allreduces use): a bucket's is made the second time its buffer is all-reduced, started from then
+    on, and a plain call runs while its last start still does; a bucket whose buffer changed (DDP
+    rebuilds its buckets after the first iteration) starts over. ``created`` counts the requests the
+    hook's calls made, ``reused`` the starts of one made before; ``free()`` releases those of the
+    buckets the hook has seen (they live as long as their buckets, i.e. the model, otherwise).
     """
 
     def __init__(self, process_group=None):
         self.process_group = process_group
         self.created = self.reused = 0
-        self._seen: dict[int, tuple] = {}      # bucket index -> (its buffer's key, request or None)
+        # id -> weak reference of each bucket buffer seen, for free() (a tensor's == is elementwise: no WeakSet)
+        self._buffers: dict[int, weakref.ref] = {}
 
     def __repr__(self) -> str:
-        return f"PersistentState({len(self._seen)} buckets, {self.created} requests made)"
+        return f"PersistentState({len(self._buffers)} buckets, {self.created} requests made)"
 
-    def request(self, backend, index: int, buf: torch.Tensor):
-        """The started-to-be request of bucket ``index`` (buffer ``buf``), or None for a plain call."""
-        key = (buf.data_ptr(), buf.numel(), buf.dtype, backend._timeout, id(backend))
-        old = self._seen.get(index)
-        if old is None or old[0] != key:
-            self._seen[index] = (key, None)      # first sighting (or a new buffer): a plain call
-            return None
-        req = old[1]
-        if req is None:
-            req = backend.comm.allreduce_init(buf.detach(), timeout=backend._timeout)
-            self._seen[index] = (key, req)
-            self.created += 1
-        elif req.active and not settled(req):
-            return None                          # its last start still runs: a plain call behind it
-        else:
-            self.reused += 1
-        return req
+    def _saw(self, buf: torch.Tensor) -> None:
+        ref = self._buffers.get(id(buf))
+        if ref is not None and ref() is buf:
+            return
+        self._buffers = {k: r for k, r in self._buffers.items() if r() is not None}    # rebuilt buckets' old ones
+        try:
+            self._buffers[id(buf)] = weakref.ref(buf)
+        except TypeError:       # not weakly referable: the backend keeps no request for it either
+            pass
 
     def free(self) -> None:
-        """Release every bucket's request (those still running are dropped once done)."""
-        for _, req in self._seen.values():
-            if req is not None and not req.active:
-                req.free()
-        self._seen.clear()
+        """Release the requests of every bucket the hook has seen (those still running are dropped once done)."""
+        group = self.process_group if self.process_group is not None else dist.group.WORLD
+        backend = _pyxccl_backend(group)
+        buffers, self._buffers = [r() for r in self._buffers.values()], {}
+        if backend is not None:
+            for buf in buffers:
+                if buf is not None:
+                    backend.persistent.discard(buf)
 
 
 def allreduce_hook(state: PersistentState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: ``bucket.buffer()`` averaged over ``state.process_group`` as torch's
-    ``default_hooks.allreduce_hook`` does it (divided by the group's size, then summed), the sum a
-    persistent allreduce per bucket on a pyxccl group (the same bits as the plain call: the same
-    prepared schedule); on another group (Gloo), torch's hook itself.
+    """DDP communication hook: ``bucket.buffer()`` averaged over ``state.process_group`` by torch's
+    ``default_hooks.allreduce_hook`` itself (divided by the group's size, then summed), so the bits
+    are torch's. On a pyxccl group the sum is the bucket's persistent allreduce from the second time
+    it sees the bucket's buffer (the backend's request cache; DDP rebuilds its buckets after the first
+    step, so from the third step): the same prepared schedule as the plain call, so the same bits;
+    ``state`` counts the requests made and started again. On another group (Gloo), torch's hook alone.
 
     >>> ddp.register_comm_hook(PersistentState(), allreduce_hook)         # doctest: +SKIP
     """
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     backend = _pyxccl_backend(group)
-    buf = bucket.buffer()
-    if backend is None or type(buf) is not torch.Tensor or not buf.is_contiguous():
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as torch_hook
-        return torch_hook(group, bucket)
-    buf.div_(dist.get_world_size(group))
-    try:
-        req = state.request(backend, bucket.index(), buf)
-    except Exception:  # noqa: BLE001  (an init the plain call refuses too: it says why)
-        req = None
-    if req is None:
-        return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
-    backend._seq += 1                    # an operation of the group, as dist.all_reduce counts it
-    secs = backend._timeout
+    if backend is None:
+        return _torch_allreduce_hook(group, bucket)
+    cache = backend.persistent
+    made, started = cache.created, cache.reused
+    fut = _torch_allreduce_hook(group, bucket)
+    # the hook issues on its group from one thread (DDP's backward): the cache's counts moved for its call
+    state.created += cache.created - made
+    state.reused += cache.reused - started
+    state._saw(bucket.buffer())
+    return fut
 
-    def plain(a):
-        return backend.comm.allreduce(buf, async_op=a, timeout=secs)
-    # the backend's own call path: inline when small and nothing is queued, else on the worker
-    work = backend._call(backend._started(req, plain), buf.nbytes, [buf])
-    return work.get_future().then(lambda f: f.value()[0])
+
+def _torch_allreduce_hook(group, bucket):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    return allreduce_hook(group, bucket)
