@@ -25,7 +25,7 @@ LAUNCH_MODES = ("per-gpu", "single-process")
 
 def newest_version() -> str:
     """The newest NCCL release the port has (``pyxccl sim --nccl-version``'s default)."""
-    return max(N.VERSIONS, key=lambda v: N.version(v).key)
+    return ported_versions()[-1]
 
 
 @dataclass(frozen=True)
@@ -43,26 +43,38 @@ class Pricing:
         if self.launch not in LAUNCH_MODES:
             raise InvalidArgumentError(f"launch {self.launch!r}: give one of {', '.join(LAUNCH_MODES)}")
 
-    def params(self, model: str, preset: str) -> fitted.Params | None:
+    def params(self, model: str, preset: str | None) -> fitted.Params | None:
         """The fitted figures of (``model``, ``preset``), None when raw or when nothing was fitted there."""
-        return None if self.raw else fitted.FITTED.get((model, preset))
+        return None if self.raw or preset is None else fitted.FITTED.get((model, preset))
 
-    def describe(self, model: str, preset: str, nccl: bool) -> dict:
-        """What the figures are, for the JSON and the table: release (NCCL's model only), launch, calibration."""
-        cal = self.params(model, preset)
+    def describe(self, model: str, preset: str | None, nccl: bool, applied: bool = True) -> dict:
+        """What the figures are, for every JSON row: ``release`` (NCCL's model only), ``launch``, and
+        ``calibration``: "fitted" (``applied`` and ``params`` has figures) or "raw"."""
         out = {"release": self.version} if nccl else {}
-        out.update(launch=self.launch if cal is not None else None,
-                   calibration="fitted" if cal is not None else "raw")
+        fit = applied and self.params(model, preset) is not None
+        out.update(launch=self.launch, calibration="fitted" if fit else "raw")
         return out
 
-    def words(self, model: str, preset: str, nccl: bool) -> str:
-        d = self.describe(model, preset, nccl)
-        parts = [f"NCCL {d['release']}"] if nccl else []
-        if d["calibration"] == "fitted":
-            parts += [f"{d['launch']} launch", f"calibrated (sim/fitted.py, {model}/{preset})"]
+    def words(self, figures: dict, model: str, preset: str | None) -> str:
+        """``describe``'s dict in words, for the table's header."""
+        parts = [f"NCCL {figures['release']}"] if "release" in figures else []
+        if figures["calibration"] == "fitted":
+            parts += [f"{figures['launch']} launch", f"calibrated (sim/fitted.py: {model}, {preset})"]
+        elif self.raw:
+            parts.append("raw (--raw: without the fitted figures)")
         else:
-            parts.append("raw (no fitted figures)" if self.raw else f"raw (nothing fitted for {model}/{preset})")
+            parts.append("raw (nothing fitted for this machine: fitted are the DGX presets as they are)")
         return ", ".join(parts)
+
+
+def fitted_for(preset: str) -> bool:
+    """Has ``fitted.FITTED`` figures for ``preset``?"""
+    return any(p == preset for _, p in fitted.FITTED)
+
+
+def ported_versions() -> list[str]:
+    """The NCCL releases the port has, oldest first."""
+    return sorted(N.VERSIONS, key=lambda v: N.version(v).key)
 
 
 def time(t: float, cal: fitted.Params | None, launch: str = "unknown") -> float:
