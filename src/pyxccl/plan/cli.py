@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="how the job is started, for NCCL's rows (whole DGX nodes): per-gpu (default: one process "
                          "per GPU, as torchrun and mpirun launch) or single-process (one process drives a node's GPUs)")
     hw.add_argument("--nccl-version", default=None,
-                    help=f"the NCCL release NCCL's rows are priced with (default: the newest ported, {newest_version()})")
+                    help="the NCCL release NCCL's rows are priced with (default: the newest ported, "
+                         f"{newest_version()})")
     hw.add_argument("--raw", action="store_true",
                     help="NCCL's model without the figures fitted to published nccl-tests measurements (sim/fitted.py)")
     hw.add_argument("--mfu", type=float, default=0.5, help="fraction of the GPU's peak the compute reaches (0.5)")
