@@ -319,11 +319,32 @@ def test_pricing_picks_what_the_simulator_would_choose(hosts, per_host):
 def test_groups_with_whole_dgx_nodes_are_priced_as_nccl_prices_them():
     """A TP group of a DGX node's 8 GPUs runs NCCL: its allreduce costs what NCCL's model picks (the
     time of ``pyxccl sim`` on that preset); a DP group of one GPU a node is priced by pyxccl's walk."""
-    from pyxccl.sim import nccl
-    p = estimate(load_model("llama-7b"), Layout(dp=2, tp=8, micro_batches=2), hardware.load("dgx-h100"))
-    rows = {(r.group, r.primitive): r for r in p.rows}
-    tp = rows[("tp", "allreduce")]
-    best = nccl.choose("allreduce", tp.bytes_per_call, nccl.preset("dgx-h100", 1, 8))
-    assert tp.algorithm == f"{best.algorithm}/{best.protocol}"
-    assert tp.time_per_call == pytest.approx(best.time * 1e-6)
-    assert "/" not in rows[("dp", "allreduce")].algorithm
+    from dataclasses import replace
+
+    from pyxccl.sim import calibrated, fitted, nccl
+    from pyxccl.sim.calibrated import Pricing
+
+    def tp_row(pricing=None):
+        p = estimate(load_model("llama-7b"), Layout(dp=2, tp=8, micro_batches=2), hardware.load("dgx-h100"),
+                     pricing=pricing)
+        rows = {(r.group, r.primitive): r for r in p.rows}
+        assert "/" not in rows[("dp", "allreduce")].algorithm
+        return p, rows[("tp", "allreduce")]
+    # by default with the fitted figures, one process per GPU, the newest release: what `pyxccl sim` prints
+    p, tp = tp_row()
+    comm = nccl.preset("dgx-h100", 1, 8)
+    best = next(r for r in calibrated.nccl("allreduce", tp.bytes_per_call, comm, fitted.FITTED[("nccl", "dgx-h100")],
+                                           "per-gpu") if r.chosen)
+    assert (tp.algorithm, tp.time_per_call) == (f"{best.algorithm}/{best.protocol}", best.time)
+    assert p.settings["nccl_figures"] == {"release": "2.30.7", "launch": "per-gpu", "calibration": "fitted"}
+    assert any("NCCL 2.30.7, per-gpu launch, calibrated" in n for n in p.notes)
+    # raw: the port as it is
+    raw = nccl.choose("allreduce", tp.bytes_per_call, comm)
+    _, tp = tp_row(Pricing(raw=True))
+    assert (tp.algorithm, tp.time_per_call) == (f"{raw.algorithm}/{raw.protocol}", raw.time * 1e-6)
+    # a single-process launch adds the fitted launch latency; another release is priced with its constants
+    _, one = tp_row(Pricing(launch="single-process"))
+    assert one.time_per_call == pytest.approx(best.time + fitted.FITTED[("nccl", "dgx-h100")].launch_lat, rel=1e-12)
+    old = next(r for r in calibrated.nccl("allreduce", tp.bytes_per_call, replace(comm, version="2.21.5"),
+                                          fitted.FITTED[("nccl", "dgx-h100")], "per-gpu") if r.chosen)
+    assert tp_row(Pricing(version="2.21.5"))[1].time_per_call == old.time

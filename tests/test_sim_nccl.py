@@ -295,17 +295,22 @@ def test_collectives_and_presets_it_does_not_cover_are_refused():
 # --- the command line ---------------------------------------------------------------------------------------
 
 def test_cli_prints_nccls_rows(capsys, tmp_path):
+    """``--raw``: the port as it is (``nccl.predict``'s times, to the bit); the fitted figures and the launch
+    mode are tested against the fidelity table's in test_sim_published.py."""
     out = tmp_path / "rows.json"
     assert cli.main(["sim", "allreduce", "--hosts", "2", "--per-host", "8", "--hardware", "dgx-a100",
-                     "--size", "1048576", "--model", "nccl", "--json", str(out)]) == 0
+                     "--size", "1048576", "--model", "nccl", "--raw", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    for word in ("Tree", "Ring", "LL128 *", "Simple", "algbw", "busbw", "protocol"):
+    for word in ("Tree", "Ring", "LL128 *", "Simple", "algbw", "busbw", "protocol", "NCCL 2.30.7, raw"):
         assert word in text, word
-    rows = json.loads(out.read_text())["rows"]
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert (doc["release"], doc["calibration"]) == ("2.30.7", "raw")
     want = nccl.predict("allreduce", MiB, nccl.preset("dgx-a100", 2))
     assert [(r["algorithm"], r["protocol"]) for r in rows] == [(w.algorithm, w.protocol) for w in want]
     for r, w in zip(rows, want):
-        assert r["size"] == MiB and r["time"] == pytest.approx(w.time * 1e-6)
+        assert r["size"] == MiB and r["time"] == w.time * 1e-6 and r["chosen"] == w.chosen
+        assert (r["release"], r["launch"], r["calibration"]) == ("2.30.7", "per-gpu", "raw")
         assert r["algbw"] == pytest.approx(MiB / r["time"]) and r["busbw"] == pytest.approx(r["algbw"] * 2 * 15 / 16)
     assert [r["chosen"] for r in rows].count(True) == 1
 

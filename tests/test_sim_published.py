@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from pyxccl._errors import InvalidArgumentError
 from pyxccl.plan import hardware
-from pyxccl.sim import fitted
+from pyxccl.sim import calibrated, fitted
 from pyxccl.sim import nccl as N
 from pyxccl.sim import published as P
 from pyxccl.sim import simulate
@@ -94,7 +94,7 @@ def test_nccl_prediction_is_the_port(points):
     # the point's release: S01 ran 2.26.2, whose Ring constants on one H100 node are 2.30.7's
     assert P.comm(inp).version == "2.26.2"
     model = N.tune_model(N.preset("dgx-h100", 1, 8))
-    half = P._scaled(model, fitted.Params(intra_eff=0.5))
+    half = calibrated.scaled(model, fitted.Params(intra_eff=0.5))
     assert half.bandwidths[N.ncclFuncAllGather][N.NCCL_ALGO_RING][2] == \
         model.bandwidths[N.ncclFuncAllGather][N.NCCL_ALGO_RING][2] * 0.5
 
@@ -161,11 +161,11 @@ def test_launch_term_fitted_from_the_paired_sweeps(points):
     per = fitted._base_and_launch(c, [("per-gpu", 7e-6)])
     assert (per.base_lat, per.launch_lat) == (pytest.approx(7e-6), 10e-6)
     assert fitted._base_and_launch(c, [("unknown", 9e-6)]).base_lat == pytest.approx(4e-6)
-    assert [P._calibrated(1e-6, c, m) for m in P.LAUNCHES] == pytest.approx([11e-6, 1e-6, 6e-6], rel=1e-12)
+    assert [calibrated.time(1e-6, c, m) for m in P.LAUNCHES] == pytest.approx([11e-6, 1e-6, 6e-6], rel=1e-12)
     # form "floor": the floor is a single-process launch's, lowered by the launch term per GPU
     f = fitted.Params(launch_lat=10e-6, floor=40e-6, form="floor")
-    assert [P._calibrated(1e-6, f, m) for m in P.LAUNCHES] == pytest.approx([40e-6, 30e-6, 35e-6], rel=1e-12)
-    assert P._calibrated(50e-6, f, "per-gpu") == 50e-6
+    assert [calibrated.time(1e-6, f, m) for m in P.LAUNCHES] == pytest.approx([40e-6, 30e-6, 35e-6], rel=1e-12)
+    assert calibrated.time(50e-6, f, "per-gpu") == 50e-6
 
 
 def _row(part, err_py, err_nc, suspect=False, left_out=False):
@@ -202,3 +202,98 @@ def test_benchmark_published_table(monkeypatch, tmp_path, capsys, points):
     s = next(x for x in saved["summary"] if (x["part"], x["model"], x["points"]) == ("calibrate", "nccl", "clean"))
     errs = sorted(abs(r["error"]["nccl"]) for r in saved["rows"] if not r["left_out"])
     assert s["before"]["count"] == len(errs) and math.isclose(s["before"]["worst"], errs[-1])
+
+
+# --- the command line prints the validated figure (differential: the CLI against the fidelity table) ------
+
+def _as_preset(points, collective=None):
+    """Clean validation points the CLI can state as they are: a DGX preset as it is (8 GPUs a node, its own
+    NICs and graphs), NCCL's own choice (nothing forced)."""
+    out = []
+    for p in points:
+        if p.part != "validate" or p.suspect or p.per_node != 8 or (collective and p.collective != collective):
+            continue
+        inp, _ = P.model_input(p)
+        if inp is None or inp.algo or inp.proto:
+            continue
+        if P.comm(inp) == replace(N.preset(p.preset, p.nodes), version=inp.version):
+            out.append((p, inp))
+    return out
+
+
+def _cli_rows(tmp_path, p, *flags):
+    from pyxccl import cli
+    out = tmp_path / "rows.json"
+    assert cli.main(["sim", P.PRIMS[p.collective], "--hosts", str(p.nodes), "--per-host", "8", "--hardware",
+                     p.preset, "--size", str(p.size), *flags, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def _chosen(doc):
+    (r,) = [r for r in doc["rows"] if r["chosen"]]
+    return r
+
+
+def test_cli_prints_the_nccl_figure_the_table_validates(points, tmp_path, capsys):
+    """``pyxccl sim`` on a DGX preset (NCCL's model, the default there) prints, for every validation point
+    it can state, exactly ``published.predict_nccl`` with FITTED on the same inputs (the point's release,
+    either launch mode); ``--raw`` exactly the uncalibrated port; single-process adds ``launch_lat``."""
+    sel = [(p, inp) for p, inp in _as_preset(points) if p.collective != "alltoall"]     # NCCL runs it as p2p
+    assert len(sel) >= 20 and {p.preset for p, _ in sel} == {"dgx-a100", "dgx-h100"}
+    assert len({p.nodes for p, _ in sel}) >= 3 and len({p.collective for p, _ in sel}) >= 3
+    for p, inp in sel:
+        cal = fitted.FITTED[("nccl", p.preset)]
+        got = {}
+        for launch in calibrated.LAUNCH_MODES:
+            doc = _cli_rows(tmp_path, p, "--nccl-version", inp.version, "--launch", launch)
+            r = _chosen(doc)
+            want, choice = P.predict_nccl(p, replace(inp, launch=launch), cal)
+            assert (r["time"], f"{r['algorithm']}/{r['protocol']}") == (want, choice), (p.id, launch)
+            assert (r["release"], r["launch"], r["calibration"]) == (inp.version, launch, "fitted")
+            assert (doc["release"], doc["launch"], doc["calibration"]) == (inp.version, launch, "fitted")
+            got[launch] = r["time"]
+        assert got["single-process"] - got["per-gpu"] == pytest.approx(cal.launch_lat, rel=1e-6), p.id
+        raw = _chosen(_cli_rows(tmp_path, p, "--nccl-version", inp.version, "--raw"))
+        assert raw["calibration"] == "raw" and raw["time"] == P.predict_nccl(p, inp)[0], p.id
+        port = next(w for w in N.predict(P.PRIMS[p.collective], p.size, P.comm(inp)) if w.chosen)
+        assert raw["time"] == port.time * 1e-6, p.id
+    # no flags: the newest ported release, one process per GPU, fitted
+    p, inp = sel[0]
+    newest = replace(inp, version=calibrated.newest_version(), launch="per-gpu")
+    assert newest.version == N.DEFAULT_VERSION
+    assert _chosen(_cli_rows(tmp_path, p))["time"] == P.predict_nccl(p, newest, fitted.FITTED[("nccl", p.preset)])[0]
+    assert "calibrated (sim/fitted.py: nccl, " in capsys.readouterr().out
+
+
+def test_cli_prints_the_pyxccl_figure_the_table_validates(points, tmp_path):
+    """``--model pyxccl`` on a DGX preset: the fastest algorithm's time is ``published.predict_pyxccl`` with
+    FITTED (allgather and reduce-scatter: no in-place question; nccl-tests times allreduce out of place,
+    the CLI in place)."""
+    sel = [x for c in ("allgather", "reducescatter") for x in _as_preset(points, c)]
+    sel = sel[::max(1, len(sel) // 5)]
+    assert len(sel) >= 3 and len({p.nodes for p, _ in sel}) >= 2
+    for p, inp in sel:
+        for launch in calibrated.LAUNCH_MODES:
+            doc = _cli_rows(tmp_path, p, "--model", "pyxccl", "--launch", launch)
+            best = min(doc["rows"], key=lambda r: (r["time"], r["algorithm"]))
+            want = P.predict_pyxccl(p, replace(inp, launch=launch), fitted.FITTED[("pyxccl", p.preset)])
+            assert (best["time"], best["algorithm"]) == want, (p.id, launch)
+            assert (doc["calibration"], best["launch"]) == ("fitted", launch) and "release" not in best
+        doc = _cli_rows(tmp_path, p, "--model", "pyxccl", "--raw")
+        best = min(doc["rows"], key=lambda r: (r["time"], r["algorithm"]))
+        assert (best["time"], best["algorithm"]) == P.predict_pyxccl(p, inp) and best["calibration"] == "raw"
+
+
+def test_cli_figures_are_raw_where_nothing_was_fitted(tmp_path, capsys):
+    """The fitted figures are the DGX presets' as they are: another topology, or link flags, stay raw and
+    say so; an unported release is refused naming the ported ones."""
+    from pyxccl import cli
+    out = tmp_path / "rows.json"
+    for args in (["--hardware", "dgx-a100", "--topology", "torus2d"], ["--intra-bw", "100"]):
+        assert cli.main(["sim", "allreduce", "--hosts", "4", "--per-host", "2", "--size", "1M", *args,
+                         "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["calibration"] == "raw" and {r["calibration"] for r in doc["rows"]} == {"raw"}
+        assert "raw (nothing fitted for this machine" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="2.30.7"):
+        cli.main(["sim", "allreduce", "--hardware", "dgx-a100", "--nccl-version", "2.99.0"])

@@ -285,7 +285,7 @@ def test_hardware_files_take_the_topologies():
 def _cli_busbw(tmp_path, hw, hosts, per_host, algo="ring", size="1G"):
     out = tmp_path / "r.json"
     assert cli.main(["sim", "allreduce", "--hardware", hw, "--hosts", str(hosts), "--per-host", str(per_host),
-                     "--size", size, "--algo", algo, "--json", str(out)]) == 0
+                     "--size", size, "--algo", algo, "--raw", "--json", str(out)]) == 0    # the wiring, unfitted
     return json.loads(out.read_text())["rows"][0]["busbw"]
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from ..sim.calibrated import LAUNCH_MODES, Pricing, newest_version
 from .model import ITEMSIZE
 
 
@@ -44,6 +45,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     hw.add_argument("--gpu", default=None, help="GPU for the compute figures (default: the hardware's; "
                                                 "with --measured a100-sxm)")
     hw.add_argument("--per-host", type=int, default=None, help="ranks per host (default: the hardware's)")
+    hw.add_argument("--launch", choices=LAUNCH_MODES, default="per-gpu",
+                    help="how the job is started, for NCCL's rows (whole DGX nodes): per-gpu (default: one process "
+                         "per GPU, as torchrun and mpirun launch) or single-process (one process drives a node's GPUs)")
+    hw.add_argument("--nccl-version", default=None,
+                    help="the NCCL release NCCL's rows are priced with (default: the newest ported, "
+                         f"{newest_version()})")
+    hw.add_argument("--raw", action="store_true",
+                    help="NCCL's model without the figures fitted to published nccl-tests measurements (sim/fitted.py)")
     hw.add_argument("--mfu", type=float, default=0.5, help="fraction of the GPU's peak the compute reaches (0.5)")
     hw.add_argument("--compute-ms", type=float, default=None,
                     help="compute time per step in ms (instead of FLOPs / (peak x MFU))")
@@ -78,7 +87,8 @@ def main(a: argparse.Namespace) -> int:
             if a.per_host:
                 hw = hw.with_per_host(a.per_host)
         plan = estimate(model, layout, hw, mfu=a.mfu, train=not a.forward_only,
-                        compute_time=None if a.compute_ms is None else a.compute_ms / 1e3)
+                        compute_time=None if a.compute_ms is None else a.compute_ms / 1e3,
+                        pricing=Pricing(a.nccl_version or "", a.launch, a.raw))
     except (ValueError, OSError) as e:
         print(f"pyxccl plan: {e}", file=sys.stderr)
         return 2

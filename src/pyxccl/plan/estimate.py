@@ -15,6 +15,7 @@ import math
 from .hardware import Hardware
 from .layout import Layout
 from .model import Model
+from ..sim.calibrated import Pricing
 from .price import price
 from .result import Plan, Row, verdict
 from .traffic import micro_batches, stage_flops, stages, traffic
@@ -23,9 +24,11 @@ MFU = 0.5
 
 
 def estimate(model: Model, layout: Layout, hardware: Hardware, *, mfu: float = MFU, compute_time: float | None = None,
-             train: bool = True) -> Plan:
+             train: bool = True, pricing: Pricing | None = None) -> Plan:
     """Estimate one training step (``train=False``: one forward pass) of ``model`` laid out as ``layout``
-    on ``hardware``: the calls of the slowest pipeline stage's rank, priced by the simulator.
+    on ``hardware``: the calls of the slowest pipeline stage's rank, priced by the simulator (groups of
+    whole DGX nodes by NCCL's model, as ``pricing`` says: ``sim.calibrated.Pricing``, default the newest
+    release, one process per GPU, with the fitted figures).
 
     >>> from pyxccl.plan import Layout, estimate, hardware, load_model
     >>> p = estimate(load_model("llama-7b"), Layout(dp=2, tp=8, micro_batches=4), hardware.load("dgx-a100"))
@@ -38,14 +41,18 @@ def estimate(model: Model, layout: Layout, hardware: Hardware, *, mfu: float = M
         raise ValueError(f"compute_time={compute_time}: give seconds per step, >= 0")
     m = micro_batches(model, layout)
     peak = hardware.gpu.peak(model.dtype)
+    pricing = pricing or Pricing()
     best = None
     seen: dict = {}
+    by_nccl = False
     for st in stages(model, layout.pp):
         # stages alike in what they hold cost alike: price one of each
         sig = (len(st.layers), len(st.moe_layers(model)), st.first, st.last)
         if sig in seen:
             continue
-        rows = [_row(price(t, layout, hardware, model.itemsize)) for t in traffic(model, layout, st, train)]
+        priced = [price(t, layout, hardware, model.itemsize, pricing) for t in traffic(model, layout, st, train)]
+        by_nccl = by_nccl or any(p.model == "nccl" for p in priced)
+        rows = [_row(p) for p in priced]
         flops = stage_flops(model, layout, st, train)
         comp = compute_time if compute_time is not None else flops / (peak * mfu)
         seen[sig] = (st.index, rows, flops, comp)
@@ -53,7 +60,13 @@ def estimate(model: Model, layout: Layout, hardware: Hardware, *, mfu: float = M
         if best is None or step > best[0]:
             best = (step, st.index, rows, flops, comp)
     _, index, rows, flops, comp = best
-    return _plan(model, layout, hardware, rows, index, flops, comp, m, mfu, compute_time, peak, train)
+    plan = _plan(model, layout, hardware, rows, index, flops, comp, m, mfu, compute_time, peak, train)
+    if by_nccl:     # say which figures NCCL's rows are (the ones `pyxccl sim` prints for the same call)
+        figures = pricing.describe("nccl", hardware.name, nccl=True)
+        plan.settings["nccl_figures"] = figures
+        plan.notes.append(f"rows with a protocol (Algorithm/Protocol) are NCCL's model on whole DGX nodes: "
+                          f"{pricing.words(figures, 'nccl', hardware.name)}")
+    return plan
 
 
 def _row(p) -> Row:

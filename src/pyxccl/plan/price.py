@@ -6,8 +6,10 @@ messages as ``alpha + bytes * beta`` of the link they cross.
 A group that has whole DGX nodes to itself (8 GPUs of a ``dgx-a100``/``dgx-h100`` node each, no other
 group on them) runs NCCL there: its collectives of NCCL's model are priced as NCCL prices them
 (``sim/nccl.py``: the (algorithm, protocol) NCCL picks, NVLS and NVLSTree where the hardware has them),
-what ``pyxccl sim`` answers on those presets (``sim.report.nccl_covers``); its "sent" is nccl-tests'
-bus bytes (the bytes a ring moves per rank).
+what ``pyxccl sim`` answers on those presets (``sim.report.nccl_covers``), with the same figures: the
+fitted parameters of ``sim/fitted.py`` applied by ``sim/calibrated.py`` (the fidelity table's), for the
+``Pricing`` given (NCCL release, launch mode, or raw); its "sent" is nccl-tests' bus bytes (the bytes a
+ring moves per rank).
 
 A group's cluster is that group alone (``Hardware.cluster``), with its fair share of what it shares
 with the other groups of its kind running at the same time: a host's NICs (8 DP groups on a DGX,
@@ -15,8 +17,9 @@ one per TP rank, get one NIC each) and a shared PCIe bus.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ..sim.calibrated import Pricing
 from .hardware import Hardware
 from .layout import Group, Layout
 from .traffic import Traffic
@@ -37,6 +40,7 @@ class Priced:
     time: float              # seconds, all calls
     sent_per_call: int       # bytes the busiest rank sends in the largest call
     sent: int                # ... in all calls
+    model: str = "pyxccl"    # who priced it: pyxccl's walk, or "nccl" (NCCL's model, whole DGX nodes)
 
 
 def _sim(primitive: str, nbytes: int, cluster, itemsize: int, algo: str | None):
@@ -80,10 +84,10 @@ class _Ran:
     bytes_sent: int
 
 
-def _nccl(primitive: str, nbytes: int, hw: Hardware, g: Group, algo: str | None) -> _Ran | None:
+def _nccl(primitive: str, nbytes: int, hw: Hardware, g: Group, algo: str | None, pricing: Pricing) -> _Ran | None:
     """NCCL's price of the call where the group has whole DGX nodes (see the module's docstring), else
     None. ``algo``: "Algorithm/Protocol" (a later size of the same calls runs what the first chose)."""
-    from ..sim import nccl
+    from ..sim import calibrated, nccl
     from .hardware import load
     if g.groups_per_host != 1 or hw.name not in nccl.preset_names() or hw != load(hw.name):
         return None         # not the preset as it is (another GPU, fewer GPUs used a host, a user's file)
@@ -92,19 +96,22 @@ def _nccl(primitive: str, nbytes: int, hw: Hardware, g: Group, algo: str | None)
         comm = nccl.preset(hw.name, g.hosts, g.per_host)
     except ValueError:
         return None
-    key = ("nccl", primitive, nbytes, hw.name, g.hosts, g.per_host, algo)
+    key = ("nccl", primitive, nbytes, hw.name, g.hosts, g.per_host, algo, pricing)
     if key not in _cache:
-        rows = nccl.predict(primitive, nbytes, comm)
+        comm = replace(comm, version=pricing.version)     # a release not ported for this GPU: its error
+        rows = calibrated.nccl(primitive, nbytes, comm, pricing.params("nccl", hw.name), pricing.launch)
         row = next(r for r in rows if r.chosen) if algo is None else \
             next(r for r in rows if f"{r.algorithm}/{r.protocol}" == algo)
         sent = int(nbytes * nccl.bus_factor(coll, g.size))
-        _cache[key] = _Ran(f"{row.algorithm}/{row.protocol}", row.time * 1e-6, sent)
+        _cache[key] = _Ran(f"{row.algorithm}/{row.protocol}", row.time, sent)
     return _cache[key]
 
 
-def price(t: Traffic, layout: Layout, hw: Hardware, itemsize: int) -> Priced:
+def price(t: Traffic, layout: Layout, hw: Hardware, itemsize: int, pricing: Pricing | None = None) -> Priced:
     """Price every call of ``t``: the largest size chooses the algorithm (what the tuner would pick),
-    the other sizes (a bucket's rest, an embedding unit) run that algorithm too."""
+    the other sizes (a bucket's rest, an embedding unit) run that algorithm too. ``pricing``: how NCCL's
+    model prices whole DGX nodes (default ``Pricing()``: the newest release, one process per GPU, fitted)."""
+    pricing = pricing or Pricing()
     g = layout.group(t.group, hw.per_host)
     where = g.describe(hw)
     cls = "none" if g.size == 1 else ("inter" if g.crosses_hosts else "intra")
@@ -114,10 +121,11 @@ def price(t: Traffic, layout: Layout, hw: Hardware, itemsize: int) -> Priced:
     bus_share = 1.0 / g.groups_per_host
     cluster = hw.cluster(g.hosts, g.per_host, nic_share=nic_share, bus_share=bus_share)
     sizes = sorted(t.sizes, key=lambda cn: -cn[1])
-    first = _nccl(t.primitive, sizes[0][1], hw, g, None)
+    first = _nccl(t.primitive, sizes[0][1], hw, g, None, pricing)
+    model = "pyxccl" if first is None else "nccl"
     if first is not None:
         def again(nbytes):
-            return _nccl(t.primitive, nbytes, hw, g, first.algorithm)
+            return _nccl(t.primitive, nbytes, hw, g, first.algorithm, pricing)
     else:
         first = _sim(t.primitive, sizes[0][1], cluster, itemsize, None)
 
@@ -128,7 +136,7 @@ def price(t: Traffic, layout: Layout, hw: Hardware, itemsize: int) -> Priced:
         r = first if nbytes == sizes[0][1] else again(nbytes)
         time += calls * r.time
         sent += calls * r.bytes_sent
-    return Priced(t, g, where, cls, first.algorithm, first.time, time, first.bytes_sent, int(sent))
+    return Priced(t, g, where, cls, first.algorithm, first.time, time, first.bytes_sent, int(sent), model)
 
 
 def _p2p(t: Traffic, g: Group, layout: Layout, hw: Hardware) -> Priced:

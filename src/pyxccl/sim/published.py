@@ -14,8 +14,9 @@ The two models:
   point-to-point calls, scheduled peer by peer in rounds of ``rank +- delta``): it is priced as the
   default walk's ``pairwise`` schedule on the same cluster.
 
-``calibration`` (``sim/fitted.py``): the few fitted parameters, applied to both models; ``fit``
-takes calibrate points only and refuses any other.
+``calibration`` (``sim/fitted.py``): the few fitted parameters, applied to both models by
+``sim/calibrated.py`` (the functions ``pyxccl sim`` and ``pyxccl plan`` price with); ``fit`` takes
+calibrate points only and refuses any other.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from .._errors import InvalidArgumentError
-from . import fitted
+from . import calibrated, fitted
 from . import nccl as N
 
 MODELS = ("pyxccl", "nccl")
@@ -203,9 +204,7 @@ def cluster(inp: Input, cal: fitted.Params | None = None):
     hw = _hardware(inp.preset)
     if inp.nics is not None:
         hw = replace(hw, nics=inp.nics, inter=replace(hw.inter, bandwidth=inp.nic_GBps * 1e9))
-    if cal is not None:
-        hw = replace(hw, intra=replace(hw.intra, bandwidth=hw.intra.bandwidth * cal.intra_eff),
-                     inter=replace(hw.inter, bandwidth=hw.inter.bandwidth * cal.inter_eff))
+    hw = calibrated.hardware(hw, cal)
     return hw.with_per_host(inp.per_node).cluster(inp.nodes, inp.per_node, nic_share=hw.nics)
 
 
@@ -259,7 +258,7 @@ def predict_pyxccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tu
     from . import simulate
     res = simulate.run(PRIMS[p.collective], p.size, cluster(inp, cal), inplace=False)
     best = min(res, key=lambda r: (r.time, r.algorithm))
-    return _calibrated(best.time, cal, inp.launch), best.algorithm
+    return calibrated.time(best.time, cal, inp.launch), best.algorithm
 
 
 def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tuple[float, str]:
@@ -267,39 +266,14 @@ def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tupl
     if p.collective == "alltoall":
         from . import simulate
         r = simulate.run("alltoall", p.size, cluster(inp, cal), ["pairwise"])[0]
-        return _calibrated(r.time, cal, inp.launch), "pairwise (p2p)"
+        return calibrated.time(r.time, cal, inp.launch), "pairwise (p2p)"
     c = comm(inp)
-    model = N.tune_model(c)
-    if cal is not None:
-        model = _scaled(model, cal)
-    table = N.cost_table(model, N.func(PRIMS[p.collective]), p.size)
-    for a in range(N.NCCL_NUM_ALGORITHMS):
-        for q in range(N.NCCL_NUM_PROTOCOLS):
-            if (inp.algo and N.ncclAlgoStr[a] != inp.algo) or (inp.proto and N.ncclProtoStr[q] != inp.proto):
-                table[a][q] = N.NCCL_ALGO_PROTO_IGNORE
-    best = N.argmin(table)
+    rows = calibrated.nccl(PRIMS[p.collective], p.size, c, cal, inp.launch, inp.algo, inp.proto)
+    best = next((r for r in rows if r.chosen), None)
     if best is None:
         raise InvalidArgumentError(f"published point {p.id}: NCCL's model enables no {inp.algo}/{inp.proto} for "
                                    f"{p.collective} on {c.name}: leave the forcing out or model the graph")
-    a, q = best
-    return _calibrated(table[a][q] * 1e-6, cal, inp.launch), f"{N.ncclAlgoStr[a]}/{N.ncclProtoStr[q]}"
-
-
-def _scaled(model: N.Model, cal: fitted.Params) -> N.Model:
-    """NCCL's bandwidths times the fitted efficiency (inter-node one across nodes), so NCCL's choice sees it."""
-    eff = cal.inter_eff if model.comm.nNodes > 1 else cal.intra_eff
-    bw = tuple(tuple(tuple(b * eff for b in pr) for pr in al) for al in model.bandwidths)
-    return replace(model, bandwidths=bw)
-
-
-def _calibrated(t: float, cal: fitted.Params | None, launch: str = "unknown") -> float:
-    if cal is None:
-        return t
-    if cal.form == "floor":
-        # the host's time to issue a call bounds it from below (nccl-tests calls back to back): the
-        # floor is a single-process launch's; the launch term lowers it for one process per GPU
-        return max(t, cal.floor - cal.launch_lat + fitted.launch_term(cal, launch)) + cal.base_lat
-    return max(t, cal.floor) + cal.base_lat + fitted.launch_term(cal, launch)
+    return best.time, f"{best.algorithm}/{best.protocol}"
 
 
 @dataclass

@@ -5,6 +5,12 @@
     pyxccl sim alltoall --measured --hosts 1 --per-host 4 --size 4M
     pyxccl sim alltoall --hosts 16 --per-host 8 --size 64M --topology torus2d --dims 4x4
     pyxccl sim allreduce --hosts 2 --per-host 8 --hardware dgx-a100 --size 1M --model nccl
+    pyxccl sim allreduce --hosts 1 --per-host 8 --hardware dgx-h100 --size 4K --launch single-process
+    pyxccl sim allreduce --hosts 2 --per-host 8 --hardware dgx-a100 --size 1M --nccl-version 2.26.2 --raw
+
+On the DGX presets the figures are the ones the fidelity table validates (``sim/published.py``): the
+fitted parameters of ``sim/fitted.py`` applied by ``sim/calibrated.py``, for the launch mode given;
+``--raw`` leaves them out.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import json
 
 from .._errors import InvalidArgumentError
 from ..bench.methodology import parse_size, sweep
+from . import calibrated
 from . import simulate as simrun
 from .cluster import TOPOLOGIES, Cluster, Link
 
@@ -50,6 +57,16 @@ def add_arguments(p) -> None:
                         "dgx-a100 or dgx-h100, 8 per host); auto (default): nccl where it describes the machine "
                         "and the call (a DGX preset as it is, a collective of NCCL's model, --algo naming NCCL's "
                         "algorithms if given), else pyxccl")
+    p.add_argument("--launch", choices=calibrated.LAUNCH_MODES, default="per-gpu",
+                   help="how the job is started, on the DGX presets: per-gpu (default: one process per GPU, as "
+                        "torchrun and mpirun launch) or single-process (one process drives a node's GPUs, "
+                        "nccl-tests -g 8: it adds the fitted launch latency)")
+    p.add_argument("--nccl-version", default=None,
+                   help="the NCCL release NCCL's model prices with (default: the newest ported, "
+                        f"{calibrated.newest_version()}; ported: {', '.join(calibrated.ported_versions())})")
+    p.add_argument("--raw", action="store_true",
+                   help="the models without the figures fitted to published nccl-tests measurements "
+                        "(sim/fitted.py; docs/sim.md, \"Fidelity against published NCCL measurements\")")
     p.add_argument("--json", help="write the rows to this file")
     p.add_argument("--plot", help="with --sweep: draw busbw against size into this PNG")
 
@@ -65,12 +82,13 @@ def parse_dims(text: str) -> tuple[int, ...]:
     return dims
 
 
-def cluster_of(a) -> Cluster:
+def cluster_of(a, cal=None) -> Cluster:
+    """The cluster the arguments describe; ``cal``: the preset's links with those fitted figures."""
     if a.measured:
         c = Cluster.measured(a.hosts, a.per_host)
     elif a.hardware:
         from ..plan import hardware
-        hw = hardware.load(a.hardware)
+        hw = calibrated.hardware(hardware.load(a.hardware), cal)
         c = hw.cluster(a.hosts, a.per_host, nic_share=hw.nics)      # the job is alone: every NIC its GPUs reach
     else:
         c = Cluster(a.hosts, a.per_host, intra=Link(a.intra_lat * 1e-6, 1 / (a.intra_bw * 1e9)),
@@ -142,16 +160,51 @@ def nccl_covers(a) -> bool:
     return not a.algo or all(x.lower() in names for x in a.algo.split(","))
 
 
+def _pricing(a) -> calibrated.Pricing:
+    try:
+        return calibrated.Pricing(a.nccl_version or "", a.launch, a.raw)
+    except InvalidArgumentError as e:
+        raise SystemExit(f"pyxccl sim: {e}") from None
+
+
+def _fitted_preset(a) -> str | None:
+    """The preset whose fitted figures apply to pyxccl's walk: a DGX preset as it is (its own topology and
+    NICs, as the fit saw it), else None."""
+    if not a.hardware or a.measured or any(v is not None for v in (a.topology, a.nics, a.dims, a.groups)):
+        return None
+    from ..plan import hardware
+    hw = hardware.load(a.hardware)
+    try:
+        same = hw == hardware.load(hw.name)
+    except (ValueError, OSError):       # a user's file under a name that is no preset
+        return None
+    return hw.name if same and calibrated.fitted_for(hw.name) else None
+
+
+def _fitted(r, nbytes: int, cal, launch: str):
+    """A walk's result with the fitted latencies added (its bandwidths follow its time)."""
+    if cal is None:
+        return r
+    from dataclasses import replace
+    t = calibrated.time(r.time, cal, launch)
+    return replace(r, time=t, algbw=nbytes / t, busbw=nbytes / t * (r.busbw / r.algbw if r.algbw else 0.0))
+
+
 def main(a) -> int:
     if nccl_covers(a):
         return main_nccl(a)
+    pricing = _pricing(a)
+    preset = _fitted_preset(a)
+    cal = pricing.params("pyxccl", preset)
     try:
-        c = cluster_of(a)
+        c = cluster_of(a, cal)
     except InvalidArgumentError as e:       # a shape that does not fit the hosts: say what to give, no traceback
         raise SystemExit(f"pyxccl sim: {e}") from None
     sizes = _sizes(a)
     algos = a.algo.split(",") if a.algo else None
+    figures = pricing.describe("pyxccl", preset, nccl=False, applied=cal is not None)
     print(f"# {a.collective} on {describe(c)}")
+    print(f"# figures: {pricing.words(figures, 'pyxccl', preset)}")
     print(f"{'size':>10} {'algorithm':>20} {'time':>11} {'algbw':>12} {'busbw':>12} {'sent/rank':>11} "
           f"{'messages':>12} {'mode':>9} {'wall':>7}")
     rows = []
@@ -160,9 +213,10 @@ def main(a) -> int:
             res = simrun.run(a.collective, nb, c, algos, dtype=a.dtype, mode=a.mode)
         except ValueError as e:     # an algorithm or mode that cannot run here: the message says what to do
             raise SystemExit(f"pyxccl sim: {e}") from None
+        res = [_fitted(r, nb, cal, pricing.launch) for r in res]
         best = min(res, key=lambda r: r.time).algorithm if res else None
         for r in res:
-            rows.append(dict(size=nb, **r.to_json()))
+            rows.append(dict(size=nb, **r.to_json(), **figures))
             print(f"{_bytes(nb):>10} {r.algorithm + (' *' if r.algorithm == best and len(res) > 1 else ''):>20} "
                   f"{_time(r.time):>11} {_si(r.algbw, 'B/s'):>12} {_si(r.busbw, 'B/s'):>12} "
                   f"{_bytes(r.bytes_sent):>11} {r.messages:>12} {r.mode:>9} {r.seconds:>6.1f}s")
@@ -170,7 +224,8 @@ def main(a) -> int:
         print("# * the fastest: what the tuner would choose there")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"cluster": describe(c), "collective": a.collective, "rows": rows}, f, indent=1)
+            json.dump({"cluster": describe(c), "model": "pyxccl", "collective": a.collective, **figures,
+                       "rows": rows}, f, indent=1)
     if a.plot:
         plot(rows, a.plot, f"{a.collective}: {describe(c)}")
         print(f"# wrote {a.plot}")
@@ -180,34 +235,42 @@ def main(a) -> int:
 def main_nccl(a) -> int:
     """``--model nccl`` (and ``auto`` where ``nccl_covers``): NCCL's own tuning model (``sim/nccl.py``) on a DGX preset, a row per (algorithm,
     protocol) NCCL enables, the one NCCL picks starred."""
+    from dataclasses import replace
+
     from . import nccl
     if not a.hardware or a.measured:
         raise SystemExit(f"--model nccl needs --hardware, one of {', '.join(nccl.preset_names())}")
     from ..plan import hardware
     name = hardware.load(a.hardware).name
+    pricing = _pricing(a)
     try:
-        nccl.func(a.collective)
-        comm = nccl.preset(name, a.hosts, a.per_host)
+        coll = nccl.func(a.collective)
+        comm = replace(nccl.preset(name, a.hosts, a.per_host), version=pricing.version)
     except ValueError as e:
-        raise SystemExit(str(e)) from None
-    model = nccl.tune_model(comm)
+        raise SystemExit(f"pyxccl sim: {e}") from None
+    cal = pricing.params("nccl", name)
+    figures = pricing.describe("nccl", name, nccl=True)
     algos = {x.lower() for x in a.algo.split(",")} if a.algo else None
     print(f"# {a.collective} on {a.hosts} x {a.per_host} {name}, NCCL's tuning model; graphs: {comm.source}")
+    print(f"# figures: {pricing.words(figures, 'nccl', name)}")
     print(f"{'size':>10} {'algorithm':>15} {'protocol':>9} {'time':>11} {'algbw':>12} {'busbw':>12}")
     rows = []
     for nb in _sizes(a):
-        for r in nccl.predict(a.collective, nb, comm, model):
+        for r in calibrated.nccl(a.collective, nb, comm, cal, pricing.launch):
             if algos and r.algorithm.lower() not in algos:
                 continue
-            rows.append(dict(size=nb, **r.to_json()))
+            algbw = nb / r.time if r.time > 0 else float("inf")
+            busbw = algbw * nccl.bus_factor(coll, comm.nRanks)
+            rows.append(dict(size=nb, algorithm=r.algorithm, protocol=r.protocol, time=r.time, algbw=algbw,
+                             busbw=busbw, chosen=r.chosen, **figures))
             print(f"{_bytes(nb):>10} {r.algorithm:>15} {r.protocol + (' *' if r.chosen else ''):>9} "
-                  f"{_time(r.time * 1e-6):>11} {_si(r.algbw, 'B/s'):>12} {_si(r.busbw, 'B/s'):>12}")
+                  f"{_time(r.time):>11} {_si(algbw, 'B/s'):>12} {_si(busbw, 'B/s'):>12}")
     print("# * what NCCL picks (the least time of its model)" +
           ("; --model pyxccl: pyxccl's own algorithms on this machine" if a.model == "auto" else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"cluster": f"{a.hosts} x {a.per_host} {name}", "model": "nccl", "collective": a.collective,
-                       "source": comm.source, "rows": rows}, f, indent=1)
+                       "source": comm.source, **figures, "rows": rows}, f, indent=1)
     if a.plot:
         for r in rows:
             r["algorithm"] = f"{r['algorithm']}/{r['protocol']}"
