@@ -11,10 +11,10 @@ about log2(n)/2 links instead of one: fewer, larger messages.
 from __future__ import annotations
 
 from ..schedule import Copy, Recv, Schedule, Send, offsets
-from .registry import register
+from .registry import SHIFT, register
 
 
-@register("allgather", "bruck")
+@register("allgather", "bruck", symmetry=SHIFT)
 def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     n = nranks
     who = [(rank + j) % n for j in range(n)]          # rank whose block sits in slot j
@@ -32,7 +32,7 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     return s
 
 
-@register("alltoall", "bruck", equal_blocks=True)
+@register("alltoall", "bruck", equal_blocks=True, symmetry=SHIFT)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """Equal block sizes only (a block's size must be known to the ranks it passes through)."""
     n = nranks

@@ -77,7 +77,7 @@ gather / scatter (counts known to every rank)
 from __future__ import annotations
 
 from ..schedule import Copy, Schedule, embed, offsets, split_counts
-from .registry import lookup, register
+from .registry import SHIFT, lookup, register
 
 #: Elements from which an even-host broadcast is cut into one shard per local rank (64 KiB of
 #: float32: where the cost model, default link figures, 2 to 4 hosts, finds the two ways even).
@@ -180,7 +180,7 @@ def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[s
     s.step(*(Copy(src[0], src[1] + a, dst[0], dst[1] + d, c) for a, d, c in runs))
 
 
-@register("allreduce", "hierarchical", settles=True)
+@register("allreduce", "hierarchical", settles=True, symmetry=SHIFT)
 def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -222,7 +222,7 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
     return s
 
 
-@register("allgather", "hierarchical", settles=True)
+@register("allgather", "hierarchical", settles=True, symmetry=SHIFT)
 def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -260,7 +260,7 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
     return s
 
 
-@register("reduce_scatter", "hierarchical", settles=True)
+@register("reduce_scatter", "hierarchical", settles=True, symmetry=SHIFT)
 def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
                    outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -332,7 +332,7 @@ def broadcast(rank: int, nranks: int, count: int, root: int, hosts=None, inner: 
     return s
 
 
-@register("alltoall", "hierarchical", equal_blocks=True)
+@register("alltoall", "hierarchical", equal_blocks=True, symmetry=SHIFT)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], hosts=None,
              inner: str = "pairwise", outer: str = "pairwise") -> Schedule:
     """Equal blocks only: ValueError otherwise (see the module docstring)."""

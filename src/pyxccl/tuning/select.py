@@ -105,7 +105,7 @@ class Tuner:
         net = self.net()
         shape = net.shape()
         if shape is not None and shape.hosts > 1 and self.n > FOLD_ABOVE and not algo.segment:
-            sym, reps = symmetric.find(get, shape.hosts, shape.per_host, False)
+            sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
         if not every and self.n > FOLD_ABOVE:

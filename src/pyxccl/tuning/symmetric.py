@@ -121,3 +121,50 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     if kinds:
         return kinds[0](n, per_host), reps
     return None, _NOT_SAME
+
+
+KINDS = {"shift": Shift, "xor": Xor}
+
+
+def spot_ranks(hosts: int, per_host: int) -> list[int]:
+    """The ranks :func:`declared` checks: the first of host 1, the last of the last host, one in the
+    middle host (where a remainder, a power of two's end or a rooted tree's branch shows first)."""
+    n = hosts * per_host
+    cand = (per_host, n - 1, (hosts // 2) * per_host + per_host // 2)
+    return [r for r in dict.fromkeys(cand) if r >= per_host]
+
+
+def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
+    """(symmetry, host 0's schedules) from the moves an algorithm declares (``registry.Algorithm.symmetry``),
+    each checked on the :func:`spot_ranks` only (one schedule each, not four hosts' of ``find``), the
+    first that holds, in ``find``'s order; None when nothing is declared or nothing holds there (the
+    caller then proves it with ``find``: a wrong declaration costs time, not a wrong fold)."""
+    if hosts < 2 or not kinds:
+        return None
+    kinds = [k for name, k in KINDS.items() if name in kinds
+             and (k is Shift or (not ring_of_hosts and Xor.applies(hosts, per_host)))]
+    if not kinds:
+        return None
+    from . import compact
+    n = hosts * per_host
+    reps = [build(r) for r in range(per_host)]
+    if any(s.segment for s in reps):
+        return None
+    try:
+        compact.convert(reps, written=True)     # kept on each schedule: what the walk converts again
+        spots = [(r // per_host, compact.convert([reps[r % per_host]], written=True),
+                  compact.convert([build(r)], written=True)) for r in spot_ranks(hosts, per_host)]
+    except TypeError:       # Get, Post or Sync in a message schedule: not foldable
+        return None
+    for k in kinds:
+        sym = k(n, per_host)
+        if all(compact.same_moved(got, rep, sym, h, per_host) for h, rep, got in spots):
+            return sym, reps
+    return None
+
+
+def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
+    """``find``'s answer, by way of :func:`declared` where the algorithm declares its moves and they
+    hold on the spot ranks (``tests/test_tuner_symmetry.py``: the same answer over many layouts)."""
+    got = declared(kinds, build, hosts, per_host, ring_of_hosts)
+    return got if got is not None else find(build, hosts, per_host, ring_of_hosts)
