@@ -34,6 +34,9 @@ log = logging.getLogger("pyxccl")
 #: sizes); where they do, it differs (measured: pairwise alltoall on 4 x 4 and 8 x 4 hosts, up to
 #: 23% low; hierarchical allreduce at 16 MiB, 1.6%): below it, every rank is walked, exactly.
 FOLD_ABOVE = 64
+#: before any estimate, the chains of an algorithm are looked at for ordering only if its rank 0's
+#: schedule has at most this many operations (``_argmin``)
+FIRST_LOOK_OPS = 2048
 
 
 class Tuner:
@@ -48,6 +51,7 @@ class Tuner:
         self.stretch = [max(1.0, per_host[hosts[r]] / max(1, cores[r])) for r in range(nranks)]
         self._cache: dict[tuple, str] = {}
         self._net: Net | None = None
+        self._pairs_ok = np.zeros(0, np.int64)    # pairs (a * n + b) whose class _classes found the shape's
         self._shared = None
         if links is not None and nranks > 1:
             inputs = (links, nranks, hosts, self.stretch, machine.to_json(), machine.cma, segment)
@@ -90,11 +94,15 @@ class Tuner:
         msg = c.kind != compact.COPY
         p, n = shape.per_host, shape.nranks
         inside = "shm" if shape.shm_inside else "tcp_local"
-        for key in np.unique(rank[msg] * n + c.peer[msg]).tolist():
+        keys = np.unique(rank[msg] * n + c.peer[msg])
+        new = keys[~np.isin(keys, self._pairs_ok, assume_unique=True)]     # pairs not checked before
+        for key in new.tolist():
             a, b = divmod(key, n)
             want = inside if a // p == b // p else "tcp"
             if self.klass(a, b) != want or self.klass(b, a) != want:
                 return False
+        if len(new):
+            self._pairs_ok = np.union1d(self._pairs_ok, new)
         return True
 
     def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
@@ -237,7 +245,10 @@ class Tuner:
         later = []
         for name, algo, get, lb in every:
             looked = best < float("inf")
-            if lb <= best and not algo.segment:
+            # (with none yet, a first search only where rank 0's schedule is small: where it holds O(ranks)
+            # operations, the search costs as much as the ranks it builds, and the local bound often
+            # leaves it out once there is a best; it is looked at below, as far as the best then needs)
+            if lb <= best and not algo.segment and (looked or sum(map(len, get(0).steps)) <= FIRST_LOOK_OPS):
                 try:
                     lb = max(lb, self.path_bound(get, itemsize, best if looked else 0.0))
                 except ValueError:
