@@ -85,8 +85,8 @@ def test_move_equal_is_move(seed, c):
 @pytest.mark.parametrize("prim,name", [("broadcast", "hierarchical"), ("allreduce", "ring"), ("gather", "binomial"),
                                        ("alltoall", "hierarchical")])
 def test_arrays_of_kept_parts_are_one_conversions(prim, name):
-    """Converted all at once, some first one by one, or all one by one (with empty schedules among them):
-    the same arrays."""
+    """Converted all at once, some first one by one, all one by one (with empty schedules among them), a
+    batch again, part of it or in another order: the same arrays."""
     n, hl = 24, [r // 4 for r in range(24)]
     args = PRIMITIVES[prim].sized(n, 40, 4)
 
@@ -94,10 +94,18 @@ def test_arrays_of_kept_parts_are_one_conversions(prim, name):
         out = [registry.lookup(prim, name).schedule(r, n, hosts=hl, **args) for r in range(n)]
         return out[:5] + [Schedule(n, n + 1), Schedule(n + 1, n + 2)] + out[5:]
     whole = compact.convert(built(), written=True)
-    some, every = built(), built()
-    for s in random.Random(0).sample(some, 10):
+    some, most, every = built(), built(), built()
+    for s in random.Random(0).sample(some, 10):         # fewer than half kept: converted again together
         compact.convert([s], written=True)
+    for s in random.Random(1).sample(most, 20):         # most kept: the kept parts joined
+        compact.convert([s], written=True)
+    assert compact.convert(most, written=True).equal(whole)
     for s in every:
         compact.convert([s], written=True)
     assert compact.convert(some, written=True).equal(whole)
     assert compact.convert(every, written=True).equal(whole)
+    again = built()
+    assert compact.convert(again, written=True).equal(whole)          # one batch, then the same again,
+    assert compact.convert(again, written=True).equal(whole)
+    assert compact.convert(again[3:9], written=True).equal(compact.convert(built()[3:9], written=True))  # a part
+    assert compact.convert(again[::-1], written=True).equal(compact.convert(built()[::-1], written=True))

@@ -237,6 +237,16 @@ def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[
     s.steps.append(tuple([Copy(sb, x, db, y, z) for x, y, z in zip(a, d, k)]))
 
 
+def _move_ranks(s: Schedule, counts: list[int], src: tuple[str, int], src_order: list[int], dst: tuple[str, int],
+                dst_order: list[int]) -> None:
+    """``_move`` of the ranks' blocks (``counts[rank]`` elements each): by ``_move_equal`` when every
+    block is as large (the tuner's calls), else block by block."""
+    if counts and counts.count(counts[0]) == len(counts):
+        _move_equal(s, counts[0], src, np.asarray(src_order, np.int64), dst, np.asarray(dst_order, np.int64))
+    else:
+        _move(s, counts.__getitem__, src, src_order, dst, dst_order)
+
+
 @register("allreduce", "hierarchical", settles=True, symmetry=SHIFT)
 def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
@@ -298,7 +308,7 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
         embed(s, cross, t.cols[t.me], {"in": ("in", 0), "out": (gbuf[0], col_off), "tmp": ("tmp", gsize)})
         embed(s, intra, t.local, {"in": (gbuf[0], col_off), "out": gbuf, "tmp": ("tmp", gsize)})
         if gbuf[0] != "out":
-            _move(s, counts.__getitem__, gbuf, grid, ("out", 0), ranks)
+            _move_ranks(s, counts, gbuf, grid, ("out", 0), ranks)
         return s
     # uneven: the host's first rank (its leader) gathers the host's blocks, leaders allgather, broadcast
     leaders, host_order, host_size = t.leaders, t.host_order, t.sizes(counts, t.groups)
@@ -311,7 +321,7 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
         s.scratch = hsize + cross.scratch
         embed(s, cross, leaders, {"in": (hbuf[0], hoff), "out": hbuf, "tmp": ("tmp", hsize)})
         if hbuf[0] != "out":
-            _move(s, counts.__getitem__, hbuf, host_order, ("out", 0), ranks)
+            _move_ranks(s, counts, hbuf, host_order, ("out", 0), ranks)
     from_leader = _sub("broadcast", "binomial", t.me, t.L, count=sum(counts), root=0)
     embed(s, from_leader, t.local, {"out": ("out", 0)})
     return s
@@ -334,7 +344,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner:
         mine = gsize + col_size[t.me]
         s.scratch = mine + max(intra.scratch, cross.scratch)
         if gbuf[0] != "in":
-            _move(s, counts.__getitem__, ("in", 0), ranks, gbuf, grid)
+            _move_ranks(s, counts, ("in", 0), ranks, gbuf, grid)
         embed(s, intra, t.local, {"in": gbuf, "out": ("tmp", gsize), "tmp": ("tmp", mine)})
         embed(s, cross, t.cols[t.me], {"in": ("tmp", gsize), "out": ("out", 0), "tmp": ("tmp", mine)})
         return s
@@ -347,7 +357,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner:
     blk_at = red_at + (total if lead else 0)
     free = blk_at + (host_size[t.host] if lead else 0)
     if hbuf[0] != "in":
-        _move(s, counts.__getitem__, ("in", 0), ranks, hbuf, host_order)
+        _move_ranks(s, counts, ("in", 0), ranks, hbuf, host_order)
     to_leader = _sub("reduce", "binomial", t.me, t.L, count=total, root=0)
     embed(s, to_leader, t.local, {"in": hbuf, "out": ("tmp", red_at), "tmp": ("tmp", free)})
     s.scratch = free + to_leader.scratch
@@ -491,7 +501,7 @@ def gather(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inn
         s.scratch = max(s.scratch, free + cross.scratch)
         embed(s, cross, leaders, {"in": block, "out": whole, "tmp": ("tmp", free)})
     if rank == root and whole[0] != "out":
-        _move(s, counts.__getitem__, whole, host_order, ("out", 0), ranks)
+        _move_ranks(s, counts, whole, host_order, ("out", 0), ranks)
     return s
 
 
@@ -510,7 +520,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int, hosts=None, in
     free = whole_size + (host_size[t.host] if rank in leaders else 0)
     s = Schedule(rank, nranks)
     if whole[0] == "tmp":
-        _move(s, counts.__getitem__, ("in", 0), ranks, whole, host_order)
+        _move_ranks(s, counts, ("in", 0), ranks, whole, host_order)
     if rank in leaders:
         cross = _sub("scatter", outer, t.host, t.H, counts=host_size, root=root_host)
         s.scratch = free + cross.scratch

@@ -81,6 +81,11 @@ class Tuner:
         if len(inside) > 1 or not inside <= {"shm", "tcp_local"}:
             return None
         kl = inside.pop() if inside else "shm"
+        # every pair inside a host has just been seen to be of the class the shape says: _classes checks
+        # only the pairs between hosts
+        a = np.arange(n, dtype=np.int64)[:, None]
+        b = a - a % p + np.arange(p, dtype=np.int64)[None, :]        # a's host's ranks
+        self._pairs_ok = np.sort((a * n + b)[b != a])
         m = self.machine
         return fast.Shape(p, nh, m.link(kl), m.link("tcp"), m.gamma, m.copy, self.stretch[0], shm_inside=kl == "shm",
                           mem=m.mem, cache=m.cache)
