@@ -109,3 +109,29 @@ def test_arrays_of_kept_parts_are_one_conversions(prim, name):
     assert compact.convert(again, written=True).equal(whole)
     assert compact.convert(again[3:9], written=True).equal(compact.convert(built()[3:9], written=True))  # a part
     assert compact.convert(again[::-1], written=True).equal(compact.convert(built()[::-1], written=True))
+
+
+def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
+    """Bruck's alltoall as it was written op by op through Schedule.step (the reference)."""
+    from pyxccl.schedule import Copy, Recv, Send
+    s = Schedule(rank, n, scratch=2 * n * c)
+    s.step(*(Copy("in", ((rank + j) % n) * c, "tmp", j * c, c) for j in range(n)))
+    d = 1
+    while d < n:
+        moving = [j for j in range(n) if j & d]
+        s.step(*(Send((rank + d) % n, "tmp", j * c, c) for j in moving),
+               *(Recv((rank - d) % n, "tmp", (n + j) * c, c) for j in moving))
+        s.step(*(Copy("tmp", (n + j) * c, "tmp", j * c, c) for j in moving))
+        d <<= 1
+    s.step(*(Copy("tmp", j * c, "out", ((rank - j) % n) * c, c) for j in range(n)))
+    return s
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("c", [0, 1, 7])
+def test_bruck_alltoall_is_its_plain_build(n, c):
+    algo = registry.lookup("alltoall", "bruck")
+    for r in range(n):
+        got = algo.schedule(r, n, send_counts=[c] * n, recv_counts=[c] * n)
+        want = _bruck_alltoall_plain(r, n, c)
+        assert repr(got.steps) == repr(want.steps) and got.scratch == want.scratch, (n, c, r)

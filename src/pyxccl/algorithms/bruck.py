@@ -40,13 +40,19 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
         raise ValueError("bruck alltoall needs equal block sizes")
     c = send_counts[0] if n else 0
     s = Schedule(rank, n, scratch=2 * n * c)           # tmp = [slots | incoming]
-    s.step(*(Copy("in", ((rank + j) % n) * c, "tmp", j * c, c) for j in range(n)))
+    if c <= 0:
+        return s            # every operation would move nothing (Schedule.step leaves them out)
+    # n log n operations a rank: the steps are made as Schedule.step makes them (every count is c > 0),
+    # the operations with tuple.__new__ (what Op(...) does, without its frame)
+    new, steps = tuple.__new__, s.steps
+    steps.append(tuple([new(Copy, ("in", ((rank + j) % n) * c, "tmp", j * c, c, False)) for j in range(n)]))
     d = 1
     while d < n:
         moving = [j for j in range(n) if j & d]
-        s.step(*(Send((rank + d) % n, "tmp", j * c, c) for j in moving),
-               *(Recv((rank - d) % n, "tmp", (n + j) * c, c) for j in moving))
-        s.step(*(Copy("tmp", (n + j) * c, "tmp", j * c, c) for j in moving))
+        to, frm = (rank + d) % n, (rank - d) % n
+        steps.append(tuple([new(Send, (to, "tmp", j * c, c)) for j in moving]
+                           + [new(Recv, (frm, "tmp", (n + j) * c, c, False)) for j in moving]))
+        steps.append(tuple([new(Copy, ("tmp", (n + j) * c, "tmp", j * c, c, False)) for j in moving]))
         d <<= 1
-    s.step(*(Copy("tmp", j * c, "out", ((rank - j) % n) * c, c) for j in range(n)))
+    steps.append(tuple([new(Copy, ("tmp", j * c, "out", ((rank - j) % n) * c, c, False)) for j in range(n)]))
     return s

@@ -6,9 +6,10 @@ bucket (powers of two).
 Pricing: on a communicator whose hosts are alike (the same number of ranks, consecutive, one link
 class inside a host, one stretch) every rank's message schedules are walked in the C core
 (``fast.py``), as ``pyxccl sim`` walks them at message level; above ``FOLD_ABOVE`` ranks, an
-algorithm whose schedules are the same on every host moved (``symmetric.find``: proven on four other
-hosts) is walked for host 0's ranks only, folded: ``pyxccl sim``'s symmetric mode, which costs what
-one host's ranks cost. Other algorithms (trees, rooted collectives) are walked for every rank. Odd
+algorithm whose schedules are the same on every host moved (``symmetric.fold``: the move the
+algorithm declares, checked on three ranks of other hosts, else proven on four other hosts) is walked
+for host 0's ranks only, folded: ``pyxccl sim``'s symmetric mode, which costs what one host's ranks
+cost. Other algorithms (trees, rooted collectives) are walked for every rank. Odd
 layouts (hosts of different sizes, ranks not consecutive on their hosts, a host unlike the others)
 and the segment's schedules are walked in Python, as before."""
 from __future__ import annotations

@@ -9,11 +9,18 @@ times. So only host 0's ranks are walked: a message to another host's rank is de
 the host-0 rank that stands where it stands (``rep``), on the channel named by what the move
 keeps unchanged (``key``), and every host's NICs and links are host 0's.
 
-Whether an algorithm has such a symmetry is not assumed: the schedules of several other
-hosts (the next, the last, the middle one) are built and must equal host 0's moved (same
-steps, operations, peers and reduce flags; counts within one element or 1%, as uneven
-chunks differ). A schedule without either symmetry (trees, rooted collectives) runs at
-message level only.
+Whether an algorithm has such a symmetry is not assumed. :func:`find` proves it: the schedules of
+several other hosts (the next, the last, the middle one) are built and must equal host 0's moved
+(same steps, operations, peers and reduce flags; counts within one element or 1%, as uneven
+chunks differ). The tuner asks :func:`fold` instead: an algorithm may declare the moves it can
+have (``registry.Algorithm.symmetry``), and a declared move is then checked on three ranks of
+other hosts only (:func:`spot_ranks`: the first of host 1, the last rank, one of the middle host),
+not on four hosts' every rank; where nothing declared holds there, :func:`find` decides, so a
+wrong declaration costs time, not a wrong fold. ``tests/test_tuner_symmetry.py`` checks over many
+layouts (powers of two or not, one to eight ranks a host) and sizes that the declared answer is
+``find``'s and that every rank of every host is then host 0's moved. The simulator
+(``sim/simulate.py``) and ``fast.message_level`` prove with ``find``. A schedule without either
+symmetry (trees, rooted collectives) runs at message level only.
 """
 from __future__ import annotations
 
