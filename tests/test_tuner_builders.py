@@ -135,3 +135,16 @@ def test_bruck_alltoall_is_its_plain_build(n, c):
         got = algo.schedule(r, n, send_counts=[c] * n, recv_counts=[c] * n)
         want = _bruck_alltoall_plain(r, n, c)
         assert repr(got.steps) == repr(want.steps) and got.scratch == want.scratch, (n, c, r)
+
+
+def test_ring_phases_follow_their_counts():
+    """The ring keeps the offsets and non-empty chunks of the last counts: a counts list changed in
+    place, or another one, gives what a fresh list gives."""
+    algo = registry.lookup("allgather", "ring")
+    counts = [0, 2, 0, 1, 0, 0]
+    first = [algo.schedule(r, 6, counts=counts).steps for r in range(6)]
+    counts[2] = 5
+    changed = [algo.schedule(r, 6, counts=counts).steps for r in range(6)]
+    assert changed == [algo.schedule(r, 6, counts=list(counts)).steps for r in range(6)] != first
+    ar = registry.lookup("allreduce", "ring")
+    assert [ar.schedule(r, 5, count=3).steps for r in range(5)] != [ar.schedule(r, 5, count=4).steps for r in range(5)]

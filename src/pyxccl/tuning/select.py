@@ -35,8 +35,8 @@ log = logging.getLogger("pyxccl")
 #: sizes); where they do, it differs (measured: pairwise alltoall on 4 x 4 and 8 x 4 hosts, up to
 #: 23% low; hierarchical allreduce at 16 MiB, 1.6%): below it, every rank is walked, exactly.
 FOLD_ABOVE = 64
-#: before any estimate, the chains of an algorithm are looked at for ordering only if its rank 0's
-#: schedule has at most this many operations (``_argmin``)
+#: before any estimate, the chains of an algorithm are looked at for ordering only if rank 0's or
+#: rank n/2's schedule has at most this many operations (``_argmin``)
 FIRST_LOOK_OPS = 2048
 
 
@@ -52,7 +52,7 @@ class Tuner:
         self.stretch = [max(1.0, per_host[hosts[r]] / max(1, cores[r])) for r in range(nranks)]
         self._cache: dict[tuple, str] = {}
         self._net: Net | None = None
-        self._pairs_ok = np.zeros(0, np.int64)    # pairs (a * n + b) whose class _classes found the shape's
+        self._pairs_ok: set[int] = set()      # pairs between hosts (a * n + b) that _classes found "tcp"
         self._shared = None
         if links is not None and nranks > 1:
             inputs = (links, nranks, hosts, self.stretch, machine.to_json(), machine.cma, segment)
@@ -82,11 +82,6 @@ class Tuner:
         if len(inside) > 1 or not inside <= {"shm", "tcp_local"}:
             return None
         kl = inside.pop() if inside else "shm"
-        # every pair inside a host has just been seen to be of the class the shape says: _classes checks
-        # only the pairs between hosts
-        a = np.arange(n, dtype=np.int64)[:, None]
-        b = a - a % p + np.arange(p, dtype=np.int64)[None, :]        # a's host's ranks
-        self._pairs_ok = np.sort((a * n + b)[b != a])
         m = self.machine
         return fast.Shape(p, nh, m.link(kl), m.link("tcp"), m.gamma, m.copy, self.stretch[0], shm_inside=kl == "shm",
                           mem=m.mem, cache=m.cache)
@@ -99,16 +94,15 @@ class Tuner:
         rank = np.repeat(c.ranks, ops)
         msg = c.kind != compact.COPY
         p, n = shape.per_host, shape.nranks
-        inside = "shm" if shape.shm_inside else "tcp_local"
         keys = np.unique(rank[msg] * n + c.peer[msg])
-        new = keys[~np.isin(keys, self._pairs_ok, assume_unique=True)]     # pairs not checked before
-        for key in new.tolist():
-            a, b = divmod(key, n)
-            want = inside if a // p == b // p else "tcp"
-            if self.klass(a, b) != want or self.klass(b, a) != want:
-                return False
-        if len(new):
-            self._pairs_ok = np.union1d(self._pairs_ok, new)
+        # pairs inside a host: _shape saw every one of the class it says; those between hosts, once each
+        keys, ok = keys[keys // n // p != keys % n // p], self._pairs_ok
+        for key in keys.tolist():
+            if key not in ok:
+                a, b = divmod(key, n)
+                if self.klass(a, b) != "tcp" or self.klass(b, a) != "tcp":
+                    return False
+                ok.add(key)
         return True
 
     def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
@@ -166,11 +160,12 @@ class Tuner:
         shape = self.net().shape()
         return bound.local(sched, shape, itemsize, lambda s: self._classes(s, shape))
 
-    def path_bound(self, get, itemsize: int, enough: float = float("inf")) -> float:
+    def path_bound(self, get, itemsize: int, enough: float = float("inf"), ranks=None) -> float:
         """``bound.path`` (``get(rank)``: a rank's schedule): a time the model's estimate cannot be
-        below, looked for until it is above ``enough``."""
+        below, looked for until it is above ``enough`` (searching ``ranks`` ranks in turn, by default
+        ``bound.RANKS``)."""
         shape = self.net().shape()
-        return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape), enough)
+        return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape), enough, ranks or bound.RANKS)
 
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:
         out = {}
@@ -251,16 +246,22 @@ class Tuner:
         later = []
         for name, algo, get, lb in every:
             looked = best < float("inf")
-            # (with none yet, a first search only where rank 0's schedule is small: where it holds O(ranks)
-            # operations, the search costs as much as the ranks it builds, and the local bound often
-            # leaves it out once there is a best; it is looked at below, as far as the best then needs)
-            if lb <= best and not algo.segment and (looked or sum(map(len, get(0).steps)) <= FIRST_LOOK_OPS):
-                try:
-                    lb = max(lb, self.path_bound(get, itemsize, best if looked else 0.0))
-                except ValueError:
-                    continue
-            later.append((lb, name, algo, get, looked))
-        for lb, name, algo, get, looked in sorted(later, key=lambda x: (x[0], x[1])):
+            # (with none yet, a first search only where rank 0's or rank n/2's schedule is small (a root's
+            # may hold O(ranks) operations alone): where every rank's does, the search costs the ranks it
+            # builds, and once there is a best the local bound mostly leaves it out; it is put last and
+            # looked at below, as far as the best then needs)
+            deferred = False
+            if lb <= best and not algo.segment:
+                if looked or min(sum(map(len, get(r).steps)) for r in (0, self.n // 2)) <= FIRST_LOOK_OPS:
+                    try:
+                        lb = max(lb, self.path_bound(get, itemsize, best) if looked else
+                                 self.path_bound(get, itemsize, 0.0, bound.FIRST))
+                    except ValueError:
+                        continue
+                else:
+                    deferred = True         # after those looked at: walking it first would cost most
+            later.append((deferred, lb, name, algo, get, looked))
+        for _, lb, name, algo, get, looked in sorted(later, key=lambda x: x[:3]):
             if lb <= best < float("inf") and not algo.segment and not looked:
                 try:
                     lb = max(lb, self.path_bound(get, itemsize, best))

@@ -154,20 +154,21 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
         return None
     from . import compact
     n = hosts * per_host
-    reps = [build(r) for r in range(per_host)]
-    if any(s.segment for s in reps):
-        return None
+    # spot by spot, the moves still standing checked on each: where none holds (a ring at a few bytes),
+    # it stops having built a spot and its rank of host 0, not host 0's every rank
     try:
-        compact.convert(reps, written=True)     # kept on each schedule: what the walk converts again
-        spots = [(r // per_host, compact.convert([reps[r % per_host]], written=True),
-                  compact.convert([build(r)], written=True)) for r in spot_ranks(hosts, per_host)]
+        for r in spot_ranks(hosts, per_host):
+            got, rep = compact.convert([build(r)], written=True), compact.convert([build(r % per_host)], written=True)
+            kinds = [k for k in kinds if compact.same_moved(got, rep, k(n, per_host), r // per_host, per_host)]
+            if not kinds:
+                return None
+        reps = [build(r) for r in range(per_host)]
+        if any(s.segment for s in reps):
+            return None
+        compact.convert(reps, written=True)     # kept on the schedules: what the walk converts again
     except TypeError:       # Get, Post or Sync in a message schedule: not foldable
         return None
-    for k in kinds:
-        sym = k(n, per_host)
-        if all(compact.same_moved(got, rep, sym, h, per_host) for h, rep, got in spots):
-            return sym, reps
-    return None
+    return kinds[0](n, per_host), reps
 
 
 def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
