@@ -233,8 +233,8 @@ def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[
     start = np.concatenate(([0], start))
     blocks = np.diff(np.append(start, m))
     a, d, k = ((pos[start] * c + src[1]).tolist(), (start * c + dst[1]).tolist(), (blocks * c).tolist())
-    sb, db = src[0], dst[0]
-    s.steps.append(tuple([Copy(sb, x, db, y, z) for x, y, z in zip(a, d, k)]))
+    sb, db, new = src[0], dst[0], tuple.__new__       # Copy(...) without the namedtuple __new__'s frame
+    s.steps.append(tuple([new(Copy, (sb, x, db, y, z, False)) for x, y, z in zip(a, d, k)]))
 
 
 def _move_ranks(s: Schedule, counts: list[int], src: tuple[str, int], src_order: list[int], dst: tuple[str, int],
