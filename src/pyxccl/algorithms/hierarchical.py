@@ -177,12 +177,13 @@ def _build(primitive: str, name: str, rank: int, nranks: int, **args) -> Schedul
     return lookup(primitive, name).build(rank, nranks, **args)
 
 
-#: the small inner and outer phases built lately, by their builder and arguments: every rank of a
-#: column, or every rank with one local index, embeds the same phase (building every rank's schedule of
-#: one call, as the tuner and the simulator do, built it again for each). Embedding only reads them.
-#: Bounded in entries and in operations per entry (a large phase costs its embedding anyway).
+#: the inner and outer phases built lately, by their builder and arguments: every rank of a column,
+#: or every rank with one local index, embeds the same phase (building every rank's schedule of one
+#: call, as the tuner and the simulator do, built it again for each). Embedding only reads them.
+#: Bounded in entries and in the operations they hold (oldest out first).
 _SUBS: dict = {}
-_SUBS_MAX, _SUB_OPS = 1024, 256
+_SUBS_MAX, _SUBS_OPS = 1024, 1 << 18
+_held = [0]             # operations held by _SUBS
 
 
 def _sub(primitive: str, name: str, rank: int, nranks: int, **args) -> Schedule:
@@ -191,15 +192,20 @@ def _sub(primitive: str, name: str, rank: int, nranks: int, **args) -> Schedule:
     key = (build, rank, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
     got = _SUBS.get(key)
     if got is None:
-        got = build(rank, nranks, **args)
-        if sum(map(len, got.steps)) <= _SUB_OPS:
+        sched = build(rank, nranks, **args)
+        ops = sum(map(len, sched.steps))
+        if ops <= _SUBS_OPS // 16:
             try:
-                while len(_SUBS) >= _SUBS_MAX:
-                    _SUBS.pop(next(iter(_SUBS)))
+                while _SUBS and (len(_SUBS) >= _SUBS_MAX or _held[0] + ops > _SUBS_OPS):
+                    _held[0] -= _SUBS.pop(next(iter(_SUBS)))[1]
             except (KeyError, RuntimeError, StopIteration):     # another thread trimmed it meanwhile
                 pass
-            _SUBS[key] = got
-    return got
+            if not _SUBS:
+                _held[0] = 0            # (a count two threads raced on starts over)
+            _SUBS[key] = (sched, ops)
+            _held[0] += ops
+        return sched
+    return got[0]
 
 
 def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[str, int], dst_order: list):
