@@ -203,8 +203,8 @@ class Tuner:
 
         First the algorithms that are cheap to walk (on a communicator above ``FOLD_ABOVE`` ranks: those
         that fold), in the order of ``bound.local`` from rank 0's schedule; then the others (every rank
-        walked), in the order of the larger of that and ``bound.path``, each walked only if that is
-        not above the best so far."""
+        walked), in the order of the larger of that and ``bound.path`` (those with O(ranks) operations
+        on every rank last: ``FIRST_LOOK_OPS``), each walked only if that is not above the best so far."""
         todo = []
         for name in algorithms.algorithms(primitive):
             got = self._builder(primitive, name, nbytes, itemsize)
