@@ -129,25 +129,31 @@ def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple
     if sub.segment:
         raise ValueError("a segment schedule runs on its own rounds; it cannot be embedded")
 
+    out, _new = into.steps, tuple.__new__
     for step in sub.steps:
         ops = []
+        add = ops.append
         for o in step:
+            if o.count <= 0:        # what Schedule.step leaves out
+                continue
             t = type(o)
+            # tuple.__new__(Op, fields) is Op(*fields) without the generated __new__'s frame (every rank
+            # of a large simulation is built)
             if t is Copy:
                 (sb, so), (db, do) = bufs[o.src], bufs[o.dst]
-                ops.append(Copy(sb, so + o.src_off, db, do + o.dst_off, o.count, o.reduce))
+                add(_new(Copy, (sb, so + o.src_off, db, do + o.dst_off, o.count, o.reduce)))
                 continue
             b, base = bufs[o.buf]
             if t is Send:       # o._replace(peer=..., buf=..., off=...), without its cost (large simulations)
-                ops.append(Send(group[o.peer], b, base + o.off, o.count))
+                add(_new(Send, (group[o.peer], b, base + o.off, o.count)))
             elif t is Recv:
-                ops.append(Recv(group[o.peer], b, base + o.off, o.count, o.reduce))
+                add(_new(Recv, (group[o.peer], b, base + o.off, o.count, o.reduce)))
             else:
-                ops.append(o._replace(peer=group[o.peer], buf=b, off=base + o.off))
+                add(o._replace(peer=group[o.peer], buf=b, off=base + o.off))
         if at is None:
-            into.step(*ops)
+            if ops:
+                out.append(tuple(ops))
             continue
-        ops = [o for o in ops if o.count > 0]
         while len(into.steps) <= at:
             into.steps.append(())
         into.steps[at] += tuple(ops)

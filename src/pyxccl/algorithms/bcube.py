@@ -11,7 +11,7 @@ b = 2, k = 3; 9 ranks: b = 3; a prime n: b = n, one group, the direct algorithm)
 from __future__ import annotations
 
 from ..schedule import Copy, Recv, Schedule, Send, offsets, split_counts
-from .registry import register
+from .registry import SHIFT_XOR, register
 
 
 def base_of(n: int) -> tuple[int, int]:
@@ -25,7 +25,7 @@ def base_of(n: int) -> tuple[int, int]:
     return max(n, 1), 1 if n > 1 else 0
 
 
-@register("allreduce", "bcube")
+@register("allreduce", "bcube", symmetry=SHIFT_XOR)
 def allreduce(rank: int, nranks: int, count: int) -> Schedule:
     b, k = base_of(nranks)
     s = Schedule(rank, nranks, scratch=count + b)       # b slots of the largest part

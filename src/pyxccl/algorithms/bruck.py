@@ -11,10 +11,10 @@ about log2(n)/2 links instead of one: fewer, larger messages.
 from __future__ import annotations
 
 from ..schedule import Copy, Recv, Schedule, Send, offsets
-from .registry import register
+from .registry import SHIFT, register
 
 
-@register("allgather", "bruck")
+@register("allgather", "bruck", symmetry=SHIFT)
 def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     n = nranks
     who = [(rank + j) % n for j in range(n)]          # rank whose block sits in slot j
@@ -32,7 +32,7 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     return s
 
 
-@register("alltoall", "bruck", equal_blocks=True)
+@register("alltoall", "bruck", equal_blocks=True, symmetry=SHIFT)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """Equal block sizes only (a block's size must be known to the ranks it passes through)."""
     n = nranks
@@ -40,13 +40,19 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
         raise ValueError("bruck alltoall needs equal block sizes")
     c = send_counts[0] if n else 0
     s = Schedule(rank, n, scratch=2 * n * c)           # tmp = [slots | incoming]
-    s.step(*(Copy("in", ((rank + j) % n) * c, "tmp", j * c, c) for j in range(n)))
+    if c <= 0:
+        return s            # every operation would move nothing (Schedule.step leaves them out)
+    # n log n operations a rank: the steps are made as Schedule.step makes them (every count is c > 0),
+    # the operations with tuple.__new__ (what Op(...) does, without its frame)
+    new, steps = tuple.__new__, s.steps
+    steps.append(tuple([new(Copy, ("in", ((rank + j) % n) * c, "tmp", j * c, c, False)) for j in range(n)]))
     d = 1
     while d < n:
         moving = [j for j in range(n) if j & d]
-        s.step(*(Send((rank + d) % n, "tmp", j * c, c) for j in moving),
-               *(Recv((rank - d) % n, "tmp", (n + j) * c, c) for j in moving))
-        s.step(*(Copy("tmp", (n + j) * c, "tmp", j * c, c) for j in moving))
+        to, frm = (rank + d) % n, (rank - d) % n
+        steps.append(tuple([new(Send, (to, "tmp", j * c, c)) for j in moving]
+                           + [new(Recv, (frm, "tmp", (n + j) * c, c, False)) for j in moving]))
+        steps.append(tuple([new(Copy, ("tmp", (n + j) * c, "tmp", j * c, c, False)) for j in moving]))
         d <<= 1
-    s.step(*(Copy("tmp", j * c, "out", ((rank - j) % n) * c, c) for j in range(n)))
+    steps.append(tuple([new(Copy, ("tmp", j * c, "out", ((rank - j) % n) * c, c, False)) for j in range(n)]))
     return s

@@ -4,7 +4,7 @@ sends to r+k and receives from r-k, so each step is a perfect matching)."""
 from __future__ import annotations
 
 from ..schedule import Copy, Recv, Schedule, Send, offsets
-from .registry import register
+from .registry import SHIFT, register
 
 
 @register("gather", "direct", default=True, root_counts=True)
@@ -31,7 +31,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     return s
 
 
-@register("alltoall", "pairwise", default=True)
+@register("alltoall", "pairwise", default=True, symmetry=SHIFT)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     s = Schedule(rank, nranks)
     soff, roff = offsets(send_counts), offsets(recv_counts)

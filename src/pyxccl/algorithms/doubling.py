@@ -11,7 +11,7 @@ is computed once, by the core, then copied).
 from __future__ import annotations
 
 from ..schedule import Copy, Recv, Schedule, Send, offsets, split_counts
-from .registry import register
+from .registry import SHIFT_XOR, register
 
 
 class Fold:
@@ -61,7 +61,7 @@ def _doubling_core(s: Schedule, f: Fold, count: int) -> None:
         d <<= 1
 
 
-@register("allreduce", "recursive_doubling")
+@register("allreduce", "recursive_doubling", symmetry=SHIFT_XOR)
 def allreduce_doubling(rank: int, nranks: int, count: int) -> Schedule:
     """log2(p) steps, each exchanging the whole vector: the fewest steps, the most bytes."""
     return _allreduce(rank, nranks, count, _doubling_core)
@@ -91,14 +91,14 @@ def _halving_doubling_core(s: Schedule, f: Fold, count: int) -> None:
         d <<= 1
 
 
-@register("allreduce", "halving_doubling")
+@register("allreduce", "halving_doubling", symmetry=SHIFT_XOR)
 def allreduce_halving_doubling(rank: int, nranks: int, count: int) -> Schedule:
     """Rabenseifner: reduce-scatter by recursive halving, allgather by recursive doubling:
     2 log2(p) steps and 2(p-1)/p of the data per rank, like ring, in far fewer steps."""
     return _allreduce(rank, nranks, count, _halving_doubling_core)
 
 
-@register("allgather", "recursive_doubling")
+@register("allgather", "recursive_doubling", symmetry=SHIFT_XOR)
 def allgather_doubling(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """log2(p) steps doubling the block held; folded pairs gather through the even rank."""
     off = offsets(counts)
@@ -126,7 +126,7 @@ def allgather_doubling(rank: int, nranks: int, counts: list[int]) -> Schedule:
     return s
 
 
-@register("reduce_scatter", "recursive_halving")
+@register("reduce_scatter", "recursive_halving", symmetry=SHIFT_XOR)
 def reduce_scatter_halving(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """log2(p) steps halving the blocks still to reduce; folded pairs reduce through the even rank,
     which then hands its partner its block."""

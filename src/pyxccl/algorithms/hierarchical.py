@@ -76,8 +76,10 @@ gather / scatter (counts known to every rank)
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..schedule import Copy, Schedule, embed, offsets, split_counts
-from .registry import lookup, register
+from .registry import SHIFT, lookup, register
 
 #: Elements from which an even-host broadcast is cut into one shard per local rank (64 KiB of
 #: float32: where the cost model, default link figures, 2 to 4 hosts, finds the two ways even).
@@ -109,6 +111,15 @@ class _Hosts:
         self.host_order = [r for g in self.groups for r in g]
         self.grid = [r for col in self.cols for r in col] if self.even else None   # column by column
         self.leaders = [g[0] for g in self.groups]
+        self.rooted = None      # gather/scatter: what _rooted computed for the last counts and root
+        self._arrays = None
+
+    def arrays(self):
+        """(grid, host_order, 0..n-1) as numpy arrays (even hosts), made once."""
+        if self._arrays is None:
+            self._arrays = (np.asarray(self.grid, np.int64), np.asarray(self.host_order, np.int64),
+                            np.arange(len(self.host_order), dtype=np.int64))
+        return self._arrays
 
 
 #: the last few communicators' shared layouts, by the identity of their hosts list (building every
@@ -150,6 +161,7 @@ class _Layout:
         self.L = len(self.local)
         self.flat = self.H == 1 or self.H == nranks     # one host, or one rank per host
         self.host_order, self.grid, self.leaders = sh.host_order, sh.grid, sh.leaders
+        self.shared, self.rooted, self.arrays = sh, sh.rooted, sh.arrays
 
     @staticmethod
     def sizes(counts: list[int], parts: list[list[int]]) -> list[int]:
@@ -163,6 +175,37 @@ class _Layout:
 
 def _build(primitive: str, name: str, rank: int, nranks: int, **args) -> Schedule:
     return lookup(primitive, name).build(rank, nranks, **args)
+
+
+#: the inner and outer phases built lately, by their builder and arguments: every rank of a column,
+#: or every rank with one local index, embeds the same phase (building every rank's schedule of one
+#: call, as the tuner and the simulator do, built it again for each). Embedding only reads them.
+#: Bounded in entries and in the operations they hold (oldest out first).
+_SUBS: dict = {}
+_SUBS_MAX, _SUBS_OPS = 1024, 1 << 18
+_held = [0]             # operations held by _SUBS
+
+
+def _sub(primitive: str, name: str, rank: int, nranks: int, **args) -> Schedule:
+    """``_build``'s schedule of a phase to embed (maybe shared: never returned as a rank's own schedule)."""
+    build = lookup(primitive, name).build
+    key = (build, rank, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
+    got = _SUBS.get(key)
+    if got is None:
+        sched = build(rank, nranks, **args)
+        ops = sum(map(len, sched.steps))
+        if ops <= _SUBS_OPS // 16:
+            try:
+                while _SUBS and (len(_SUBS) >= _SUBS_MAX or _held[0] + ops > _SUBS_OPS):
+                    _held[0] -= _SUBS.pop(next(iter(_SUBS)))[1]
+            except (KeyError, RuntimeError, StopIteration):     # another thread trimmed it meanwhile
+                pass
+            if not _SUBS:
+                _held[0] = 0            # (a count two threads raced on starts over)
+            _SUBS[key] = (sched, ops)
+            _held[0] += ops
+        return sched
+    return got[0]
 
 
 def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[str, int], dst_order: list):
@@ -180,7 +223,37 @@ def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[s
     s.step(*(Copy(src[0], src[1] + a, dst[0], dst[1] + d, c) for a, d, c in runs))
 
 
-@register("allreduce", "hierarchical", settles=True)
+def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[str, int], dst_keys) -> None:
+    """``_move`` of blocks of ``c`` elements each, named by integer keys (numpy arrays ``src_keys`` and
+    ``dst_keys``, each key once): the same copies, found with numpy rather than block by block (the
+    hierarchical alltoall moves n blocks a rank twice: at thousands of ranks, most of its build)."""
+    m = len(dst_keys)
+    if c <= 0 or not m:
+        return
+    order = np.argsort(src_keys, kind="stable")
+    at = np.searchsorted(src_keys, dst_keys, sorter=order)
+    pos = order[np.minimum(at, len(order) - 1)]
+    if not np.array_equal(src_keys[pos], dst_keys):
+        raise KeyError("a block to move is not in the source")
+    start = np.flatnonzero(np.diff(pos) != 1) + 1          # a run of blocks adjacent on both sides ends
+    start = np.concatenate(([0], start))
+    blocks = np.diff(np.append(start, m))
+    a, d, k = ((pos[start] * c + src[1]).tolist(), (start * c + dst[1]).tolist(), (blocks * c).tolist())
+    sb, db, new = src[0], dst[0], tuple.__new__       # Copy(...) without the namedtuple __new__'s frame
+    s.steps.append(tuple([new(Copy, (sb, x, db, y, z, False)) for x, y, z in zip(a, d, k)]))
+
+
+def _move_ranks(s: Schedule, counts: list[int], src: tuple[str, int], src_order: list[int], dst: tuple[str, int],
+                dst_order: list[int]) -> None:
+    """``_move`` of the ranks' blocks (``counts[rank]`` elements each): by ``_move_equal`` when every
+    block is as large (the tuner's calls), else block by block."""
+    if counts and counts.count(counts[0]) == len(counts):
+        _move_equal(s, counts[0], src, np.asarray(src_order, np.int64), dst, np.asarray(dst_order, np.int64))
+    else:
+        _move(s, counts.__getitem__, src, src_order, dst, dst_order)
+
+
+@register("allreduce", "hierarchical", settles=True, symmetry=SHIFT)
 def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -210,19 +283,19 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
         s.scratch = base
         return s
     leaders = t.leaders
-    red = lookup("reduce", "binomial").build(me, L, count=count, root=0)
+    red = _sub("reduce", "binomial", me, L, count=count, root=0)
     s.scratch = red.scratch
     embed(s, red, local, {"in": ("out", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
     if t.me == 0:                                   # a leader
-        ar = lookup("allreduce", outer).build(t.host, len(leaders), count=count)
+        ar = _sub("allreduce", outer, t.host, len(leaders), count=count)
         s.scratch = max(s.scratch, ar.scratch)
         embed(s, ar, leaders, {"in": ("out", 0), "out": ("out", 0), "tmp": ("tmp", 0)})
-    bc = lookup("broadcast", "binomial").build(me, L, count=count, root=0)
+    bc = _sub("broadcast", "binomial", me, L, count=count, root=0)
     embed(s, bc, local, {"out": ("out", 0)})
     return s
 
 
-@register("allgather", "hierarchical", settles=True)
+@register("allgather", "hierarchical", settles=True, symmetry=SHIFT)
 def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -234,33 +307,33 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
         # "grid": every block, column by column (column j: local rank j of host 0, of host 1, ...)
         grid, col_size = t.grid, t.sizes(counts, t.cols)
         col_off = offsets(col_size)[t.me]
-        cross = _build("allgather", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
-        intra = _build("allgather", inner, t.me, t.L, counts=col_size)
+        cross = _sub("allgather", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
+        intra = _sub("allgather", inner, t.me, t.L, counts=col_size)
         gbuf, gsize = (("out", 0), 0) if grid == ranks else (("tmp", 0), sum(counts))
         s.scratch = gsize + max(cross.scratch, intra.scratch)
         embed(s, cross, t.cols[t.me], {"in": ("in", 0), "out": (gbuf[0], col_off), "tmp": ("tmp", gsize)})
         embed(s, intra, t.local, {"in": (gbuf[0], col_off), "out": gbuf, "tmp": ("tmp", gsize)})
         if gbuf[0] != "out":
-            _move(s, counts.__getitem__, gbuf, grid, ("out", 0), ranks)
+            _move_ranks(s, counts, gbuf, grid, ("out", 0), ranks)
         return s
     # uneven: the host's first rank (its leader) gathers the host's blocks, leaders allgather, broadcast
     leaders, host_order, host_size = t.leaders, t.host_order, t.sizes(counts, t.groups)
     hoff = offsets(host_size)[t.host]
-    to_leader = _build("gather", "direct", t.me, t.L, counts=[counts[r] for r in t.local], root=0)
+    to_leader = _sub("gather", "direct", t.me, t.L, counts=[counts[r] for r in t.local], root=0)
     hbuf, hsize = (("out", 0), 0) if host_order == ranks else (("tmp", 0), sum(counts))
     embed(s, to_leader, t.local, {"in": ("in", 0), "out": (hbuf[0], hoff)})
     if rank in leaders:
-        cross = _build("allgather", outer, t.host, t.H, counts=host_size)
+        cross = _sub("allgather", outer, t.host, t.H, counts=host_size)
         s.scratch = hsize + cross.scratch
         embed(s, cross, leaders, {"in": (hbuf[0], hoff), "out": hbuf, "tmp": ("tmp", hsize)})
         if hbuf[0] != "out":
-            _move(s, counts.__getitem__, hbuf, host_order, ("out", 0), ranks)
-    from_leader = _build("broadcast", "binomial", t.me, t.L, count=sum(counts), root=0)
+            _move_ranks(s, counts, hbuf, host_order, ("out", 0), ranks)
+    from_leader = _sub("broadcast", "binomial", t.me, t.L, count=sum(counts), root=0)
     embed(s, from_leader, t.local, {"out": ("out", 0)})
     return s
 
 
-@register("reduce_scatter", "hierarchical", settles=True)
+@register("reduce_scatter", "hierarchical", settles=True, symmetry=SHIFT)
 def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
                    outer: str = "ring") -> Schedule:
     t = _Layout(rank, nranks, hosts)
@@ -270,14 +343,14 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner:
     s = Schedule(rank, nranks)
     if t.even:
         grid, col_size = t.grid, t.sizes(counts, t.cols)         # the input's blocks, column by column
-        intra = _build("reduce_scatter", inner, t.me, t.L, counts=col_size)
-        cross = _build("reduce_scatter", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
+        intra = _sub("reduce_scatter", inner, t.me, t.L, counts=col_size)
+        cross = _sub("reduce_scatter", outer, t.host, t.H, counts=[counts[r] for r in t.cols[t.me]])
         # tmp = [input in column order, unless it already is | my column's host sum | scratch]
         gbuf, gsize = (("in", 0), 0) if grid == ranks else (("tmp", 0), total)
         mine = gsize + col_size[t.me]
         s.scratch = mine + max(intra.scratch, cross.scratch)
         if gbuf[0] != "in":
-            _move(s, counts.__getitem__, ("in", 0), ranks, gbuf, grid)
+            _move_ranks(s, counts, ("in", 0), ranks, gbuf, grid)
         embed(s, intra, t.local, {"in": gbuf, "out": ("tmp", gsize), "tmp": ("tmp", mine)})
         embed(s, cross, t.cols[t.me], {"in": ("tmp", gsize), "out": ("out", 0), "tmp": ("tmp", mine)})
         return s
@@ -290,15 +363,15 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner:
     blk_at = red_at + (total if lead else 0)
     free = blk_at + (host_size[t.host] if lead else 0)
     if hbuf[0] != "in":
-        _move(s, counts.__getitem__, ("in", 0), ranks, hbuf, host_order)
-    to_leader = _build("reduce", "binomial", t.me, t.L, count=total, root=0)
+        _move_ranks(s, counts, ("in", 0), ranks, hbuf, host_order)
+    to_leader = _sub("reduce", "binomial", t.me, t.L, count=total, root=0)
     embed(s, to_leader, t.local, {"in": hbuf, "out": ("tmp", red_at), "tmp": ("tmp", free)})
     s.scratch = free + to_leader.scratch
     if lead:
-        cross = _build("reduce_scatter", outer, t.host, t.H, counts=host_size)
+        cross = _sub("reduce_scatter", outer, t.host, t.H, counts=host_size)
         s.scratch = max(s.scratch, free + cross.scratch)
         embed(s, cross, leaders, {"in": ("tmp", red_at), "out": ("tmp", blk_at), "tmp": ("tmp", free)})
-    from_leader = _build("scatter", "direct", t.me, t.L, counts=[counts[r] for r in t.local], root=0)
+    from_leader = _sub("scatter", "direct", t.me, t.L, counts=[counts[r] for r in t.local], root=0)
     embed(s, from_leader, t.local, {"in": ("tmp", blk_at), "out": ("out", 0)})
     return s
 
@@ -316,23 +389,23 @@ def broadcast(rank: int, nranks: int, count: int, root: int, hosts=None, inner: 
         shards = split_counts(count, t.L)
         off = offsets(shards)
         if t.host == root_host:
-            deal = _build("scatter", "direct", t.me, t.L, counts=shards, root=t.local.index(root))
+            deal = _sub("scatter", "direct", t.me, t.L, counts=shards, root=t.local.index(root))
             embed(s, deal, t.local, {"in": ("out", 0), "out": ("out", off[t.me])})
-        cross = _build("broadcast", outer, t.host, t.H, count=shards[t.me], root=root_host)
+        cross = _sub("broadcast", outer, t.host, t.H, count=shards[t.me], root=root_host)
         embed(s, cross, t.cols[t.me], {"out": ("out", off[t.me])})
-        share = _build("allgather", "ring", t.me, t.L, counts=shards)
+        share = _sub("allgather", "ring", t.me, t.L, counts=shards)
         embed(s, share, t.local, {"in": ("out", off[t.me]), "out": ("out", 0)})
         return s
     leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
     if rank in leaders:
-        cross = _build("broadcast", outer, t.host, t.H, count=count, root=root_host)
+        cross = _sub("broadcast", outer, t.host, t.H, count=count, root=root_host)
         embed(s, cross, leaders, {"out": ("out", 0)})
-    intra = _build("broadcast", inner, t.me, t.L, count=count, root=t.local.index(leaders[t.host]))
+    intra = _sub("broadcast", inner, t.me, t.L, count=count, root=t.local.index(leaders[t.host]))
     embed(s, intra, t.local, {"out": ("out", 0)})
     return s
 
 
-@register("alltoall", "hierarchical", equal_blocks=True)
+@register("alltoall", "hierarchical", equal_blocks=True, symmetry=SHIFT)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], hosts=None,
              inner: str = "pairwise", outer: str = "pairwise") -> Schedule:
     """Equal blocks only: ValueError otherwise (see the module docstring)."""
@@ -344,31 +417,32 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
         raise ValueError("hierarchical alltoall needs equal block sizes")
     c, n, H = send_counts[0], nranks, t.H
     size = lambda block: c                      # noqa: E731  (a block is a (source, destination) pair)
-    mine_in = [(rank, d) for d in range(n)]      # "in" and "out" in rank order
-    mine_out = [(p, rank) for p in range(n)]
     s = Schedule(rank, nranks)
     if t.even:
-        L, me, g = t.L, t.me, t.groups
+        L, me = t.L, t.me
         # A: my blocks by destination local rank j, then host; B: what local rank i sent me (for
         # local rank `me` of each host); C: B by destination host; D: what column `me` sent me
-        A = [(rank, g[h][j]) for j in range(L) for h in range(H)]
-        B = [(t.local[i], g[h][me]) for i in range(L) for h in range(H)]
-        C = [(t.local[i], g[h][me]) for h in range(H) for i in range(L)]
-        D = [(g[h][i], rank) for h in range(H) for i in range(L)]
-        intra = _build("alltoall", inner, me, L, send_counts=[H * c] * L, recv_counts=[H * c] * L)
-        cross = _build("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
+        # blocks as integers (source rank * n + destination rank): the same moves as the pairs, in numpy
+        grid, host_order, ar = t.arrays()
+        local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[me], np.int64)
+        A = rank * n + grid
+        B = (local[:, None] * n + col[None, :]).ravel()
+        C = (local[None, :] * n + col[:, None]).ravel()
+        D = host_order * n + rank
+        intra = _sub("alltoall", inner, me, L, send_counts=[H * c] * L, recv_counts=[H * c] * L)
+        cross = _sub("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
         X, Y = ("tmp", 0), ("tmp", n * c)       # two regions of n blocks, used in turn
         s.scratch = 2 * n * c + max(intra.scratch, cross.scratch)
         sub_tmp = ("tmp", 2 * n * c)
-        a_buf = ("in", 0) if A == mine_in else X
-        d_buf = ("out", 0) if D == mine_out else Y
+        a_buf = ("in", 0) if np.array_equal(grid, ar) else X
+        d_buf = ("out", 0) if np.array_equal(host_order, ar) else Y
         if a_buf != ("in", 0):
-            _move(s, size, ("in", 0), mine_in, X, A)
+            _move_equal(s, c, ("in", 0), rank * n + ar, X, A)
         embed(s, intra, t.local, {"in": a_buf, "out": Y, "tmp": sub_tmp})
-        _move(s, size, Y, B, X, C)
+        _move_equal(s, c, Y, B, X, C)
         embed(s, cross, t.cols[me], {"in": X, "out": d_buf, "tmp": sub_tmp})
         if d_buf != ("out", 0):
-            _move(s, size, Y, D, ("out", 0), mine_out)
+            _move_equal(s, c, Y, D, ("out", 0), ar * n + rank)
         return s
     # uneven: the leader gathers its host's inputs, leaders exchange one message per host pair, scatter
     leaders = [gr[0] for gr in t.groups]
@@ -377,10 +451,10 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
     X = [(loc[i], q) for gr in t.groups for q in gr for i in range(L)]                 # by destination host
     R = [(p, loc[j]) for gr in t.groups for j in range(L) for p in gr]                 # from each host
     S = [(p, loc[j]) for j in range(L) for p in range(n)]                              # by destination rank
-    to_leader = _build("gather", "direct", t.me, L, counts=[n * c] * L, root=0)
-    from_leader = _build("scatter", "direct", t.me, L, counts=[n * c] * L, root=0)
+    to_leader = _sub("gather", "direct", t.me, L, counts=[n * c] * L, root=0)
+    from_leader = _sub("scatter", "direct", t.me, L, counts=[n * c] * L, root=0)
     sizes = [L * len(gr) * c for gr in t.groups]          # between my host's leader and each other
-    cross = _build("alltoall", outer, t.host, H, send_counts=sizes, recv_counts=sizes)
+    cross = _sub("alltoall", outer, t.host, H, send_counts=sizes, recv_counts=sizes)
     P, Q = ("tmp", 0), ("tmp", L * n * c)      # the leader's two regions of L n blocks
     if rank in leaders:
         s.scratch = 2 * L * n * c + cross.scratch
@@ -398,9 +472,15 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
 def _rooted(t, counts: list[int], root: int, nranks: int):
     """gather/scatter through one rank per host: all ranks, the root's host, each host's leader (the
     root on its own host), the ranks in host order, and the elements of each host."""
-    root_host = next(h for h, g in enumerate(t.groups) if root in g)
-    leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
-    return list(range(nranks)), root_host, leaders, t.host_order, t.sizes(counts, t.groups)
+    # the same for every rank of the call: computed once (O(ranks) each), kept while counts and root stay
+    got = t.rooted
+    if got is None or got[0] is not counts or got[2] != root or got[1] != counts:
+        root_host = next(h for h, g in enumerate(t.groups) if root in g)
+        leaders = [root if h == root_host else g[0] for h, g in enumerate(t.groups)]
+        got = (counts, list(counts), root, (list(range(nranks)), root_host, leaders, t.host_order,
+                                            t.sizes(counts, t.groups)))
+        t.shared.rooted = got
+    return got[3]
 
 
 @register("gather", "hierarchical")
@@ -418,16 +498,16 @@ def gather(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inn
     else:                                       # ("out" of a rank other than the root: never touched)
         whole, block, free = ("out", 0), ("tmp", 0), host_size[t.host] if rank in leaders else 0
     s = Schedule(rank, nranks)
-    intra = _build("gather", inner, t.me, t.L, counts=[counts[r] for r in t.local],
+    intra = _sub("gather", inner, t.me, t.L, counts=[counts[r] for r in t.local],
                    root=t.local.index(leaders[t.host]))
     s.scratch = free + intra.scratch
     embed(s, intra, t.local, {"in": ("in", 0), "out": block, "tmp": ("tmp", free)})
     if rank in leaders:
-        cross = _build("gather", outer, t.host, t.H, counts=host_size, root=root_host)
+        cross = _sub("gather", outer, t.host, t.H, counts=host_size, root=root_host)
         s.scratch = max(s.scratch, free + cross.scratch)
         embed(s, cross, leaders, {"in": block, "out": whole, "tmp": ("tmp", free)})
     if rank == root and whole[0] != "out":
-        _move(s, counts.__getitem__, whole, host_order, ("out", 0), ranks)
+        _move_ranks(s, counts, whole, host_order, ("out", 0), ranks)
     return s
 
 
@@ -446,12 +526,12 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int, hosts=None, in
     free = whole_size + (host_size[t.host] if rank in leaders else 0)
     s = Schedule(rank, nranks)
     if whole[0] == "tmp":
-        _move(s, counts.__getitem__, ("in", 0), ranks, whole, host_order)
+        _move_ranks(s, counts, ("in", 0), ranks, whole, host_order)
     if rank in leaders:
-        cross = _build("scatter", outer, t.host, t.H, counts=host_size, root=root_host)
+        cross = _sub("scatter", outer, t.host, t.H, counts=host_size, root=root_host)
         s.scratch = free + cross.scratch
         embed(s, cross, leaders, {"in": whole, "out": block, "tmp": ("tmp", free)})
-    intra = _build("scatter", inner, t.me, t.L, counts=[counts[r] for r in t.local],
+    intra = _sub("scatter", inner, t.me, t.L, counts=[counts[r] for r in t.local],
                    root=t.local.index(leaders[t.host]))
     s.scratch = max(s.scratch, free + intra.scratch)
     embed(s, intra, t.local, {"in": block, "out": ("out", 0), "tmp": ("tmp", free)})

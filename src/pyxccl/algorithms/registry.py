@@ -32,6 +32,10 @@ class Algorithm:
     root_counts: bool = False     # runs when each rank knows only its own count (gatherv, scatterv)
     settles: bool = False         # compressed, every rank ends with the same quantized bits by construction
     runs_on: Callable[[int], bool] | None = None    # the numbers of ranks it can run on (None: any)
+    # the moves under which its schedules may be the same on every host of a layout of hosts alike
+    # ("shift", "xor": tuning/symmetric.py), for the tuner's fold: a claim checked there on a few
+    # ranks (and proven by tests/test_tuner_symmetry.py over many layouts), not an assumption
+    symmetry: tuple[str, ...] = ()
 
     def runs(self, nranks: int) -> bool:
         """Whether it can run on ``nranks`` ranks at all (its builder raises ValueError where not)."""
@@ -49,6 +53,12 @@ class Algorithm:
         return s
 
 
+#: ``Algorithm.symmetry`` of the algorithms whose schedules are the same on every host moved by a shift of
+#: ranks per host (rings, pairwise exchanges, hierarchical layouts), and of those whose partners are found
+#: by XOR (recursive doubling and halving: XOR on hosts and ranks per host that are powers of two; shift
+#: where the two moves coincide, two hosts or one rank a host, which ``symmetric.find`` tries first)
+SHIFT, SHIFT_XOR = ("shift",), ("shift", "xor")
+
 _REGISTRY: dict[tuple[str, str], Algorithm] = {}
 _DEFAULT: dict[str, str] = {}
 _IDS: dict[str, int] = {}      # algorithm name -> small number carried in call fingerprints
@@ -58,13 +68,14 @@ ALIASES = {"shm": "segment"}
 
 
 def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
-             root_counts: bool = False, settles: bool = False, runs_on: Callable[[int], bool] | None = None):
+             root_counts: bool = False, settles: bool = False, runs_on: Callable[[int], bool] | None = None,
+             symmetry: tuple[str, ...] = ()):
     """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``, with the facts
     of :class:`Algorithm` (a builder that takes ``hosts`` is host-aware)."""
     def deco(builder: Builder) -> Builder:
         _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
                                                  "hosts" in inspect.signature(builder).parameters,
-                                                 equal_blocks, root_counts, settles, runs_on)
+                                                 equal_blocks, root_counts, settles, runs_on, tuple(symmetry))
         _IDS.clear()
         if default:
             _DEFAULT[primitive] = name

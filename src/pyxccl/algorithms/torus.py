@@ -31,7 +31,7 @@ from math import isqrt
 from ..schedule import Copy, Schedule, embed, offsets, split_counts
 from .hierarchical import host_groups
 from .ring import allgather_phase, reduce_scatter_phase
-from .registry import register
+from .registry import SHIFT_XOR, register
 
 
 def _square(nranks: int) -> tuple[int, int] | None:
@@ -69,7 +69,7 @@ def _ring(s: Schedule, phase, group: list[int], me: int, counts: list[int], base
     embed(s, sub, group, {"out": ("out", base)})
 
 
-@register("allreduce", "torus2d", runs_on=lambda nranks: _square(nranks) is not None)
+@register("allreduce", "torus2d", runs_on=lambda nranks: _square(nranks) is not None, symmetry=SHIFT_XOR)
 def allreduce(rank: int, nranks: int, count: int, hosts=None) -> Schedule:
     """Row reduce-scatter, column allreduce of the part this rank owns, row allgather."""
     got = _placed(nranks, hosts)

@@ -30,9 +30,11 @@ from ..schedule import Recv
 from . import compact
 from .cost import SOCKET_BUFFER
 
-#: how many ranks ``path`` looks at, in turn until its bound is high enough, and the most operations:
-#: what keeps its cost O(1) in the job's size
-RANKS, OPS = (128, 512), 20_000
+#: how many ranks ``path`` looks at, in turn until its bound is high enough (a few first: often
+#: enough to leave an algorithm out), and the most operations: what keeps its cost O(1) in the job's size
+RANKS, OPS = (32, 128, 512), 20_000
+#: the ranks of a first look, which orders algorithms before there is an estimate (``select._argmin``)
+FIRST = (128,)
 #: relaxation passes over the ranks looked at (each pass's values are bounds already)
 PASSES = 6
 #: margin: sums in another order round differently from the walk's sum of the same terms
@@ -167,16 +169,16 @@ def _longest(order: list[int], info: dict[int, _Rank]) -> float:
     return max((e[-1] for e in ends.values() if e), default=0.0)
 
 
-def path(get, shape, itemsize: int, classes_ok, enough: float = math.inf) -> float:
+def path(get, shape, itemsize: int, classes_ok, enough: float = math.inf, ranks=RANKS) -> float:
     """The longest chain of steps and messages among the ranks a search from ranks 0, n - 1 and n / 2
     reaches (see the module's docstring); ``get(rank)``: the rank's schedule. The search grows
-    through ``RANKS`` until the bound is above ``enough`` (all the caller needs to know) or it can
-    go no further."""
+    through ``ranks`` (``RANKS``) until the bound is above ``enough`` (all the caller needs to know) or
+    it can go no further."""
     if shape is None:
         return 0.0
     best = 0.0
-    for ranks in RANKS:
-        got = _search(get, shape.nranks, ranks)
+    for most in ranks:
+        got = _search(get, shape.nranks, most)
         if got is None:
             return 0.0
         order, scheds, more = got

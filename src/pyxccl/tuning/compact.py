@@ -110,27 +110,45 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
 _KEPT = "_compact"
 
 
+def _part(s: Schedule) -> Compact | None:
+    """The arrays kept on ``s`` (None if none): made from (the batch converted with it, its index) the
+    first time they are asked for, then kept."""
+    got = s.__dict__.get(_KEPT)
+    if type(got) is tuple:
+        c, i = got
+        a, b = c.rank_start[i], c.rank_start[i + 1]
+        x, y = c.step_start[a], c.step_start[b]
+        got = s.__dict__[_KEPT] = Compact(c.kind[x:y], c.red[x:y], c.peer[x:y], c.count[x:y],
+                                          c.step_start[a:b + 1] - x, np.array([0, b - a], np.int64),
+                                          c.ranks[i:i + 1], None if c.skip is None else c.skip[x:y], c.touch[x:y])
+    return got
+
+
 def _written(scheds: list[Schedule]) -> Compact:
-    parts = [s.__dict__.get(_KEPT) for s in scheds]
-    todo = [s for s, p in zip(scheds, parts) if p is None]
+    kept = [s.__dict__.get(_KEPT) for s in scheds]
+    first = kept[0] if kept else None
+    # converted together before, in this order: that batch (every rank's schedules walked again)
+    if (type(first) is tuple and first[1] == 0 and len(first[0].ranks) == len(scheds)
+            and all(type(k) is tuple and k[0] is first[0] and k[1] == i for i, k in enumerate(kept))):
+        return first[0]
+    todo = [s for s, k in zip(scheds, kept) if k is None]
+    if 2 * len(todo) > len(scheds):         # mostly new: converted again together, one batch (not views joined)
+        todo = scheds
     if todo:
         c = _convert(todo)
-        for i, s in enumerate(todo):         # each schedule's part (views of the batch's arrays)
-            a, b = c.rank_start[i], c.rank_start[i + 1]
-            x, y = c.step_start[a], c.step_start[b]
-            s.__dict__[_KEPT] = Compact(c.kind[x:y], c.red[x:y], c.peer[x:y], c.count[x:y],
-                                        c.step_start[a:b + 1] - x, np.array([0, b - a], np.int64),
-                                        c.ranks[i:i + 1], None if c.skip is None else c.skip[x:y],
-                                        c.touch[x:y])
+        for i, s in enumerate(todo):         # each schedule's part: (the batch, its index), a view when asked
+            s.__dict__[_KEPT] = (c, i)
         if len(todo) == len(scheds):
             return c
-        parts = [s.__dict__[_KEPT] for s in scheds]
+    parts = [_part(s) for s in scheds]
     if len(parts) == 1:
         return parts[0]
-    lens = np.concatenate([np.diff(p.step_start) for p in parts])
+    # every part's step_start begins at 0: one diff of them all, without the differences across parts
+    # (a diff per part cost more than the rest at thousands of ranks)
+    nsteps = np.fromiter((len(p.step_start) - 1 for p in parts), np.int64, len(parts))
+    lens = np.delete(np.diff(np.concatenate([p.step_start for p in parts])), np.cumsum(nsteps + 1)[:-1] - 1)
     step_start = np.zeros(len(lens) + 1, np.int64)
     np.cumsum(lens, out=step_start[1:])
-    nsteps = np.fromiter((len(p.step_start) - 1 for p in parts), np.int64, len(parts))
     rank_start = np.zeros(len(parts) + 1, np.int64)
     np.cumsum(nsteps, out=rank_start[1:])
     skip = None

@@ -6,9 +6,10 @@ bucket (powers of two).
 Pricing: on a communicator whose hosts are alike (the same number of ranks, consecutive, one link
 class inside a host, one stretch) every rank's message schedules are walked in the C core
 (``fast.py``), as ``pyxccl sim`` walks them at message level; above ``FOLD_ABOVE`` ranks, an
-algorithm whose schedules are the same on every host moved (``symmetric.find``: proven on four other
-hosts) is walked for host 0's ranks only, folded: ``pyxccl sim``'s symmetric mode, which costs what
-one host's ranks cost. Other algorithms (trees, rooted collectives) are walked for every rank. Odd
+algorithm whose schedules are the same on every host moved (``symmetric.fold``: the move the
+algorithm declares, checked on three ranks of other hosts, else proven on four other hosts) is walked
+for host 0's ranks only, folded: ``pyxccl sim``'s symmetric mode, which costs what one host's ranks
+cost. Other algorithms (trees, rooted collectives) are walked for every rank. Odd
 layouts (hosts of different sizes, ranks not consecutive on their hosts, a host unlike the others)
 and the segment's schedules are walked in Python, as before."""
 from __future__ import annotations
@@ -34,6 +35,9 @@ log = logging.getLogger("pyxccl")
 #: sizes); where they do, it differs (measured: pairwise alltoall on 4 x 4 and 8 x 4 hosts, up to
 #: 23% low; hierarchical allreduce at 16 MiB, 1.6%): below it, every rank is walked, exactly.
 FOLD_ABOVE = 64
+#: before any estimate, the chains of an algorithm are looked at for ordering only if rank 0's or
+#: rank n/2's schedule has at most this many operations (``_argmin``)
+FIRST_LOOK_OPS = 2048
 
 
 class Tuner:
@@ -48,6 +52,7 @@ class Tuner:
         self.stretch = [max(1.0, per_host[hosts[r]] / max(1, cores[r])) for r in range(nranks)]
         self._cache: dict[tuple, str] = {}
         self._net: Net | None = None
+        self._pairs_ok: set[int] = set()      # pairs between hosts (a * n + b) that _classes found "tcp"
         self._shared = None
         if links is not None and nranks > 1:
             inputs = (links, nranks, hosts, self.stretch, machine.to_json(), machine.cma, segment)
@@ -89,12 +94,15 @@ class Tuner:
         rank = np.repeat(c.ranks, ops)
         msg = c.kind != compact.COPY
         p, n = shape.per_host, shape.nranks
-        inside = "shm" if shape.shm_inside else "tcp_local"
-        for key in np.unique(rank[msg] * n + c.peer[msg]).tolist():
-            a, b = divmod(key, n)
-            want = inside if a // p == b // p else "tcp"
-            if self.klass(a, b) != want or self.klass(b, a) != want:
-                return False
+        keys = np.unique(rank[msg] * n + c.peer[msg])
+        # pairs inside a host: _shape saw every one of the class it says; those between hosts, once each
+        keys, ok = keys[keys // n // p != keys % n // p], self._pairs_ok
+        for key in keys.tolist():
+            if key not in ok:
+                a, b = divmod(key, n)
+                if self.klass(a, b) != "tcp" or self.klass(b, a) != "tcp":
+                    return False
+                ok.add(key)
         return True
 
     def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
@@ -105,7 +113,7 @@ class Tuner:
         net = self.net()
         shape = net.shape()
         if shape is not None and shape.hosts > 1 and self.n > FOLD_ABOVE and not algo.segment:
-            sym, reps = symmetric.find(get, shape.hosts, shape.per_host, False)
+            sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
         if not every and self.n > FOLD_ABOVE:
@@ -152,11 +160,12 @@ class Tuner:
         shape = self.net().shape()
         return bound.local(sched, shape, itemsize, lambda s: self._classes(s, shape))
 
-    def path_bound(self, get, itemsize: int, enough: float = float("inf")) -> float:
+    def path_bound(self, get, itemsize: int, enough: float = float("inf"), ranks=None) -> float:
         """``bound.path`` (``get(rank)``: a rank's schedule): a time the model's estimate cannot be
-        below, looked for until it is above ``enough``."""
+        below, looked for until it is above ``enough`` (searching ``ranks`` ranks in turn, by default
+        ``bound.RANKS``)."""
         shape = self.net().shape()
-        return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape), enough)
+        return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape), enough, ranks or bound.RANKS)
 
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:
         out = {}
@@ -194,8 +203,8 @@ class Tuner:
 
         First the algorithms that are cheap to walk (on a communicator above ``FOLD_ABOVE`` ranks: those
         that fold), in the order of ``bound.local`` from rank 0's schedule; then the others (every rank
-        walked), in the order of the larger of that and ``bound.path``, each walked only if that is
-        not above the best so far."""
+        walked), in the order of the larger of that and ``bound.path`` (those with O(ranks) operations
+        on every rank last: ``FIRST_LOOK_OPS``), each walked only if that is not above the best so far."""
         todo = []
         for name in algorithms.algorithms(primitive):
             got = self._builder(primitive, name, nbytes, itemsize)
@@ -237,13 +246,22 @@ class Tuner:
         later = []
         for name, algo, get, lb in every:
             looked = best < float("inf")
+            # (with none yet, a first search only where rank 0's or rank n/2's schedule is small (a root's
+            # may hold O(ranks) operations alone): where every rank's does, the search costs the ranks it
+            # builds, and once there is a best the local bound mostly leaves it out; it is put last and
+            # looked at below, as far as the best then needs)
+            deferred = False
             if lb <= best and not algo.segment:
-                try:
-                    lb = max(lb, self.path_bound(get, itemsize, best if looked else 0.0))
-                except ValueError:
-                    continue
-            later.append((lb, name, algo, get, looked))
-        for lb, name, algo, get, looked in sorted(later, key=lambda x: (x[0], x[1])):
+                if looked or min(sum(map(len, get(r).steps)) for r in (0, self.n // 2)) <= FIRST_LOOK_OPS:
+                    try:
+                        lb = max(lb, self.path_bound(get, itemsize, best) if looked else
+                                 self.path_bound(get, itemsize, 0.0, bound.FIRST))
+                    except ValueError:
+                        continue
+                else:
+                    deferred = True         # after those looked at: walking it first would cost most
+            later.append((deferred, lb, name, algo, get, looked))
+        for _, lb, name, algo, get, looked in sorted(later, key=lambda x: x[:3]):
             if lb <= best < float("inf") and not algo.segment and not looked:
                 try:
                     lb = max(lb, self.path_bound(get, itemsize, best))

@@ -9,11 +9,18 @@ times. So only host 0's ranks are walked: a message to another host's rank is de
 the host-0 rank that stands where it stands (``rep``), on the channel named by what the move
 keeps unchanged (``key``), and every host's NICs and links are host 0's.
 
-Whether an algorithm has such a symmetry is not assumed: the schedules of several other
-hosts (the next, the last, the middle one) are built and must equal host 0's moved (same
-steps, operations, peers and reduce flags; counts within one element or 1%, as uneven
-chunks differ). A schedule without either symmetry (trees, rooted collectives) runs at
-message level only.
+Whether an algorithm has such a symmetry is not assumed. :func:`find` proves it: the schedules of
+several other hosts (the next, the last, the middle one) are built and must equal host 0's moved
+(same steps, operations, peers and reduce flags; counts within one element or 1%, as uneven
+chunks differ). The tuner asks :func:`fold` instead: an algorithm may declare the moves it can
+have (``registry.Algorithm.symmetry``), and a declared move is then checked on three ranks of
+other hosts only (:func:`spot_ranks`: the first of host 1, the last rank, one of the middle host),
+not on four hosts' every rank; where nothing declared holds there, :func:`find` decides, so a
+wrong declaration costs time, not a wrong fold. ``tests/test_tuner_symmetry.py`` checks over many
+layouts (powers of two or not, one to eight ranks a host) and sizes that the declared answer is
+``find``'s and that every rank of every host is then host 0's moved. The simulator
+(``sim/simulate.py``) and ``fast.message_level`` prove with ``find``. A schedule without either
+symmetry (trees, rooted collectives) runs at message level only.
 """
 from __future__ import annotations
 
@@ -121,3 +128,51 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     if kinds:
         return kinds[0](n, per_host), reps
     return None, _NOT_SAME
+
+
+KINDS = {"shift": Shift, "xor": Xor}
+
+
+def spot_ranks(hosts: int, per_host: int) -> list[int]:
+    """The ranks :func:`declared` checks: the first of host 1, the last of the last host, one in the
+    middle host (where a remainder, a power of two's end or a rooted tree's branch shows first)."""
+    n = hosts * per_host
+    cand = (per_host, n - 1, (hosts // 2) * per_host + per_host // 2)
+    return [r for r in dict.fromkeys(cand) if r >= per_host]
+
+
+def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
+    """(symmetry, host 0's schedules) from the moves an algorithm declares (``registry.Algorithm.symmetry``),
+    each checked on the :func:`spot_ranks` only (one schedule each, not four hosts' of ``find``), the
+    first that holds, in ``find``'s order; None when nothing is declared or nothing holds there (the
+    caller then proves it with ``find``: a wrong declaration costs time, not a wrong fold)."""
+    if hosts < 2 or not kinds:
+        return None
+    kinds = [k for name, k in KINDS.items() if name in kinds
+             and (k is Shift or (not ring_of_hosts and Xor.applies(hosts, per_host)))]
+    if not kinds:
+        return None
+    from . import compact
+    n = hosts * per_host
+    # spot by spot, the moves still standing checked on each: where none holds (a ring at a few bytes),
+    # it stops having built a spot and its rank of host 0, not host 0's every rank
+    try:
+        for r in spot_ranks(hosts, per_host):
+            got, rep = compact.convert([build(r)], written=True), compact.convert([build(r % per_host)], written=True)
+            kinds = [k for k in kinds if compact.same_moved(got, rep, k(n, per_host), r // per_host, per_host)]
+            if not kinds:
+                return None
+        reps = [build(r) for r in range(per_host)]
+        if any(s.segment for s in reps):
+            return None
+        compact.convert(reps, written=True)     # kept on the schedules: what the walk converts again
+    except TypeError:       # Get, Post or Sync in a message schedule: not foldable
+        return None
+    return kinds[0](n, per_host), reps
+
+
+def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
+    """``find``'s answer, by way of :func:`declared` where the algorithm declares its moves and they
+    hold on the spot ranks (``tests/test_tuner_symmetry.py``: the same answer over many layouts)."""
+    got = declared(kinds, build, hosts, per_host, ring_of_hosts)
+    return got if got is not None else find(build, hosts, per_host, ring_of_hosts)
