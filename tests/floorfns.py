@@ -10,29 +10,45 @@ import numpy as np
 
 from pyxccl import ReduceOp
 from pyxccl.core import prepared as prepared_mod
-from pyxccl.core.recorder import DONE, FIELDS, expand
+from pyxccl.core.recorder import DONE, FIELDS, expand, live
 
 SEG = "segment"         # the one-host algorithm, whose calls the native executor runs
 _SEQ, _CSEQ, _ISSUED, _STARTED, _ENDED = (FIELDS.index(f) for f in ("seq", "coll_seq", "issued", "started", "ended"))
 
 
 class _Starts:
-    """Counts Prepared.start calls (the Python path) while installed."""
+    """Counts Prepared.start calls (the Python path) and Prepared.again calls (a repeat found by its key)
+    while installed."""
 
     def __init__(self):
-        self.n, self._orig = 0, prepared_mod.Prepared.start
+        self.n = self.keyed = 0
+        self._orig = prepared_mod.Prepared.start, prepared_mod.Prepared.again
 
     def __enter__(self):
-        orig = self._orig
+        start0, again0 = self._orig
 
         def start(p, *a, **k):
             self.n += 1
-            return orig(p, *a, **k)
-        prepared_mod.Prepared.start = start
+            return start0(p, *a, **k)
+
+        def again(p, *a, **k):
+            self.keyed += 1
+            return again0(p, *a, **k)
+        prepared_mod.Prepared.start, prepared_mod.Prepared.again = start, again
         return self
 
     def __exit__(self, *exc):
-        prepared_mod.Prepared.start = self._orig
+        prepared_mod.Prepared.start, prepared_mod.Prepared.again = self._orig
+
+
+def context(comm):
+    """The framework's context of ``comm`` (the books live below the API): the live context whose flight
+    recorder is the communicator's."""
+    comm.barrier()
+    mine = comm.flight_record()
+    found = [c for c in live() if c.rank == comm.rank and c.size == comm.size and c.recorder.entries() == mine]
+    assert len(found) == 1, f"{len(found)} contexts with this communicator's flight record"
+    return found[0]
 
 
 def _books(ctx, op: str) -> tuple:
@@ -74,7 +90,7 @@ def _compare(fails, what, ctx, op, ref, fast, prev):
 def same_books(comm):
     """Per call form: a call through Prepared.start, then the same prepared call through its C path; the
     books (recorder entry, numbers, counters, the recent slot) the same but for times and numbers."""
-    ctx = comm._ctx         # the books live below the API
+    ctx = context(comm)
     fails, r, n = [], comm.rank, comm.size
     x32 = np.arange(5, dtype=np.float32) + r
     x64 = np.arange(7, dtype=np.float64) * (r + 1)
@@ -91,6 +107,7 @@ def same_books(comm):
     for op, what, call, bufs in cases:
         call()                  # made (full path) and kept
         p = next(reversed(ctx.prepared.values()))
+        call()                  # found by its key, and remembered (PreparedCalls.last)
         if p.fast is None:
             fails.append(f"{what}: no C path for a native call ({p.plan.algo.name})")
             continue
@@ -104,6 +121,8 @@ def same_books(comm):
             call()
             if s.n != 1:
                 fails.append(f"{what}: the repeat went through Prepared.start, not its C path")
+            if s.keyed:
+                fails.append(f"{what}: the repeat of the same arrays was looked up by its key")
         _compare(fails, what, ctx, op, ref, _books(ctx, op), prev)
     # persistent: req() through its C path, against its prepared call's start()
     req = comm.allreduce_init(x32, algorithm=SEG)
@@ -124,7 +143,7 @@ def same_books(comm):
 def busy_engine(comm):
     """A blocking call behind a queued one takes the Python path and runs after it: entries in number
     order, both results right."""
-    ctx = comm._ctx
+    ctx = context(comm)
     fails, r, n = [], comm.rank, comm.size
     a, b = np.full(4, r + 1, np.float32), np.full(4, 10 * (r + 1), np.float32)
     for _ in range(2):

@@ -32,6 +32,6 @@ def _no_c_path(comm):
     x = np.ones(3, np.float32)
     comm.allreduce(x)
     comm.allreduce(x)
-    ps = list(comm._ctx.prepared.values())
+    ps = list(ff.context(comm).prepared.values())
     return [f"a C path with PYXCCL_NATIVE=0: {p.name}" for p in ps if p.fast is not None] + \
         ([] if ps else ["nothing prepared"])

@@ -505,7 +505,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
  * between can run Python code: what may collect garbage is allocated before), and a thread that
  * holds the lock is taking numbers of its own, so the call goes the slow way then. */
 static PyObject *S_closed, *S_error, *S_segment, *S_seq, *S_coll_seq, *S_recent, *S_pending, *S_round, *S_calls,
-    *S_waiting, *S_traffic;
+    *S_waiting, *S_traffic, *S_dtype;
 
 typedef struct {
     PyObject_HEAD
@@ -522,6 +522,10 @@ typedef struct {
     unsigned long long recent_mask;
     PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_locked, *exec_acquire, *exec_release,
         *ops_append, *trace, *what, *record, *tally, *running, *done;
+    /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then */
+    PyObject *array_type, *in_dtype, *out_dtype;
+    Py_ssize_t in_nbytes, out_nbytes;
+    int inplace;
 } CallObject;
 
 static double clock_s(clockid_t id) {       /* as time.time() and time.monotonic() give it */
@@ -539,12 +543,8 @@ static int unlocked(PyObject *locked) {
     return is;
 }
 
-static PyObject *call_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    CallObject *c = (CallObject *)self;
-    if (PyVectorcall_NARGS(nargsf) != 3 || (kwnames && PyTuple_GET_SIZE(kwnames))) {
-        PyErr_SetString(PyExc_TypeError, "pyxccl._native.Call takes 3 positional arguments (in, out, tmp)");
-        return NULL;
-    }
+/* The call on args = (in, out, tmp); exact: again()'s, the sizes those of expect() and in and out apart. */
+static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     Py_buffer views[3];
     int held[3] = {0, 0, 0};
     Run run_, *r = &run_;
@@ -571,8 +571,13 @@ static PyObject *call_vectorcall(PyObject *self, PyObject *const *args, size_t n
             v = &views[b];
         }
         if (v->len < c->need[b] || (wneed && v->readonly)) goto refused;
+        if (exact && b < B_TMP && v->len != (b == B_IN ? c->in_nbytes : c->out_nbytes)) goto refused;
         r->buf[b] = v->buf;
     }
+    if (exact && held[B_IN] && held[B_OUT] && views[B_IN].len && views[B_OUT].len
+        && (char *)views[B_IN].buf < (char *)views[B_OUT].buf + views[B_OUT].len
+        && (char *)views[B_OUT].buf < (char *)views[B_IN].buf + views[B_IN].len)
+        goto refused;           /* they overlap: primitives.apart says whether that may be (the full path) */
     /* what may collect garbage (and so run Python code), before the checks */
     entry = PyList_New(9);
     slot = PyTuple_New(2);
@@ -711,6 +716,59 @@ refused:
     return result;
 }
 
+static PyObject *call_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 3 || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "pyxccl._native.Call takes 3 positional arguments (in, out, tmp)");
+        return NULL;
+    }
+    return go((CallObject *)self, args, 0);
+}
+
+/* again(in, out): the call (as call(in, out, None) answers) when in and out are arrays as expect() said
+ * its key's have (the same array type and dtype objects, the same sizes, in place or apart as then, no
+ * scratch), else None with nothing done: the caller takes the key's way (core/prepared.py). */
+static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    CallObject *c = (CallObject *)self;
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "again(in, out)"); return NULL; }
+    PyObject *inp = args[0], *out = args[1];
+    if (!c->array_type || c->need[B_TMP] || Py_TYPE(out) != (PyTypeObject *)c->array_type) Py_RETURN_NONE;
+    if (c->in_dtype == Py_None ? inp != Py_None
+                               : Py_TYPE(inp) != (PyTypeObject *)c->array_type || (inp == out) != c->inplace)
+        Py_RETURN_NONE;
+    for (int b = B_IN; b <= B_OUT; b++) {
+        PyObject *o = b == B_IN ? inp : out, *want = b == B_IN ? c->in_dtype : c->out_dtype;
+        if (o == Py_None || (b == B_OUT && o == inp)) continue;
+        PyObject *dt = PyObject_GetAttr(o, S_dtype);
+        if (!dt) return NULL;
+        Py_DECREF(dt);
+        if (dt != want) Py_RETURN_NONE;
+    }
+    PyObject *three[3] = {inp, out, Py_None};
+    return go(c, three, 1);
+}
+
+/* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace): what again() takes (in_dtype None:
+ * no input). */
+static PyObject *call_expect(PyObject *self, PyObject *args) {
+    CallObject *c = (CallObject *)self;
+    PyObject *at, *idt, *odt;
+    Py_ssize_t inb, outb;
+    int inplace;
+    if (!PyArg_ParseTuple(args, "OOnOnp:expect", &at, &idt, &inb, &odt, &outb, &inplace)) return NULL;
+    if (!PyType_Check(at)) { PyErr_SetString(PyExc_TypeError, "expect: an array type"); return NULL; }
+    Py_INCREF(at); Py_XSETREF(c->array_type, at);
+    Py_INCREF(idt); Py_XSETREF(c->in_dtype, idt);
+    Py_INCREF(odt); Py_XSETREF(c->out_dtype, odt);
+    c->in_nbytes = inb; c->out_nbytes = outb; c->inplace = inplace;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef call_methods[] = {
+    {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL, "again(in, out): the call on a repeat's arrays, or None"},
+    {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace)"},
+    {NULL, NULL, 0, NULL},
+};
+
 /* Call(program, segment, words, settings, ctx, engine, recorder, what, record, tally, writes, finish,
  *      recent_calls, states) -- see above; segment: the HostSegment (its layout is read once), words:
  *      the call's fingerprint words (w0, w1), settings: as run()'s, states: (RUNNING, DONE). */
@@ -781,7 +839,8 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 }
 
 #define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock_locked) X(exec_locked) X(exec_acquire) \
-    X(exec_release) X(ops_append) X(trace) X(what) X(record) X(tally) X(running) X(done)
+    X(exec_release) X(ops_append) X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
+    X(out_dtype)
 
 static int call_traverse(PyObject *self, visitproc visit, void *arg) {
     CallObject *c = (CallObject *)self;
@@ -814,6 +873,7 @@ static PyTypeObject CallType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "A prepared blocking call run with its bookkeeping in one C call (see _native.c).",
     .tp_new = call_new,
+    .tp_methods = call_methods,
     .tp_call = PyVectorcall_Call,
     .tp_vectorcall_offset = offsetof(CallObject, vectorcall),
     .tp_traverse = call_traverse,
@@ -932,7 +992,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     struct { PyObject **at; const char *name; } names[] = {
         {&S_closed, "closed"}, {&S_error, "error"}, {&S_segment, "segment"}, {&S_seq, "seq"},
         {&S_coll_seq, "coll_seq"}, {&S_recent, "recent"}, {&S_pending, "_pending"}, {&S_round, "round"},
-        {&S_calls, "calls"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"}};
+        {&S_calls, "calls"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
     if (PyType_Ready(&CallType) < 0) return NULL;

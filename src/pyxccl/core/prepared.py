@@ -118,17 +118,6 @@ class Prepared:
     def again(self, inp, out, async_op):
         """Run a repeated call on the user's ``inp`` and ``out`` (``start``'s result), or return
         ``FULL_PATH`` if anything about them needs the full path (nothing ran then)."""
-        fast = self.fast
-        if fast is not None and async_op is False and type(out) is np.ndarray and (inp is out or inp is None):
-            # the blocking call on numpy arrays: fast checks them as below (None: it refused them)
-            done = fast(inp, out, self.ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None)
-            if done is True:
-                return out
-            if done is None:
-                return FULL_PATH
-            if done is False:
-                return self.start(inp, out, out, False)
-            return self._finish(inp, out, out, *done)
         if type(out) is np.ndarray:
             f = out.flags
             if not f.c_contiguous or (self.writes and not f.writeable):
@@ -201,6 +190,19 @@ class Prepared:
         if done is False or done is None:       # nothing ran: the engine is busy, or start() says why not
             return self.start(inp, out, result, False)
         return self._finish(inp, out, result, *done)
+
+    def repeat(self, inp, out):
+        """The blocking call on numpy arrays ``inp`` and ``out`` (returns ``out``) when they are as those of
+        the call's key were (``fast.again``: the same dtype objects and sizes, in place or apart as then),
+        else ``FULL_PATH`` with nothing done. (PreparedCalls.last: a repeat that needs no key.)"""
+        done = self.fast.again(inp, out)
+        if done is True:
+            return out
+        if done is None:
+            return FULL_PATH
+        if done is False:
+            return self.start(inp, out, out, False)
+        return self._finish(inp, out, out, *done)
 
     def _finish(self, inp, out, result, done, entry, seq: int, cseq: int, t0: float):
         """The rest of a call ``fast`` numbered and left to finish here (with the engine claimed): a run
@@ -288,11 +290,29 @@ def _bufs(inp, out, tmp) -> dict:
 class PreparedCalls(dict):
     """The prepared calls of one communicator, by key: ``get(key)`` (a dict's: no lock, a dict read is
     atomic; it raises TypeError for a key with an unhashable part, which is never kept); changes are
-    made under a lock."""
+    made under a lock.
+
+    ``last``: per (call name, id of its output array), the last blocking repeat on numpy arrays that
+    ran in C, as (root, op, algorithm, timeout, thread, Prepared): a repeat with those very objects
+    (``is``) and the same thread needs no key: ``Prepared.repeat`` checks its arrays against the key's
+    in C (``remember``; an id is only where to look: another array there is checked the same way)."""
 
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()
+        self.last: dict = {}
+
+    def remember(self, name: str, inp, out, root, op, algorithm, timeout, thread: int, p: Prepared) -> None:
+        """Prepared call ``p`` just ran blocking on ``inp`` and ``out`` under its key: its repeats on
+        arrays like these take ``last``."""
+        if p.fast is None or type(out) is not np.ndarray or (inp is not None and type(inp) is not np.ndarray):
+            return
+        p.fast.expect(np.ndarray, None if inp is None else inp.dtype, 0 if inp is None else inp.nbytes, out.dtype,
+                      out.nbytes, inp is out)
+        last = self.last
+        if len(last) >= _KEPT:
+            self.last = last = {}
+        last[name, id(out)] = (root, op, algorithm, timeout, thread, p)
 
     def keep(self, k, p: Prepared) -> None:
         try:
@@ -308,3 +328,4 @@ class PreparedCalls(dict):
         """Forget every prepared call (the plans they ran changed)."""
         with self._lock:
             super().clear()
+            self.last = {}
