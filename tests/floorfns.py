@@ -155,6 +155,16 @@ def busy_engine(comm):
     want_a, want_b = sum(range(1, n + 1)), 10 * sum(range(1, n + 1))
     if not (np.all(a == want_a) and np.all(b == want_b)):
         fails.append(f"results {a}, {b}; want {want_a}, {want_b}")
+    c = np.full(3, r + 1, np.int64)
+    req = comm.allreduce_init(c, algorithm=SEG)
+    req()
+    c[:] = r + 1
+    w = comm.allreduce(a, async_op=True, algorithm=SEG)
+    req()                       # the persistent form behind a queued call
+    w.wait()
+    if not np.all(c == sum(range(1, n + 1))):
+        fails.append(f"persistent behind a queued call: {c}")
+    req.free()
     last = [expand(e) for e in list(ctx.recorder.ops)[-2:]]
     if [e[_CSEQ] for e in last] != [ctx.coll_seq - 1, ctx.coll_seq] or any(e[FIELDS.index("state")] != DONE
                                                                           for e in last):

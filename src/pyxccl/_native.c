@@ -724,9 +724,10 @@ static PyObject *call_vectorcall(PyObject *self, PyObject *const *args, size_t n
     return go((CallObject *)self, args, 0);
 }
 
-/* again(in, out): the call (as call(in, out, None) answers) when in and out are arrays as expect() said
- * its key's have (the same array type and dtype objects, the same sizes, in place or apart as then, no
- * scratch), else None with nothing done: the caller takes the key's way (core/prepared.py). */
+/* again(in, out): the call (as call(in, out, None) answers, but out itself for True) when in and out are
+ * arrays as expect() said its key's have (the same array type and dtype objects, the same sizes, in place
+ * or apart as then, no scratch), else None with nothing done: the caller takes the key's way
+ * (core/prepared.py). */
 static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     CallObject *c = (CallObject *)self;
     if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "again(in, out)"); return NULL; }
@@ -744,7 +745,13 @@ static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (dt != want) Py_RETURN_NONE;
     }
     PyObject *three[3] = {inp, out, Py_None};
-    return go(c, three, 1);
+    PyObject *done = go(c, three, 1);
+    if (done == Py_True) {
+        Py_DECREF(done);
+        Py_INCREF(out);
+        return out;
+    }
+    return done;
 }
 
 /* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace): what again() takes (in_dtype None:

@@ -60,7 +60,11 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         last = kept.last.get((name, id(out)))      # the objects of this array's last blocking repeat: no key
         if last is not None and last[0] is root and last[1] is op and last[2] is algorithm and last[3] is timeout \
                 and last[4] == thread and async_op is False:
-            done = last[5].repeat(inp, out)
+            p = last[5]
+            done = p.fast.again(inp, out)
+            if done is out:
+                return out
+            done = p.settle(inp, out, FULL_PATH, done)
             if done is not FULL_PATH:
                 return done
         k = key(name, inp, out, root, op, algorithm, timeout, thread)

@@ -187,22 +187,19 @@ class Prepared:
         done = fast(inp, out, self.ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None)
         if done is True:
             return result
-        if done is False or done is None:       # nothing ran: the engine is busy, or start() says why not
+        return self.settle(inp, out, result, done)
+
+    def settle(self, inp, out, result, done):
+        """The call after ``fast`` (or ``fast.again``) answered ``done`` other than done: nothing ran
+        (False: the engine is busy; None: start() says what is wrong with the buffers, or, for a repeat
+        without its key, ``FULL_PATH``), or it is this thread's to finish (``_finish``)."""
+        if result is FULL_PATH:
+            if done is None:
+                return FULL_PATH
+            result = out
+        if done is False or done is None:
             return self.start(inp, out, result, False)
         return self._finish(inp, out, result, *done)
-
-    def repeat(self, inp, out):
-        """The blocking call on numpy arrays ``inp`` and ``out`` (returns ``out``) when they are as those of
-        the call's key were (``fast.again``: the same dtype objects and sizes, in place or apart as then),
-        else ``FULL_PATH`` with nothing done. (PreparedCalls.last: a repeat that needs no key.)"""
-        done = self.fast.again(inp, out)
-        if done is True:
-            return out
-        if done is None:
-            return FULL_PATH
-        if done is False:
-            return self.start(inp, out, out, False)
-        return self._finish(inp, out, out, *done)
 
     def _finish(self, inp, out, result, done, entry, seq: int, cseq: int, t0: float):
         """The rest of a call ``fast`` numbered and left to finish here (with the engine claimed): a run
@@ -294,8 +291,10 @@ class PreparedCalls(dict):
 
     ``last``: per (call name, id of its output array), the last blocking repeat on numpy arrays that
     ran in C, as (root, op, algorithm, timeout, thread, Prepared): a repeat with those very objects
-    (``is``) and the same thread needs no key: ``Prepared.repeat`` checks its arrays against the key's
-    in C (``remember``; an id is only where to look: another array there is checked the same way)."""
+    (``is``) and the same thread needs no key: ``fast.again`` checks its arrays against the key's in
+    C (``remember``; an id is only where to look: another array there is checked the same way), and
+    returns the output when it ran, else ``Prepared.settle`` takes it (``FULL_PATH`` for its result:
+    the output, or the full path when the arrays are not the key's)."""
 
     def __init__(self):
         super().__init__()
