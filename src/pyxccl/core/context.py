@@ -463,10 +463,9 @@ class Context:
         recorder.closed(self)                   # the tools' hooks (PYXCCL_TRACE's timeline keeps its calls)
         if self._telling is not None:
             self._telling.join(timeout=3)
-        self.prepared.clear()       # their native calls hold the segment
         if self.segment is not None:
             self.segment.close()
-            self.segment = None     # unmapped once no call in flight (or persistent request) holds it
+            self.segment = None     # unmapped once no call in flight, nor a prepared call's C path, holds it
         self.mesh.detach(self.id)
         if self.parent is not None and self in self.parent.children:
             self.parent.children.remove(self)
