@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyxccl import ReduceOp
+from pyxccl import InvalidArgumentError, ReduceOp
 from pyxccl.core import prepared as prepared_mod
 from pyxccl.core.recorder import DONE, FIELDS, expand, live
 
@@ -96,6 +96,7 @@ def same_books(comm):
     x64 = np.arange(7, dtype=np.float64) * (r + 1)
     out = np.empty(5, np.float32)
     gathered = np.empty(3 * n, np.int32)
+    whole = np.empty(3 * n, np.int32)         # allgather in place: this rank's block is its input
     cases = [
         ("allreduce", "allreduce in place", lambda: comm.allreduce(x32, algorithm=SEG), lambda: (x32, x32, x32)),
         ("allreduce", "allreduce avg", lambda: comm.allreduce(x64, ReduceOp.AVG, algorithm=SEG), lambda: (x64, x64, x64)),
@@ -103,6 +104,8 @@ def same_books(comm):
         ("broadcast", "broadcast root 1", lambda: comm.broadcast(x32, root=n - 1, algorithm=SEG), lambda: (None, x32, x32)),
         ("allgather", "allgather", lambda: comm.allgather(np.full(3, r, np.int32), gathered, algorithm=SEG),
          lambda: (np.full(3, r, np.int32), gathered, gathered)),
+        ("allgather", "allgather in place", lambda: comm.allgather(whole[3 * r:3 * r + 3], whole, algorithm=SEG),
+         lambda: (whole[3 * r:3 * r + 3], whole, whole)),
     ]
     for op, what, call, bufs in cases:
         call()                  # made (full path) and kept
@@ -124,6 +127,18 @@ def same_books(comm):
             if s.keyed:
                 fails.append(f"{what}: the repeat of the same arrays was looked up by its key")
         _compare(fails, what, ctx, op, ref, _books(ctx, op), prev)
+    # a repeat on the remembered output whose input overlaps it elsewhere than in the in-place form: refused
+    # as the full path refuses it, nothing run
+    before = ctx.coll_seq
+    wrong = whole[3 * ((r + 1) % n):3 * ((r + 1) % n) + 3]
+    try:
+        comm.allgather(wrong, whole, algorithm=SEG)
+        fails.append("an input overlapping the output at another rank's block: not refused")
+    except InvalidArgumentError as e:
+        if "overlap" not in str(e):
+            fails.append(f"the overlap refused with {e}")
+    if ctx.coll_seq != before:
+        fails.append("the refused overlap took a number")
     # persistent: req() through its C path, against its prepared call's start()
     req = comm.allreduce_init(x32, algorithm=SEG)
     req()

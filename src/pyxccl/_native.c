@@ -524,8 +524,8 @@ typedef struct {
         *ops_append, *trace, *what, *record, *tally, *running, *done;
     /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then */
     PyObject *array_type, *in_dtype, *out_dtype;
-    Py_ssize_t in_nbytes, out_nbytes;
-    int inplace;
+    Py_ssize_t in_nbytes, out_nbytes, at;        /* at: primitives.apart's in-place offset (-1: none) */
+    int inplace, gathers;
 } CallObject;
 
 static double clock_s(clockid_t id) {       /* as time.time() and time.monotonic() give it */
@@ -576,8 +576,11 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     }
     if (exact && held[B_IN] && held[B_OUT] && views[B_IN].len && views[B_OUT].len
         && (char *)views[B_IN].buf < (char *)views[B_OUT].buf + views[B_OUT].len
-        && (char *)views[B_OUT].buf < (char *)views[B_IN].buf + views[B_IN].len)
-        goto refused;           /* they overlap: primitives.apart says whether that may be (the full path) */
+        && (char *)views[B_OUT].buf < (char *)views[B_IN].buf + views[B_IN].len) {
+        /* they overlap: only in the in-place form (primitives.apart: the inner one at `at` in the outer) */
+        char *inner = views[c->gathers ? B_IN : B_OUT].buf, *outer = views[c->gathers ? B_OUT : B_IN].buf;
+        if (c->at < 0 || inner != outer + c->at) goto refused;
+    }
     /* what may collect garbage (and so run Python code), before the checks */
     entry = PyList_New(9);
     slot = PyTuple_New(2);
@@ -754,14 +757,17 @@ static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t na
     return done;
 }
 
-/* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace): what again() takes (in_dtype None:
- * no input). */
+/* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers): what again() takes
+ * (in_dtype None: no input; at, gathers: primitives.apart's rule for an input and output that overlap, at
+ * -1 for none). */
 static PyObject *call_expect(PyObject *self, PyObject *args) {
     CallObject *c = (CallObject *)self;
     PyObject *at, *idt, *odt;
-    Py_ssize_t inb, outb;
-    int inplace;
-    if (!PyArg_ParseTuple(args, "OOnOnp:expect", &at, &idt, &inb, &odt, &outb, &inplace)) return NULL;
+    Py_ssize_t inb, outb, off;
+    int inplace, gathers;
+    if (!PyArg_ParseTuple(args, "OOnOnpnp:expect", &at, &idt, &inb, &odt, &outb, &inplace, &off, &gathers))
+        return NULL;
+    c->at = off; c->gathers = gathers;
     if (!PyType_Check(at)) { PyErr_SetString(PyExc_TypeError, "expect: an array type"); return NULL; }
     Py_INCREF(at); Py_XSETREF(c->array_type, at);
     Py_INCREF(idt); Py_XSETREF(c->in_dtype, idt);
@@ -772,7 +778,7 @@ static PyObject *call_expect(PyObject *self, PyObject *args) {
 
 static PyMethodDef call_methods[] = {
     {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL, "again(in, out): the call on a repeat's arrays, or None"},
-    {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace)"},
+    {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -307,7 +307,7 @@ class PreparedCalls(dict):
         if p.fast is None or type(out) is not np.ndarray or (inp is not None and type(inp) is not np.ndarray):
             return
         p.fast.expect(np.ndarray, None if inp is None else inp.dtype, 0 if inp is None else inp.nbytes, out.dtype,
-                      out.nbytes, inp is out)
+                      out.nbytes, inp is out, -1 if p.at is None else p.at, p.prim.gathers)
         last = self.last
         if len(last) >= _KEPT:
             self.last = last = {}
