@@ -625,7 +625,6 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     if (!ok) goto claimed_failed;
     Py_DECREF(ok);
     if (c->trace != Py_None && PyList_Append(c->trace, entry) < 0) goto claimed_failed;
-    /* still usable (as Prepared._execute asks; nothing ran since the checks, so it is) */
     /* named in a mismatch error (Context.recent), counted (Tally.count) */
     PyObject *recent = PyDict_GetItemWithError(d, S_recent);
     if (!recent || !PyList_Check(recent)) goto claimed_failed;
@@ -652,7 +651,8 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         Py_DECREF(w);
     }
     PyObject *ran;
-    if (PyDict_GetItemWithError(d, S_closed) != Py_False || PyDict_GetItemWithError(d, S_error) != Py_None) {
+    if (!ncalls && (PyDict_GetItemWithError(d, S_closed) != Py_False
+                    || PyDict_GetItemWithError(d, S_error) != Py_None)) {     /* waiting() ran Python code */
         if (PyErr_Occurred()) goto claimed_failed;
         ran = Py_None;          /* aborted by another thread meanwhile (Prepared._execute asks too) */
         Py_INCREF(ran);
