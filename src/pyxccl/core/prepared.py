@@ -215,6 +215,7 @@ class Prepared:
                                t0 + (ctx.timeout if self.timeout is None else self.timeout), self.name, done)
             if self.avg:
                 np.divide(out, ctx.size, out=out)
+            ended(entry)
         except CommError as e:
             raise self._comm_failed(e, entry, seq, cseq) from None
         except BaseException as e:
@@ -222,7 +223,6 @@ class Prepared:
             raise
         finally:
             ctx.engine.release()
-        ended(entry)
         return result
 
     def _comm_failed(self, e: CommError, entry, seq: int, cseq: int) -> CommError:
