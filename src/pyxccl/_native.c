@@ -482,7 +482,8 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
 /* --- Call: a prepared blocking call, run with its bookkeeping in one C call ------------------------
  *
  * core/prepared.py makes one per Prepared that the native executor runs (Prepared.fast). Calling it,
- * call(in, out, tmp), does what Prepared.run does for a blocking call when the engine is idle: checks
+ * call(in, out, tmp), does for a blocking call what Prepared.start and _execute do when the engine is
+ * idle: checks
  * the buffers as Prepared.again does (C-contiguous, the output writable if the call writes it, and
  * what the program reaches of each), claims the engine (Engine.claim), takes the sequence numbers
  * (Context.seq, Context.coll_seq), opens the flight-recorder entry (Recorder.begin's), keeps the
@@ -494,7 +495,8 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
  *   True   done (the call's result is the caller's);
  *   False  nothing ran: the engine is busy, another thread takes numbers, the communicator is closed
  *          or failed, or its segment changed: Prepared.start takes it from there;
- *   None   nothing ran: a buffer is not one this call can use as it is (the full path says why);
+ *   None   nothing ran: a buffer is not one this call can use as it is (Prepared.start, or the full
+ *          path for a plain repeat, says why);
  *   (done, entry, seq, cseq, t0)  the engine is claimed, the numbers taken and the entry open, and
  *          the caller finishes (then releases the engine): done is run()'s result (the new round,
  *          already stored, or why it stopped), or None when the communicator failed before it ran;
