@@ -75,7 +75,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         if p is not None:
             done = p.again(inp, out, async_op)
             if done is not FULL_PATH:
-                if async_op is False:
+                if async_op is False and p.fast is not None:
                     kept.remember(name, inp, out, root, op, algorithm, timeout, thread, p)
                 return done
         c = Check(self, name, (algorithm, async_op, timeout))
