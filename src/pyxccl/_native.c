@@ -369,6 +369,28 @@ static int as_int(PyObject *o, int *v) {                    /* i */
     return 1;
 }
 
+/* The program from instruction *pc on, without the GIL; returns the status (*pc: where it stopped). */
+static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) {
+    int status = DONE;
+    Py_ssize_t at = *pc;
+    Py_BEGIN_ALLOW_THREADS
+    for (; at < len; at++) {
+        status = step(r, code + WIDTH * at);
+        if (status != DONE) break;
+    }
+    Py_END_ALLOW_THREADS
+    free(r->scratch);
+    r->scratch = NULL;
+    *pc = at;
+    return status;
+}
+
+/* run()'s result: the new round when done, else (status, pc, round, peer, err). */
+static PyObject *outcome(Run *r, int status, Py_ssize_t pc) {
+    if (status == DONE) return PyLong_FromUnsignedLong(r->round);
+    return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
+}
+
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     (void)self;
     Py_buffer prog, views[3];
@@ -450,19 +472,429 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         volatile uint64_t *h = header(r, r->parity, r->me);
         r->posted = h[NBYTES] ? (char *)(uintptr_t)h[ADDR] : NULL;
     }
-    Py_BEGIN_ALLOW_THREADS
-    for (; pc < len; pc++) {
-        status = step(r, code + WIDTH * pc);
-        if (status != DONE) break;
-    }
-    Py_END_ALLOW_THREADS
-    free(r->scratch);
+    status = execute(r, code, len, &pc);
     for (int b = 0; b < 3; b++)
         if (held[b]) PyBuffer_Release(&views[b]);
     PyBuffer_Release(&prog);
-    if (status == DONE) return PyLong_FromUnsignedLong(r->round);
-    return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
+    return outcome(r, status, pc);
 }
+
+/* --- Call: a prepared blocking call, run with its bookkeeping in one C call ------------------------
+ *
+ * core/prepared.py makes one per Prepared that the native executor runs (Prepared.fast). Calling it,
+ * call(in, out, tmp), does for a blocking call what Prepared.start and _execute do when the engine is
+ * idle: checks
+ * the buffers as Prepared.again does (C-contiguous, the output writable if the call writes it, and
+ * what the program reaches of each), claims the engine (Engine.claim), takes the sequence numbers
+ * (Context.seq, Context.coll_seq), opens the flight-recorder entry (Recorder.begin's), keeps the
+ * call in Context.recent, counts it (Tally.count), runs the program, ends the entry
+ * (recorder.ended) and releases the engine (Engine.release). Those Python definitions are the
+ * reference; the state it reads and writes is theirs (the objects' own attributes), so every other
+ * path sees the same numbers, entries and counts (tests/test_floor.py compares the two, entry by
+ * entry). Returns
+ *   True   done (the call's result is the caller's);
+ *   False  nothing ran: the engine is busy, another thread takes numbers, the communicator is closed
+ *          or failed, or its segment changed: Prepared.start takes it from there;
+ *   None   nothing ran: a buffer is not one this call can use as it is (Prepared.start, or the full
+ *          path for a plain repeat, says why);
+ *   (done, entry, seq, cseq, t0)  the engine is claimed, the numbers taken and the entry open, and
+ *          the caller finishes (then releases the engine): done is run()'s result (the new round,
+ *          already stored, or why it stopped), or None when the communicator failed before it ran;
+ *          t0 the monotonic clock when it was numbered (the deadline counts from it).
+ * With finish=False (AVG divides after the rounds) a finished run is returned that way too.
+ *
+ * Numbering without the engine's lock: the GIL is held from the checks to the entry (nothing in
+ * between can run Python code: what may collect garbage is allocated before), and a thread that
+ * holds the lock is taking numbers of its own, so the call goes the slow way then. */
+static PyObject *S_closed, *S_error, *S_segment, *S_seq, *S_coll_seq, *S_recent, *S_pending, *S_round, *S_calls,
+    *S_waiting, *S_traffic, *S_dtype;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Py_buffer prog;
+    const int64_t *code;
+    Py_ssize_t len;
+    int64_t need[4];
+    int writes[4];
+    int out_writes, finish;
+    unsigned long long base, w0, w1;
+    long long line, hdr_at, head, area, pids_at, me, n, spin, yields;
+    int dtype, op;
+    unsigned long long recent_mask;
+    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_locked, *exec_acquire, *exec_release,
+        *ops_append, *trace, *what, *record, *tally, *running, *done;
+    /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then */
+    PyObject *array_type, *in_dtype, *out_dtype;
+    Py_ssize_t in_nbytes, out_nbytes, at;        /* at: primitives.apart's in-place offset (-1: none) */
+    int inplace, gathers;
+} CallObject;
+
+static double clock_s(clockid_t id) {       /* as time.time() and time.monotonic() give it */
+    struct timespec t;
+    clock_gettime(id, &t);
+    return (double)((int64_t)t.tv_sec * 1000000000 + t.tv_nsec) / 1e9;
+}
+
+/* Is this lock method's answer False (an unlocked lock)? -1 on error. */
+static int unlocked(PyObject *locked) {
+    PyObject *v = PyObject_CallNoArgs(locked);
+    if (!v) return -1;
+    int is = v == Py_False;
+    Py_DECREF(v);
+    return is;
+}
+
+/* The call on args = (in, out, tmp); exact: again()'s, the sizes those of expect() and in and out apart. */
+static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
+    Py_buffer views[3];
+    int held[3] = {0, 0, 0};
+    Run run_, *r = &run_;
+    memset(r, 0, sizeof *r);
+    PyObject *result = Py_None, *entry = NULL, *slot = NULL, *seq = NULL, *cseq = NULL;
+    /* the buffers, as Prepared.again takes them (in and out checked even where the program does not reach) */
+    for (int b = 0; b < 3; b++) {
+        PyObject *o = args[b];
+        int wneed = c->writes[b] || (b == B_OUT && c->out_writes);
+        if (o == Py_None) {
+            if (c->need[b]) goto refused;
+            continue;
+        }
+        if (b == B_TMP && !c->need[b]) continue;
+        Py_buffer *v = NULL;
+        for (int j = 0; j < b; j++)
+            if (held[j] && args[j] == o) v = &views[j];     /* in place: one view */
+        if (!v) {
+            if (PyObject_GetBuffer(o, &views[b], PyBUF_C_CONTIGUOUS) < 0) {
+                PyErr_Clear();      /* not contiguous, or no buffer: the slower paths say what */
+                goto refused;
+            }
+            held[b] = 1;
+            v = &views[b];
+        }
+        if (v->len < c->need[b] || (wneed && v->readonly)) goto refused;
+        if (exact && b < B_TMP && v->len != (b == B_IN ? c->in_nbytes : c->out_nbytes)) goto refused;
+        r->buf[b] = v->buf;
+    }
+    if (exact && held[B_IN] && held[B_OUT] && views[B_IN].len && views[B_OUT].len
+        && (char *)views[B_IN].buf < (char *)views[B_OUT].buf + views[B_OUT].len
+        && (char *)views[B_OUT].buf < (char *)views[B_IN].buf + views[B_IN].len) {
+        /* they overlap: only in the in-place form (primitives.apart: the inner one at `at` in the outer) */
+        char *inner = views[c->gathers ? B_IN : B_OUT].buf, *outer = views[c->gathers ? B_OUT : B_IN].buf;
+        if (c->at < 0 || inner != outer + c->at) goto refused;
+    }
+    /* what may collect garbage (and so run Python code), before the checks */
+    entry = PyList_New(9);
+    slot = PyTuple_New(2);
+    if (!entry || !slot) goto failed;
+    /* the engine idle and this thread's (Engine.claim), no other thread taking numbers */
+    PyObject *d = c->ctx_dict, *pending = PyDict_GetItemWithError(c->eng_dict, S_pending);
+    if (PyDict_GetItemWithError(d, S_closed) != Py_False || PyDict_GetItemWithError(d, S_error) != Py_None
+        || PyDict_GetItemWithError(d, S_segment) != c->seg || !pending || !PyLong_Check(pending)
+        || PyLong_AsLongLong(pending) != 0) {
+        if (PyErr_Occurred()) goto failed;
+        result = Py_False;
+        goto refused;
+    }
+    int free_ = unlocked(c->lock_locked), idle = free_ > 0 ? unlocked(c->exec_locked) : free_;
+    if (free_ < 0 || idle < 0) goto failed;
+    if (!free_ || !idle) { result = Py_False; goto refused; }
+    PyObject *got = PyObject_CallNoArgs(c->exec_acquire);     /* unlocked, so it does not wait */
+    if (!got) goto failed;
+    Py_DECREF(got);
+    /* the numbers (Prepared.start's) and the entry (Recorder.begin's) */
+    PyObject *s0 = PyDict_GetItemWithError(d, S_seq), *s1 = PyDict_GetItemWithError(d, S_coll_seq);
+    long long nseq = s0 ? PyLong_AsLongLong(s0) : -1;
+    unsigned long long ncseq = s1 ? ((PyLong_AsUnsignedLongLongMask(s1) + 1) & 0xFFFFFFFFu) : 0;
+    if (!s0 || !s1 || PyErr_Occurred()) goto claimed_failed;
+    seq = PyLong_FromLongLong(nseq + 1);
+    cseq = PyLong_FromUnsignedLongLong(ncseq);
+    if (!seq || !cseq || PyDict_SetItem(d, S_seq, seq) < 0 || PyDict_SetItem(d, S_coll_seq, cseq) < 0)
+        goto claimed_failed;
+    double t0 = clock_s(CLOCK_MONOTONIC), now = clock_s(CLOCK_REALTIME);
+    PyObject *issued = PyFloat_FromDouble(now), *zero = PyFloat_FromDouble(0.0);
+    if (!issued || !zero) { Py_XDECREF(issued); Py_XDECREF(zero); goto claimed_failed; }
+    Py_INCREF(seq); PyList_SET_ITEM(entry, 0, seq);
+    Py_INCREF(cseq); PyList_SET_ITEM(entry, 1, cseq);
+    Py_INCREF(c->what); PyList_SET_ITEM(entry, 2, c->what);
+    Py_INCREF(Py_None); PyList_SET_ITEM(entry, 3, Py_None);
+    Py_INCREF(issued); PyList_SET_ITEM(entry, 4, issued);
+    PyList_SET_ITEM(entry, 5, issued);
+    PyList_SET_ITEM(entry, 6, zero);
+    Py_INCREF(c->running); PyList_SET_ITEM(entry, 7, c->running);
+    Py_INCREF(Py_None); PyList_SET_ITEM(entry, 8, Py_None);
+    PyObject *ok = PyObject_CallOneArg(c->ops_append, entry);
+    if (!ok) goto claimed_failed;
+    Py_DECREF(ok);
+    if (c->trace != Py_None && PyList_Append(c->trace, entry) < 0) goto claimed_failed;
+    /* named in a mismatch error (Context.recent), counted (Tally.count) */
+    PyObject *recent = PyDict_GetItemWithError(d, S_recent);
+    if (!recent || !PyList_Check(recent)) goto claimed_failed;
+    Py_INCREF(cseq); PyTuple_SET_ITEM(slot, 0, cseq);
+    Py_INCREF(c->record); PyTuple_SET_ITEM(slot, 1, c->record);
+    if (PyList_SetItem(recent, (Py_ssize_t)(ncseq & c->recent_mask) % PyList_GET_SIZE(recent), slot) < 0) {
+        slot = NULL;
+        goto claimed_failed;
+    }
+    slot = NULL;
+    PyObject *calls = PyObject_GetAttr(c->tally, S_calls);
+    long long ncalls = calls ? PyLong_AsLongLong(calls) : -1;
+    Py_XDECREF(calls);
+    if (ncalls < 0) goto claimed_failed;
+    PyObject *more = PyLong_FromLongLong(ncalls + 1);
+    int rc = more ? PyObject_SetAttr(c->tally, S_calls, more) : -1;
+    Py_XDECREF(more);
+    if (rc < 0) goto claimed_failed;
+    if (!ncalls) {          /* the first since the counters were read: listed to be added then */
+        PyObject *traffic = PyObject_GetAttr(c->tally, S_traffic);
+        PyObject *w = traffic ? PyObject_CallMethodOneArg(traffic, S_waiting, c->tally) : NULL;
+        Py_XDECREF(traffic);
+        if (!w) goto claimed_failed;
+        Py_DECREF(w);
+    }
+    PyObject *ran;
+    if (!ncalls && (PyDict_GetItemWithError(d, S_closed) != Py_False
+                    || PyDict_GetItemWithError(d, S_error) != Py_None)) {     /* waiting() ran Python code */
+        if (PyErr_Occurred()) goto claimed_failed;
+        ran = Py_None;          /* aborted by another thread meanwhile (Prepared._execute asks too) */
+        Py_INCREF(ran);
+    } else {
+        PyObject *rnd = PyDict_GetItemWithError(c->seg_dict, S_round);
+        if (!rnd) { if (!PyErr_Occurred()) PyErr_SetString(PyExc_AttributeError, "round"); goto claimed_failed; }
+        r->round = (uint32_t)PyLong_AsUnsignedLongMask(rnd);
+        if (PyErr_Occurred()) goto claimed_failed;
+        r->peer = -1;
+        r->base = (char *)(uintptr_t)c->base;
+        r->line = c->line; r->hdr_at = c->hdr_at; r->head = c->head; r->area = c->area; r->pids_at = c->pids_at;
+        r->me = c->me; r->n = c->n; r->parity = r->round & 1;
+        r->call[0] = ncseq; r->call[1] = c->w0; r->call[2] = c->w1;
+        r->spin_ns = c->spin; r->yields = c->yields; r->dtype = c->dtype; r->op = c->op;
+        Py_ssize_t pc = 0;
+        int status = execute(r, c->code, c->len, &pc);
+        for (int b = 0; b < 3; b++)
+            if (held[b]) { PyBuffer_Release(&views[b]); held[b] = 0; }
+        if (status == DONE) {
+            PyObject *newround = PyLong_FromUnsignedLong(r->round);
+            rc = newround ? PyDict_SetItem(c->seg_dict, S_round, newround) : -1;
+            Py_XDECREF(newround);
+            if (rc < 0) goto claimed_failed;
+            if (c->finish) {        /* recorder.ended(entry), Engine.release() */
+                PyObject *ended = PyFloat_FromDouble(clock_s(CLOCK_REALTIME));
+                if (!ended) goto claimed_failed;
+                PyList_SetItem(entry, 6, ended);
+                Py_INCREF(c->done);
+                PyList_SetItem(entry, 7, c->done);
+                PyObject *rel = PyObject_CallNoArgs(c->exec_release);
+                Py_XDECREF(rel);
+                Py_DECREF(entry); Py_DECREF(seq); Py_DECREF(cseq);
+                if (!rel) return NULL;
+                Py_RETURN_TRUE;
+            }
+        }
+        ran = outcome(r, status, pc);
+        if (!ran) goto claimed_failed;
+    }
+    PyObject *t = PyFloat_FromDouble(t0);
+    PyObject *back = t ? PyTuple_Pack(5, ran, entry, seq, cseq, t) : NULL;
+    Py_XDECREF(t);
+    Py_DECREF(ran); Py_DECREF(entry); Py_DECREF(seq); Py_DECREF(cseq);
+    if (!back) {
+        PyObject *rel = PyObject_CallNoArgs(c->exec_release);
+        Py_XDECREF(rel);
+    }
+    return back;
+
+claimed_failed: {       /* an error of Python's own (memory): the engine is not kept */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyObject *rel = PyObject_CallNoArgs(c->exec_release);
+        Py_XDECREF(rel);
+        PyErr_Restore(et, ev, tb);
+    }
+failed:
+    result = NULL;
+refused:
+    for (int b = 0; b < 3; b++)
+        if (held[b]) PyBuffer_Release(&views[b]);
+    Py_XDECREF(entry); Py_XDECREF(slot); Py_XDECREF(seq); Py_XDECREF(cseq);
+    Py_XINCREF(result);
+    return result;
+}
+
+static PyObject *call_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 3 || (kwnames && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "pyxccl._native.Call takes 3 positional arguments (in, out, tmp)");
+        return NULL;
+    }
+    return go((CallObject *)self, args, 0);
+}
+
+/* again(in, out): the call (as call(in, out, None) answers, but out itself for True) when in and out are
+ * arrays as expect() said its key's have (the same array type and dtype objects, the same sizes, in place
+ * or apart as then, no scratch), else None with nothing done: the caller takes the key's way
+ * (core/prepared.py). */
+static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    CallObject *c = (CallObject *)self;
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "again(in, out)"); return NULL; }
+    PyObject *inp = args[0], *out = args[1];
+    if (!c->array_type || c->need[B_TMP] || Py_TYPE(out) != (PyTypeObject *)c->array_type) Py_RETURN_NONE;
+    if (c->in_dtype == Py_None ? inp != Py_None
+                               : Py_TYPE(inp) != (PyTypeObject *)c->array_type || (inp == out) != c->inplace)
+        Py_RETURN_NONE;
+    for (int b = B_IN; b <= B_OUT; b++) {
+        PyObject *o = b == B_IN ? inp : out, *want = b == B_IN ? c->in_dtype : c->out_dtype;
+        if (o == Py_None || (b == B_OUT && o == inp)) continue;
+        PyObject *dt = PyObject_GetAttr(o, S_dtype);
+        if (!dt) return NULL;
+        Py_DECREF(dt);
+        if (dt != want) Py_RETURN_NONE;
+    }
+    PyObject *three[3] = {inp, out, Py_None};
+    PyObject *done = go(c, three, 1);
+    if (done == Py_True) {
+        Py_DECREF(done);
+        Py_INCREF(out);
+        return out;
+    }
+    return done;
+}
+
+/* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers): what again() takes
+ * (in_dtype None: no input; at, gathers: primitives.apart's rule for an input and output that overlap, at
+ * -1 for none). */
+static PyObject *call_expect(PyObject *self, PyObject *args) {
+    CallObject *c = (CallObject *)self;
+    PyObject *at, *idt, *odt;
+    Py_ssize_t inb, outb, off;
+    int inplace, gathers;
+    if (!PyArg_ParseTuple(args, "OOnOnpnp:expect", &at, &idt, &inb, &odt, &outb, &inplace, &off, &gathers))
+        return NULL;
+    c->at = off; c->gathers = gathers;
+    if (!PyType_Check(at)) { PyErr_SetString(PyExc_TypeError, "expect: an array type"); return NULL; }
+    Py_INCREF(at); Py_XSETREF(c->array_type, at);
+    Py_INCREF(idt); Py_XSETREF(c->in_dtype, idt);
+    Py_INCREF(odt); Py_XSETREF(c->out_dtype, odt);
+    c->in_nbytes = inb; c->out_nbytes = outb; c->inplace = inplace;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef call_methods[] = {
+    {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL, "again(in, out): the call on a repeat's arrays, or None"},
+    {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers)"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Call(program, segment, words, settings, ctx, engine, recorder, what, record, tally, writes, finish,
+ *      recent_calls, states) -- see above; segment: the HostSegment (its layout is read once), words:
+ *      the call's fingerprint words (w0, w1), settings: as run()'s, states: (RUNNING, DONE). */
+static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    PyObject *program, *seg, *ctx, *eng, *rec, *what, *record, *tally, *running, *done;
+    unsigned long long w0, w1, recent;
+    long long spin, yields;
+    int dtype, op, writes, finish;
+    if (kw && PyDict_GET_SIZE(kw)) { PyErr_SetString(PyExc_TypeError, "Call takes no keywords"); return NULL; }
+    if (!PyArg_ParseTuple(args, "OO(KK)(LLii)OOOOOOppK(OO):Call", &program, &seg, &w0, &w1, &spin, &yields, &dtype,
+                          &op, &ctx, &eng, &rec, &what, &record, &tally, &writes, &finish, &recent, &running, &done))
+        return NULL;
+    if (!recent || (recent & (recent - 1))) { PyErr_SetString(PyExc_ValueError, "Call: recent_calls must be a power of 2"); return NULL; }
+    CallObject *c = (CallObject *)type->tp_alloc(type, 0);
+    if (!c) return NULL;
+    c->vectorcall = call_vectorcall;
+    if (PyObject_GetBuffer(program, &c->prog, PyBUF_SIMPLE) < 0) { c->prog.obj = NULL; Py_DECREF(c); return NULL; }
+    c->code = (const int64_t *)c->prog.buf;
+    c->len = c->prog.len / (WIDTH * (Py_ssize_t)sizeof(int64_t));
+    PyObject *lay = PyObject_GetAttrString(seg, "layout");
+    if (!lay) { Py_DECREF(c); return NULL; }
+    int ok = PyArg_ParseTuple(lay, "KLLLLLLL", &c->base, &c->line, &c->hdr_at, &c->head, &c->area, &c->pids_at,
+                              &c->me, &c->n);
+    Py_DECREF(lay);
+    if (!ok) { Py_DECREF(c); return NULL; }
+    const char *bad = c->prog.len % (WIDTH * (Py_ssize_t)sizeof(int64_t)) ? "a length that is not whole instructions"
+                      : ((uintptr_t)c->prog.buf & 7) ? "an unaligned buffer" : check(c->code, c->len, c->n, c->need, c->writes);
+    if (!bad && (c->n < 1 || c->me < 0 || c->me >= c->n || c->area < 0)) bad = "another segment";
+    if (!bad && c->need[B_WIN] > c->area) bad = "windows larger than the segment's";
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "pyxccl._native.Call: not a program of this executor for this segment (%s)", bad);
+        Py_DECREF(c);
+        return NULL;
+    }
+    c->w0 = w0; c->w1 = w1; c->spin = spin; c->yields = yields; c->dtype = dtype; c->op = op;
+    c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1;
+    PyObject *lock = NULL, *exec_ = NULL, *ops = NULL;
+    c->ctx_dict = PyObject_GetAttrString(ctx, "__dict__");
+    c->seg_dict = PyObject_GetAttrString(seg, "__dict__");
+    c->eng_dict = PyObject_GetAttrString(eng, "__dict__");
+    lock = PyObject_GetAttrString(eng, "lock");
+    exec_ = PyObject_GetAttrString(eng, "_exec");
+    ops = PyObject_GetAttrString(rec, "ops");
+    c->trace = PyObject_GetAttrString(rec, "trace");
+    if (lock && exec_ && ops) {
+        c->lock_locked = PyObject_GetAttrString(lock, "locked");
+        c->exec_locked = PyObject_GetAttrString(exec_, "locked");
+        c->exec_acquire = PyObject_GetAttrString(exec_, "acquire");
+        c->exec_release = PyObject_GetAttrString(exec_, "release");
+        c->ops_append = PyObject_GetAttrString(ops, "append");
+    }
+    Py_XDECREF(lock); Py_XDECREF(exec_); Py_XDECREF(ops);
+    Py_INCREF(seg); c->seg = seg;
+    Py_INCREF(what); c->what = what;
+    Py_INCREF(record); c->record = record;
+    Py_INCREF(tally); c->tally = tally;
+    Py_INCREF(running); c->running = running;
+    Py_INCREF(done); c->done = done;
+    if (!c->ctx_dict || !c->seg_dict || !c->eng_dict || !c->trace || !c->lock_locked || !c->exec_locked
+        || !c->exec_acquire || !c->exec_release || !c->ops_append) { Py_DECREF(c); return NULL; }
+    if (!PyDict_Check(c->ctx_dict) || !PyDict_Check(c->seg_dict) || !PyDict_Check(c->eng_dict)
+        || (c->trace != Py_None && !PyList_Check(c->trace))) {
+        PyErr_SetString(PyExc_TypeError, "pyxccl._native.Call: a context, segment, engine or recorder of another kind");
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
+#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock_locked) X(exec_locked) X(exec_acquire) \
+    X(exec_release) X(ops_append) X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
+    X(out_dtype)
+
+static int call_traverse(PyObject *self, visitproc visit, void *arg) {
+    CallObject *c = (CallObject *)self;
+#define VISIT(f) Py_VISIT(c->f);
+    CALL_OBJECTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int call_clear(PyObject *self) {
+    CallObject *c = (CallObject *)self;
+#define CLEAR(f) Py_CLEAR(c->f);
+    CALL_OBJECTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void call_dealloc(PyObject *self) {
+    CallObject *c = (CallObject *)self;
+    PyObject_GC_UnTrack(self);
+    call_clear(self);
+    if (c->prog.obj) PyBuffer_Release(&c->prog);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyTypeObject CallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pyxccl._native.Call",
+    .tp_basicsize = sizeof(CallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A prepared blocking call run with its bookkeeping in one C call (see _native.c).",
+    .tp_new = call_new,
+    .tp_methods = call_methods,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(CallObject, vectorcall),
+    .tp_traverse = call_traverse,
+    .tp_clear = call_clear,
+    .tp_dealloc = call_dealloc,
+};
 
 static PyObject *can_reduce(PyObject *self, PyObject *args) {
     (void)self;
@@ -571,4 +1003,17 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyxccl._native",
                                     "Segment schedules run in C, without the GIL.", -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    struct { PyObject **at; const char *name; } names[] = {
+        {&S_closed, "closed"}, {&S_error, "error"}, {&S_segment, "segment"}, {&S_seq, "seq"},
+        {&S_coll_seq, "coll_seq"}, {&S_recent, "recent"}, {&S_pending, "_pending"}, {&S_round, "round"},
+        {&S_calls, "calls"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
+    if (PyType_Ready(&CallType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&CallType);
+    if (PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0) { Py_DECREF(&CallType); Py_DECREF(m); return NULL; }
+    return m;
+}

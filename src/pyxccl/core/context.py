@@ -465,7 +465,7 @@ class Context:
             self._telling.join(timeout=3)
         if self.segment is not None:
             self.segment.close()
-            self.segment = None     # unmapped once no call in flight holds it
+            self.segment = None     # unmapped once no call in flight, nor a prepared call's C path, holds it
         self.mesh.detach(self.id)
         if self.parent is not None and self in self.parent.children:
             self.parent.children.remove(self)

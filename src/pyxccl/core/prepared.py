@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from time import monotonic, time
+from time import monotonic
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ..primitives import PRIMITIVES, apart
 from . import onehost
 from .engine import Work
 from .onehost import _native
-from .recorder import DONE, ENTRY_ENDED, ENTRY_STATE, RUNNING, ended, started
+from .recorder import DONE, RUNNING, ended, started
 from .counters import schedule_io
 
 native_run = _native.run if _native is not None else None
@@ -94,7 +94,7 @@ def _array(obj, writable: bool):
 class Prepared:
     """One collective call, decided: run it with :meth:`start` (after :meth:`bind` for a repeat)."""
     __slots__ = ("ctx", "plan", "name", "s", "words", "record", "timeout", "what", "tally", "prog", "settings",
-                 "avg", "writes", "alloc", "prim", "at", "tmp")
+                 "avg", "writes", "alloc", "prim", "at", "tmp", "fast")
 
     def __init__(self, ctx, plan, name: str, s, size, thread: str, words, timeout, what: tuple, *, args: dict,
                  writes: bool, allocates: int | None):
@@ -110,11 +110,15 @@ class Prepared:
         self.prim = PRIMITIVES[plan.primitive]
         self.at = self.prim.in_place_at(ctx.rank, args, itemsize)
         self.tmp = s.scratch
+        # the blocking call in one C call (run); AVG divides after its rounds, so finishes in Python
+        self.fast = None if self.prog is None else _native.Call(
+            self.prog, ctx.segment, words, self.settings, ctx, ctx.engine, ctx.recorder, what, self.record,
+            self.tally, writes, not self.avg, RECENT_CALLS, (RUNNING, DONE))
 
     def again(self, inp, out, async_op):
         """Run a repeated call on the user's ``inp`` and ``out`` (``start``'s result), or return
         ``FULL_PATH`` if anything about them needs the full path (nothing ran then)."""
-        if type(out) is np.ndarray:         # inline: this is on every call
+        if type(out) is np.ndarray:
             f = out.flags
             if not f.c_contiguous or (self.writes and not f.writeable):
                 return FULL_PATH
@@ -173,56 +177,52 @@ class Prepared:
         return result
 
     def run(self, inp, out, result):
-        """``start(inp, out, result, False)``: the blocking call, run here when the engine is idle and the
-        native executor runs it (every small call's floor), else by ``start``. What ``start`` and
-        ``_execute`` do for it, in one frame and with the engine's claim and release, the recorder's
-        begin and end and the tally's count written out (Engine.claim, Recorder.begin, recorder.ended,
-        Tally.count say the same): this is on every call, and every call it saves costs as much as
-        a line of it. Locks by acquire()/release(): half the cost of ``with``."""
-        ctx = self.ctx
-        eng = ctx.engine
-        lock = eng.lock
-        lock.acquire()      # numbers and place in line under one lock: threads run in number order
-        if ctx.closed or ctx.error is not None or self.prog is None or eng._pending or not eng._exec.acquire(False):
-            lock.release()      # no numbers taken yet: start() takes them (and queues, or refuses)
+        """``start(inp, out, result, False)``: the blocking call. One the native executor runs, when the
+        engine is idle, is one C call (``fast``: _native.Call, which numbers it, opens and ends its
+        recorder entry, counts it and runs it as ``start`` and ``_execute`` would); anything else, or
+        an engine busy with another call, goes through ``start``."""
+        fast = self.fast
+        if fast is None:
             return self.start(inp, out, result, False)
-        try:                    # the engine is this call's (Engine.claim): until _exec.release()
-            ctx.seq = seq = ctx.seq + 1
-            ctx.coll_seq = cseq = (ctx.coll_seq + 1) & 0xFFFFFFFF
-            deadline = monotonic() + (ctx.timeout if self.timeout is None else self.timeout)
-            rec, now = ctx.recorder, time()
-            entry = [seq, cseq, self.what, None, now, now, 0.0, RUNNING, None]     # Recorder.begin
-            rec.ops.append(entry)
-            if rec.trace is not None:
-                rec.trace.append(entry)
-        finally:
-            lock.release()
+        done = fast(inp, out, self.ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None)
+        if done is True:
+            return result
+        return self.settle(inp, out, result, done)
+
+    def settle(self, inp, out, result, done):
+        """The call after ``fast`` (or ``fast.again``) answered ``done`` other than done: nothing ran
+        (False: the engine is busy; None: start() says what is wrong with the buffers, or, for a repeat
+        without its key, ``FULL_PATH``), or it is this thread's to finish (``_finish``)."""
+        if result is FULL_PATH:
+            if done is None:
+                return FULL_PATH
+            result = out
+        if done is False or done is None:
+            return self.start(inp, out, result, False)
+        return self._finish(inp, out, result, *done)
+
+    def _finish(self, inp, out, result, done, entry, seq: int, cseq: int, t0: float):
+        """The rest of a call ``fast`` numbered and left to finish here (with the engine claimed): a run
+        that stopped (a wait slept, or an error), a communicator that failed meanwhile (``done`` None),
+        or AVG's division."""
+        ctx = self.ctx
         try:
-            if ctx.closed or ctx.error is not None:       # aborted by another thread since (as _execute)
+            if done is None:
                 ctx.usable(self.name)
-            ctx.recent[cseq & (RECENT_CALLS - 1)] = (cseq, self.record)    # names it in a mismatch error
-            t = self.tally          # Tally.count()
-            n = t.calls
-            t.calls = n + 1
-            if not n:
-                t.traffic.waiting(t)
-            seg, mine = ctx.segment, (cseq,) + self.words
-            where = (inp, out, ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None)
-            done = native_run(self.prog, 0, seg.layout, seg.round, mine, where, self.settings)
-            if type(done) is int:
-                seg.round = done
-            else:
-                onehost.native(ctx, self.prog, mine, where, self.settings, deadline, self.name, done)
+            if type(done) is not int:
+                tmp = ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None
+                onehost.native(ctx, self.prog, (cseq,) + self.words, (inp, out, tmp), self.settings,
+                               t0 + (ctx.timeout if self.timeout is None else self.timeout), self.name, done)
             if self.avg:
                 np.divide(out, ctx.size, out=out)
-            entry[ENTRY_ENDED], entry[ENTRY_STATE] = time(), DONE        # recorder.ended(entry)
+            ended(entry)
         except CommError as e:
             raise self._comm_failed(e, entry, seq, cseq) from None
         except BaseException as e:
             self._broke(e, entry, cseq)
             raise
         finally:
-            eng._exec.release()     # Engine.release()
+            ctx.engine.release()
         return result
 
     def _comm_failed(self, e: CommError, entry, seq: int, cseq: int) -> CommError:
@@ -287,11 +287,31 @@ def _bufs(inp, out, tmp) -> dict:
 class PreparedCalls(dict):
     """The prepared calls of one communicator, by key: ``get(key)`` (a dict's: no lock, a dict read is
     atomic; it raises TypeError for a key with an unhashable part, which is never kept); changes are
-    made under a lock."""
+    made under a lock.
+
+    ``last``: per (call name, id of its output array), the last blocking repeat on numpy arrays that
+    ran in C, as (root, op, algorithm, timeout, thread, Prepared): a repeat with those very objects
+    (``is``) and the same thread needs no key: ``fast.again`` checks its arrays against the key's in
+    C (``remember``; an id is only where to look: another array there is checked the same way), and
+    returns the output when it ran, else ``Prepared.settle`` takes it (``FULL_PATH`` for its result:
+    the output, or the full path when the arrays are not the key's)."""
 
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()
+        self.last: dict = {}
+
+    def remember(self, name: str, inp, out, root, op, algorithm, timeout, thread: int, p: Prepared) -> None:
+        """Prepared call ``p`` just ran blocking on ``inp`` and ``out`` under its key: its repeats on
+        arrays like these take ``last``."""
+        if p.fast is None or type(out) is not np.ndarray or (inp is not None and type(inp) is not np.ndarray):
+            return
+        p.fast.expect(np.ndarray, None if inp is None else inp.dtype, 0 if inp is None else inp.nbytes, out.dtype,
+                      out.nbytes, inp is out, -1 if p.at is None else p.at, p.prim.gathers)
+        last = self.last
+        if len(last) >= _KEPT:
+            self.last = last = {}
+        last[name, id(out)] = (root, op, algorithm, timeout, thread, p)
 
     def keep(self, k, p: Prepared) -> None:
         try:
@@ -307,3 +327,4 @@ class PreparedCalls(dict):
         """Forget every prepared call (the plans they ran changed)."""
         with self._lock:
             super().clear()
+            self.last = {}

@@ -28,10 +28,10 @@ FIELDS = ("seq", "coll_seq", "op", "dtype", "count", "bytes", "algorithm", "peer
           "issued", "started", "ended", "state", "error")
 SEQ, CSEQ, OP, DTYPE, COUNT, BYTES, ALGO, PEER, ISSUED, STARTED, ENDED, STATE, ERROR = range(len(FIELDS))
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
-# An entry in memory is shorter (the call's description is one shared tuple): made on every call.
+# An entry in memory is shorter (the call's description is one shared tuple): made on every call. The
+# blocking native call (_native.c's Call) makes and ends entries of this layout in C; tests/test_floor.py
+# compares them with Recorder.begin's and ended's.
 _WHAT, _PEER, _ISSUED, _STARTED, _ENDED, _STATE, _ERROR = range(2, 9)
-#: an in-memory entry's end time and state: what the blocking fast path (prepared.Prepared.run) writes inline
-ENTRY_ENDED, ENTRY_STATE = _ENDED, _STATE
 
 
 def expand(e: list) -> list:

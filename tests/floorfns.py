@@ -1,0 +1,187 @@
+"""Rank functions of tests/test_floor.py: the blocking call run by one C call (core/prepared.py's
+``Prepared.fast``, pyxccl._native.Call) keeps the books as the Python path does (``Prepared.start``:
+Engine.claim, Recorder.begin, Tally.count, recorder.ended): the same flight-recorder entries, sequence
+numbers, traffic counters and mismatch records, call by call.
+
+Each function returns a list of failure descriptions (empty when all is well)."""
+from __future__ import annotations
+
+import numpy as np
+
+from pyxccl import InvalidArgumentError, ReduceOp
+from pyxccl.core import prepared as prepared_mod
+from pyxccl.core.recorder import DONE, FIELDS, expand, live
+
+SEG = "segment"         # the one-host algorithm, whose calls the native executor runs
+_SEQ, _CSEQ, _ISSUED, _STARTED, _ENDED = (FIELDS.index(f) for f in ("seq", "coll_seq", "issued", "started", "ended"))
+
+
+class _Starts:
+    """Counts Prepared.start calls (the Python path) and Prepared.again calls (a repeat found by its key)
+    while installed."""
+
+    def __init__(self):
+        self.n = self.keyed = 0
+        self._orig = prepared_mod.Prepared.start, prepared_mod.Prepared.again
+
+    def __enter__(self):
+        start0, again0 = self._orig
+
+        def start(p, *a, **k):
+            self.n += 1
+            return start0(p, *a, **k)
+
+        def again(p, *a, **k):
+            self.keyed += 1
+            return again0(p, *a, **k)
+        prepared_mod.Prepared.start, prepared_mod.Prepared.again = start, again
+        return self
+
+    def __exit__(self, *exc):
+        prepared_mod.Prepared.start, prepared_mod.Prepared.again = self._orig
+
+
+def context(comm):
+    """The framework's context of ``comm`` (the books live below the API): the live context whose flight
+    recorder is the communicator's."""
+    comm.barrier()
+    mine = comm.flight_record()
+    found = [c for c in live() if c.rank == comm.rank and c.size == comm.size and c.recorder.entries() == mine]
+    assert len(found) == 1, f"{len(found)} contexts with this communicator's flight record"
+    return found[0]
+
+
+def _books(ctx, op: str) -> tuple:
+    """The last recorder entry (in FIELDS order), the traffic counters of ``op``, the recent slot of the
+    last collective, and the sequence numbers."""
+    traffic = ctx.traffic.snapshot().get(op, {})
+    return (expand(ctx.recorder.ops[-1]), {k: v for k, v in traffic.items() if k != "wire"},
+            ctx.recent[ctx.coll_seq % prepared_mod.RECENT_CALLS], ctx.seq, ctx.coll_seq)
+
+
+def _compare(fails, what, ctx, op, ref, fast, prev):
+    """``ref``: the books after a call through Prepared.start, ``fast`` after the same call through
+    Prepared.fast, ``prev`` before the first of the two."""
+    e_ref, t_ref, recent_ref, seq_ref, cseq_ref = ref
+    e_fast, t_fast, recent_fast, seq_fast, cseq_fast = fast
+    if (seq_ref, cseq_ref) != (prev[3] + 1, prev[4] + 1) or (seq_fast, cseq_fast) != (seq_ref + 1, cseq_ref + 1):
+        fails.append(f"{what}: sequence numbers {prev[3:]} -> {(seq_ref, cseq_ref)} -> {(seq_fast, cseq_fast)}")
+    for e, seq, cseq, path in ((e_ref, seq_ref, cseq_ref, "start"), (e_fast, seq_fast, cseq_fast, "fast")):
+        if e[_SEQ] != seq or e[_CSEQ] != cseq:
+            fails.append(f"{what} ({path}): entry numbered {e[_SEQ]}/{e[_CSEQ]}, the context {seq}/{cseq}")
+        if not 0 < e[_ISSUED] == e[_STARTED] <= e[_ENDED]:
+            fails.append(f"{what} ({path}): entry times {e[_ISSUED:_ENDED + 1]}")
+        if type(e[_ISSUED]) is not float or type(e[_ENDED]) is not float:
+            fails.append(f"{what} ({path}): entry times of types {type(e[_ISSUED])}, {type(e[_ENDED])}")
+    untimed = [i for i in range(len(FIELDS)) if i not in (_SEQ, _CSEQ, _ISSUED, _STARTED, _ENDED)]
+    if [e_ref[i] for i in untimed] != [e_fast[i] for i in untimed] or len(e_ref) != len(e_fast):
+        fails.append(f"{what}: entries differ: start {e_ref}, fast {e_fast}")
+    if e_fast[FIELDS.index("state")] != DONE:
+        fails.append(f"{what}: fast entry {e_fast}")
+    if recent_ref[0] != cseq_ref or recent_fast[0] != cseq_fast or recent_ref[1] is not recent_fast[1]:
+        fails.append(f"{what}: recent slots {recent_ref} (start), {recent_fast} (fast)")
+    before = prev[1]
+    for k in ("calls", "bytes", "sent", "received"):
+        d_ref, d_fast = t_ref.get(k, 0) - before.get(k, 0), t_fast.get(k, 0) - t_ref.get(k, 0)
+        if d_ref != d_fast or (k == "calls" and d_fast != 1):
+            fails.append(f"{what}: traffic {k} +{d_ref} (start), +{d_fast} (fast)")
+
+
+def same_books(comm):
+    """Per call form: a call through Prepared.start, then the same prepared call through its C path; the
+    books (recorder entry, numbers, counters, the recent slot) the same but for times and numbers."""
+    ctx = context(comm)
+    fails, r, n = [], comm.rank, comm.size
+    x32 = np.arange(5, dtype=np.float32) + r
+    x64 = np.arange(7, dtype=np.float64) * (r + 1)
+    out = np.empty(5, np.float32)
+    gathered = np.empty(3 * n, np.int32)
+    whole = np.empty(3 * n, np.int32)         # allgather in place: this rank's block is its input
+    cases = [
+        ("allreduce", "allreduce in place", lambda: comm.allreduce(x32, algorithm=SEG), lambda: (x32, x32, x32)),
+        ("allreduce", "allreduce avg", lambda: comm.allreduce(x64, ReduceOp.AVG, algorithm=SEG), lambda: (x64, x64, x64)),
+        ("allreduce", "allreduce out=", lambda: comm.allreduce(x32, out=out, algorithm=SEG), lambda: (x32, out, out)),
+        ("broadcast", "broadcast root 1", lambda: comm.broadcast(x32, root=n - 1, algorithm=SEG), lambda: (None, x32, x32)),
+        ("allgather", "allgather", lambda: comm.allgather(np.full(3, r, np.int32), gathered, algorithm=SEG),
+         lambda: (np.full(3, r, np.int32), gathered, gathered)),
+        ("allgather", "allgather in place", lambda: comm.allgather(whole[3 * r:3 * r + 3], whole, algorithm=SEG),
+         lambda: (whole[3 * r:3 * r + 3], whole, whole)),
+    ]
+    for op, what, call, bufs in cases:
+        call()                  # made (full path) and kept
+        p = next(reversed(ctx.prepared.values()))
+        call()                  # found by its key, and remembered (PreparedCalls.last)
+        if p.fast is None:
+            fails.append(f"{what}: no C path for a native call ({p.plan.algo.name})")
+            continue
+        prev = _books(ctx, op)
+        with _Starts() as s:
+            inp, o, res = bufs()
+            p.start(inp, o, res, False)         # the Python path
+            ref = _books(ctx, op)
+            if s.n != 1:
+                fails.append(f"{what}: start ran {s.n} times")
+            call()
+            if s.n != 1:
+                fails.append(f"{what}: the repeat went through Prepared.start, not its C path")
+            if s.keyed:
+                fails.append(f"{what}: the repeat of the same arrays was looked up by its key")
+        _compare(fails, what, ctx, op, ref, _books(ctx, op), prev)
+    # a repeat on the remembered output whose input overlaps it elsewhere than in the in-place form: refused
+    # as the full path refuses it, nothing run
+    before = ctx.coll_seq
+    wrong = whole[3 * ((r + 1) % n):3 * ((r + 1) % n) + 3]
+    try:
+        comm.allgather(wrong, whole, algorithm=SEG)
+        fails.append("an input overlapping the output at another rank's block: not refused")
+    except InvalidArgumentError as e:
+        if "overlap" not in str(e):
+            fails.append(f"the overlap refused with {e}")
+    if ctx.coll_seq != before:
+        fails.append("the refused overlap took a number")
+    # persistent: req() through its C path, against its prepared call's start()
+    req = comm.allreduce_init(x32, algorithm=SEG)
+    req()
+    p = next(iter(req._prepared.values()))
+    prev = _books(ctx, "allreduce")
+    with _Starts() as s:
+        p.start(x32, x32, x32, False)
+        ref = _books(ctx, "allreduce")
+        req()
+        if s.n != 1:
+            fails.append("persistent: req() went through Prepared.start, not its C path")
+    _compare(fails, "persistent req()", ctx, "allreduce", ref, _books(ctx, "allreduce"), prev)
+    req.free()
+    return fails
+
+
+def busy_engine(comm):
+    """A blocking call behind a queued one takes the Python path and runs after it: entries in number
+    order, both results right."""
+    ctx = context(comm)
+    fails, r, n = [], comm.rank, comm.size
+    a, b = np.full(4, r + 1, np.float32), np.full(4, 10 * (r + 1), np.float32)
+    for _ in range(2):
+        comm.allreduce(b, algorithm=SEG)       # prepared and kept
+        b[:] = 10 * (r + 1)
+    w = comm.allreduce(a, async_op=True, algorithm=SEG)
+    comm.allreduce(b, algorithm=SEG)
+    w.wait()
+    want_a, want_b = sum(range(1, n + 1)), 10 * sum(range(1, n + 1))
+    if not (np.all(a == want_a) and np.all(b == want_b)):
+        fails.append(f"results {a}, {b}; want {want_a}, {want_b}")
+    c = np.full(3, r + 1, np.int64)
+    req = comm.allreduce_init(c, algorithm=SEG)
+    req()
+    c[:] = r + 1
+    w = comm.allreduce(a, async_op=True, algorithm=SEG)
+    req()                       # the persistent form behind a queued call
+    w.wait()
+    if not np.all(c == sum(range(1, n + 1))):
+        fails.append(f"persistent behind a queued call: {c}")
+    req.free()
+    last = [expand(e) for e in list(ctx.recorder.ops)[-2:]]
+    if [e[_CSEQ] for e in last] != [ctx.coll_seq - 1, ctx.coll_seq] or any(e[FIELDS.index("state")] != DONE
+                                                                          for e in last):
+        fails.append(f"entries {last}")
+    return fails
