@@ -76,8 +76,10 @@ def _reduction(rank, n, count, window, root):
             continue
         shares = split_counts(c, n)                 # large: every rank reduces its share at once
         off = offsets(shares)
-        _round(s, Copy("in", a, "win", 0, c))
-        _round(s, *(Get(p, off[rank], "win", 0, shares[rank], reduce=p > 0, prev=True) for p in range(n)),
+        # the others' shares through my window; my own share straight from my input (a copy less)
+        _round(s, *(Copy("in", a + off[q], "win", off[q], shares[q]) for q in range(n) if q != rank))
+        _round(s, *(Copy("in", a + off[rank], "win", 0, shares[rank], reduce=p > 0) if p == rank else
+                    Get(p, off[rank], "win", 0, shares[rank], reduce=p > 0, prev=True) for p in range(n)),
                *(Get(p, 0, "out", a + off[p], shares[p]) for p in range(n) if reads))
     if not s.steps:
         _round(s)
