@@ -332,7 +332,8 @@ static int step(Run *r, const int64_t *i) {
 }
 
 /* Before running anything: is `code` a program this executor can run on this segment, and what does it
- * touch? need[b]: the bytes of buffer b it reads or writes (0: none), writes[b]: does it write b.
+ * touch? need[b]: the bytes of buffer b it reads or writes (0: none), writes[b]: does it write b (bit 1)
+ * and does it reduce into b (bit 2).
  * Returns NULL, or why not (a program not made by onehost.program, or for another segment). */
 static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t need[4], int writes[4]) {
     for (Py_ssize_t pc = 0; pc < len; pc++) {
@@ -358,7 +359,7 @@ static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t
         if (buf >= 0 && need[buf] < off + nbytes) need[buf] = off + nbytes;
         if (buf2 >= 0) {
             if (need[buf2] < off2 + nbytes) need[buf2] = off2 + nbytes;
-            writes[buf2] = 1;
+            writes[buf2] |= 1 | ((i[0] == I_COPY || i[0] == I_GET) && i[6] ? 2 : 0);     /* 2: reduces into it */
         }
     }
     return NULL;
@@ -478,7 +479,8 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     r->me = me; r->n = n; r->parity = r->round & 1;
     r->call[0] = s0; r->call[1] = s1; r->call[2] = s2;
     r->spin_ns = spin; r->yields = yields; r->dtype = dtype; r->op = op;
-    for (int b = 0; b < 3; b++) r->nt[b] = need[b] >= NT_BYTES;
+    /* not into a buffer reduced into: what a copy put there is read back at once (from memory, then) */
+    for (int b = 0; b < 3; b++) r->nt[b] = need[b] >= NT_BYTES && !(writes[b] & 2);
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
         volatile uint64_t *h = header(r, r->parity, r->me);
         r->posted = h[NBYTES] ? (char *)(uintptr_t)h[ADDR] : NULL;
