@@ -13,7 +13,7 @@ from pyxccl.algorithms.segment import Window
 from pyxccl.checker import CheckError, check, simulate
 from pyxccl.ops import ReduceOp
 from pyxccl.primitives import PRIMITIVES
-from pyxccl.schedule import Copy, Get, Recv, Schedule, Send
+from pyxccl.schedule import Copy, Get, Post, Recv, Schedule, Send
 from pyxccl.testing import RankPool
 
 PRIMS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter", "alltoall",
@@ -164,6 +164,12 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
         _broken(monkeypatch, prim, edit)
         with pytest.raises(CheckError, match=msg):
             check(prim, "t_broken", 3, 9, window=window)
+    # a broadcast from BROADCAST_CMA_BYTES (16 single-copy thresholds: 16 elements here) reads the root's buffer
+    _broken(monkeypatch, "broadcast", no_last_round)
+    assert any(type(o) is Post for o in registry.lookup("broadcast", "segment").schedule(
+        0, 3, window=Window(64, 8, single_copy=1), count=16, root=0).steps[0])
+    with pytest.raises(CheckError, match="may return while rank"):
+        check("broadcast", "t_broken", 3, 16, 0, window=Window(64, 8, single_copy=1))
 
 
 REAL_SIZES = tuple(range(1, 10))

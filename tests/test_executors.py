@@ -335,6 +335,29 @@ def test_every_dtype_and_op_at_every_size(n):
         world.close()
 
 
+def test_copies_into_large_buffers_the_same_in_both_executors():
+    """Buffers past the C side's NT_BYTES (4 MiB) take its non-temporal copies: pieces that start off
+    the 16-byte line and end in a tail (odd windows and counts), in place and not, through the windows
+    and by single-copy reads, give numpy's bits and the Python executor's."""
+    n, dt = 2, np.dtype(np.float32)
+    big = (4 << 20) // dt.itemsize + 5                      # elements: past NT_BYTES, not a whole line
+    windows = (Window(100_003, oneshot=8), Window(100_003, oneshot=8, single_copy=3))
+    cases = []
+    for w in windows:
+        for prim in ("broadcast", "allgather", "alltoall", "allreduce", "gather"):
+            p = PRIMITIVES[prim]
+            per = big if p.shape == "count" else big // n + 1
+            a = p.args(n, per, n - 1) if p.rooted else p.args(n, per, 0)
+            op = ReduceOp.SUM if p.reduces else None
+            for in_place in ((False, True) if prim in IN_PLACE else (False,)):
+                cases.append(Case(prim, a, w, dt, op, in_place))
+    world = World(n, 100_003 * dt.itemsize + 64)
+    try:
+        _check(world, cases, seed=3)
+    finally:
+        world.close()
+
+
 def test_the_python_executor_with_barriers_as_on_a_weakly_ordered_cpu(monkeypatch):
     """On aarch64 the Python executor takes the C helper's barriers (segment._BARRIER): the same
     paths here, with the barriers in, give the same bits."""
