@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..schedule import Copy, Recv, Schedule, Send, offsets, split_counts
 from .registry import register
-from .ring import _chunks, _split, allgather_phase, reduce_scatter_phase
+from .ring import allgather_phase, reduce_scatter_phase, shared_offsets, shared_split
 
 SEGMENT = 1 << 16      # elements per chain segment
 
@@ -42,8 +42,8 @@ def broadcast_chain(rank: int, nranks: int, count: int, root: int) -> Schedule:
 @register("broadcast", "scatter_allgather")
 def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -> Schedule:
     n = nranks
-    pieces = _split(count, n)
-    off = _chunks(pieces, n)[0]                         # piece v belongs to virtual rank v (shared, read only)
+    pieces = shared_split(count, n)
+    off = shared_offsets(pieces, n)                     # piece v belongs to virtual rank v (shared, read only)
     vr = (rank - root) % n
     real = lambda v: (v + root) % n                     # noqa: E731
     s = Schedule(rank, n)
@@ -64,8 +64,8 @@ def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -
 
 @register("reduce", "reduce_scatter_gather")
 def reduce_rs_gather(rank: int, nranks: int, count: int, root: int) -> Schedule:
-    pieces = _split(count, nranks)
-    off = _chunks(pieces, nranks)[0]            # shared by every rank of the call (read only)
+    pieces = shared_split(count, nranks)
+    off = shared_offsets(pieces, nranks)        # shared by every rank of the call (read only)
     total = off[-1]
     # the ring reduce-scatter (reduce_scatter "ring") built in place: its "tmp" is this one's "tmp" at 0 and
     # its "out" this rank's piece (the root's "out", another's scratch after the reduce-scatter's)

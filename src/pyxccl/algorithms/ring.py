@@ -30,9 +30,14 @@ def _chunks(counts, n: int):
 
 
 @lru_cache(maxsize=16)
-def _split(count: int, n: int) -> list[int]:
+def shared_split(count: int, n: int) -> list[int]:
     """``split_counts``, one list for every rank of a call (read only)."""
     return split_counts(count, n)
+
+
+def shared_offsets(counts, n: int) -> list[int]:
+    """``offsets(counts)``, one list for every rank of a call with the same ``counts`` (read only)."""
+    return _chunks(counts, n)[0]
 
 
 def _steps(full, n: int, a: int):
@@ -90,7 +95,7 @@ def allreduce(rank: int, nranks: int, count: int) -> Schedule:
     """Reduce-scatter then allgather around the ring: 2(n-1) steps, 2(n-1)/n of the data per rank."""
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", 0, count))          # a no-op when in-place
-    counts = _split(count, nranks)
+    counts = shared_split(count, nranks)
     reduce_scatter_phase(s, counts, "out", last=(rank + 1) % nranks)
     allgather_phase(s, counts, "out", have=(rank + 1) % nranks)
     return s
