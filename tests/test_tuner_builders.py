@@ -148,3 +148,78 @@ def test_ring_phases_follow_their_counts():
     assert changed == [algo.schedule(r, 6, counts=list(counts)).steps for r in range(6)] != first
     ar = registry.lookup("allreduce", "ring")
     assert [ar.schedule(r, 5, count=3).steps for r in range(5)] != [ar.schedule(r, 5, count=4).steps for r in range(5)]
+
+
+def _ring_phase_plain(s: Schedule, counts, buf: str, a: int, reduce: bool) -> None:
+    """A ring phase as it was written, step by step through Schedule.step: in step k, Send chunk
+    (a - k) % n right and Recv chunk (a - k - 1) % n from the left."""
+    from pyxccl.schedule import Recv, Send, offsets
+    r, n = s.rank, s.nranks
+    off = offsets(counts)
+    for k in range(n - 1):
+        c, d = (a - k) % n, (a - k - 1) % n
+        s.step(Send((r + 1) % n, buf, off[c], counts[c]), Recv((r - 1) % n, buf, off[d], counts[d], reduce=reduce))
+
+
+def _reduce_rs_gather_plain(rank: int, n: int, count: int, root: int) -> Schedule:
+    """Rabenseifner's reduce as it was written: the ring reduce-scatter's schedule embedded."""
+    from pyxccl.schedule import Recv, Send, embed, offsets, split_counts
+    pieces = split_counts(count, n)
+    off = offsets(pieces)
+    rs = registry.lookup("reduce_scatter", "ring").build(rank, n, counts=pieces)
+    s = Schedule(rank, n, scratch=rs.scratch + max(pieces, default=0))
+    mine = ("out", off[rank]) if rank == root else ("tmp", rs.scratch)
+    embed(s, rs, list(range(n)), {"in": ("in", 0), "out": mine, "tmp": ("tmp", 0)})
+    if rank == root:
+        s.step(*(Recv(p, "out", off[p], pieces[p]) for p in range(n) if p != root))
+    else:
+        s.step(Send(root, "tmp", rs.scratch, pieces[rank]))
+    return s
+
+
+def _broadcast_scatter_allgather_plain(rank: int, n: int, count: int, root: int) -> Schedule:
+    """van de Geijn's broadcast as it was written: a ring allgather among virtual ranks, embedded."""
+    from pyxccl.algorithms.ring import allgather_phase
+    from pyxccl.schedule import Recv, Send, embed, offsets, split_counts
+    pieces = split_counts(count, n)
+    off = offsets(pieces)
+    vr = (rank - root) % n
+    s = Schedule(rank, n)
+    d = 1 << max(0, (n - 1).bit_length() - 1) if n > 1 else 0
+    while d >= 1:
+        if vr % (2 * d) == 0 and vr + d < n:
+            hi = min(vr + 2 * d, n)
+            s.step(Send((vr + d + root) % n, "out", off[vr + d], off[hi] - off[vr + d]))
+        elif vr % (2 * d) == d:
+            hi = min(vr + d, n)
+            s.step(Recv((vr - d + root) % n, "out", off[vr], off[hi] - off[vr]))
+        d >>= 1
+    ag = Schedule(vr, n)
+    allgather_phase(ag, pieces, "out", have=vr)
+    embed(s, ag, [*range(root, n), *range(root)], {"out": ("out", 0)})
+    return s
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("count", [0, 1, 7, 13, 100])
+def test_ring_phases_and_what_builds_on_them_are_their_plain_builds(n, count, monkeypatch):
+    """The ring phases' path for chunks all non-empty (``ring._full_steps``) appends what the phase
+    built through Schedule.step appends, and Rabenseifner's reduce and van de Geijn's broadcast, built in
+    place on them, are their builds with the ring's schedules embedded: every rank, every root, types
+    included (counts below n leave chunks empty: the other path; a few chunks of one count, then
+    another, check the shared offsets)."""
+    from pyxccl.algorithms import ring
+    from pyxccl.schedule import split_counts
+    for counts in (split_counts(count, n), [count if i % 2 else count + 1 for i in range(n)]):
+        for a in range(n):
+            for reduce, phase in ((True, ring.reduce_scatter_phase), (False, ring.allgather_phase)):
+                got, want = Schedule(a, n), Schedule(a, n)
+                phase(got, counts, "tmp", a)
+                _ring_phase_plain(want, counts, "tmp", a - 1 if reduce else a, reduce)
+                assert repr(got.steps) == repr(want.steps), (n, counts, a, reduce)
+    red, bc = registry.lookup("reduce", "reduce_scatter_gather"), registry.lookup("broadcast", "scatter_allgather")
+    for root in range(n):
+        for r in range(n):
+            for algo, plain in ((red, _reduce_rs_gather_plain), (bc, _broadcast_scatter_allgather_plain)):
+                got, want = algo.schedule(r, n, count=count, root=root), plain(r, n, count, root)
+                assert (repr(got.steps), got.scratch) == (repr(want.steps), want.scratch), (algo.name, n, count, root, r)

@@ -13,9 +13,9 @@ every rank sends its reduced piece to the root.
 """
 from __future__ import annotations
 
-from ..schedule import Recv, Schedule, Send, embed, offsets, split_counts
-from .registry import lookup, register
-from .ring import allgather_phase
+from ..schedule import Copy, Recv, Schedule, Send, offsets, split_counts
+from .registry import register
+from .ring import allgather_phase, reduce_scatter_phase, shared_offsets, shared_split
 
 SEGMENT = 1 << 16      # elements per chain segment
 
@@ -42,8 +42,8 @@ def broadcast_chain(rank: int, nranks: int, count: int, root: int) -> Schedule:
 @register("broadcast", "scatter_allgather")
 def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -> Schedule:
     n = nranks
-    pieces = split_counts(count, n)
-    off = offsets(pieces)                               # piece v belongs to virtual rank v
+    pieces = shared_split(count, n)
+    off = shared_offsets(pieces, n)                     # piece v belongs to virtual rank v (shared, read only)
     vr = (rank - root) % n
     real = lambda v: (v + root) % n                     # noqa: E731
     s = Schedule(rank, n)
@@ -56,22 +56,26 @@ def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -
             hi = min(vr + d, n)
             s.step(Recv(real(vr - d), "out", off[vr], off[hi] - off[vr]))
         d >>= 1
-    ag = Schedule(vr, n)                                # ring allgather among virtual ranks
-    allgather_phase(ag, pieces, "out", have=vr)
-    embed(s, ag, [*range(root, n), *range(root)], {"out": ("out", 0)})     # virtual rank v is real(v)
+    # the ring allgather among virtual ranks v -> real(v): real(vr) +- 1 is rank +- 1, so it is the ring of
+    # real ranks over the virtual pieces (what embedding it said, without copying every operation)
+    allgather_phase(s, pieces, "out", have=vr)
     return s
 
 
 @register("reduce", "reduce_scatter_gather")
 def reduce_rs_gather(rank: int, nranks: int, count: int, root: int) -> Schedule:
-    pieces = split_counts(count, nranks)
-    off = offsets(pieces)
-    rs = lookup("reduce_scatter", "ring").build(rank, nranks, counts=pieces)
-    s = Schedule(rank, nranks, scratch=rs.scratch + max(pieces, default=0))
-    mine = ("out", off[rank]) if rank == root else ("tmp", rs.scratch)
-    embed(s, rs, list(range(nranks)), {"in": ("in", 0), "out": mine, "tmp": ("tmp", 0)})
+    pieces = shared_split(count, nranks)
+    off = shared_offsets(pieces, nranks)        # shared by every rank of the call (read only)
+    total = off[-1]
+    # the ring reduce-scatter (reduce_scatter "ring") built in place: its "tmp" is this one's "tmp" at 0 and
+    # its "out" this rank's piece (the root's "out", another's scratch after the reduce-scatter's)
+    s = Schedule(rank, nranks, scratch=total + max(pieces, default=0))
+    s.step(Copy("in", 0, "tmp", 0, total))
+    reduce_scatter_phase(s, pieces, "tmp", last=rank)
     if rank == root:
+        s.step(Copy("tmp", off[rank], "out", off[rank], pieces[rank]))
         s.step(*(Recv(p, "out", off[p], pieces[p]) for p in range(nranks) if p != root))
     else:
-        s.step(Send(root, "tmp", rs.scratch, pieces[rank]))
+        s.step(Copy("tmp", off[rank], "tmp", total, pieces[rank]))
+        s.step(Send(root, "tmp", total, pieces[rank]))
     return s

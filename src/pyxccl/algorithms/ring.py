@@ -30,9 +30,14 @@ def _chunks(counts, n: int):
 
 
 @lru_cache(maxsize=16)
-def _split(count: int, n: int) -> list[int]:
+def shared_split(count: int, n: int) -> list[int]:
     """``split_counts``, one list for every rank of a call (read only)."""
     return split_counts(count, n)
+
+
+def shared_offsets(counts, n: int) -> list[int]:
+    """``offsets(counts)``, one list for every rank of a call with the same ``counts`` (read only)."""
+    return _chunks(counts, n)[0]
 
 
 def _steps(full, n: int, a: int):
@@ -44,11 +49,25 @@ def _steps(full, n: int, a: int):
     return sorted({k for c in full for k in ((a - c) % n, (a - c - 1) % n) if k < n - 1})
 
 
+def _full_steps(s: Schedule, off, counts, buf: str, right: int, left: int, a: int, reduce: bool):
+    """The n-1 steps of a phase whose chunks are all non-empty: in step k, Send chunk (a - k) % n to
+    ``right`` and Recv chunk (a - k - 1) % n from ``left``: what the loop through ``Schedule.step``
+    appends, without its filter (nothing is empty) or the NamedTuples' ``__new__`` frames (a rooted
+    algorithm's schedules are built for every rank of a large communicator: issue 26)."""
+    n, new = s.nranks, tuple.__new__
+    order = [*range(a % n, -1, -1), *range(n - 1, a % n, -1)]     # (a - k) % n for k = 0 .. n-1
+    s.steps += [(new(Send, (right, buf, off[c], counts[c])), new(Recv, (left, buf, off[d], counts[d], reduce)))
+                for c, d in zip(order, order[1:])]
+
+
 def reduce_scatter_phase(s: Schedule, counts, buf: str, last: int):
     """n-1 steps after which ``buf``'s chunk ``last`` on this rank holds the full reduction."""
     r, n = s.rank, s.nranks
     off, full = _chunks(counts, n)
     right, left = (r + 1) % n, (r - 1) % n
+    if full is None:
+        _full_steps(s, off, counts, buf, right, left, last - 1, True)
+        return
     for k in _steps(full, n, last - 1):
         send_c = (last - k - 1) % n
         recv_c = (last - k - 2) % n
@@ -61,6 +80,9 @@ def allgather_phase(s: Schedule, counts, buf: str, have: int):
     r, n = s.rank, s.nranks
     off, full = _chunks(counts, n)
     right, left = (r + 1) % n, (r - 1) % n
+    if full is None:
+        _full_steps(s, off, counts, buf, right, left, have, False)
+        return
     for k in _steps(full, n, have):
         send_c = (have - k) % n
         recv_c = (have - k - 1) % n
@@ -73,7 +95,7 @@ def allreduce(rank: int, nranks: int, count: int) -> Schedule:
     """Reduce-scatter then allgather around the ring: 2(n-1) steps, 2(n-1)/n of the data per rank."""
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", 0, count))          # a no-op when in-place
-    counts = _split(count, nranks)
+    counts = shared_split(count, nranks)
     reduce_scatter_phase(s, counts, "out", last=(rank + 1) % nranks)
     allgather_phase(s, counts, "out", have=(rank + 1) % nranks)
     return s
