@@ -424,6 +424,20 @@ static PyObject *outcome(Run *r, int status, Py_ssize_t pc) {
     return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
 }
 
+/* A run's fixed part: the segment's layout, the call's fingerprint words and settings, and the buffers that
+ * copies reach with non-temporal stores (need, writes: check()'s). run() fills it on every call, Call once. */
+static void fixed(Run *r, unsigned long long base, long long line, long long hdr_at, long long head, long long area,
+                  long long pids_at, long long me, long long n, unsigned long long w0, unsigned long long w1,
+                  long long spin, long long yields, int dtype, int op, const int64_t *need, const int *writes) {
+    r->base = (char *)(uintptr_t)base;
+    r->line = line; r->hdr_at = hdr_at; r->head = head; r->area = area; r->pids_at = pids_at;
+    r->me = me; r->n = n;
+    r->call[1] = w0; r->call[2] = w1;
+    r->spin_ns = spin; r->yields = yields; r->dtype = dtype; r->op = op;
+    /* not into a buffer reduced into: what a copy put there is read back at once (from memory, then) */
+    for (int b = 0; b < 3; b++) r->nt[b] = need[b] >= NT_BYTES && !(writes[b] & 2);
+}
+
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     (void)self;
     Py_buffer prog, views[3];
@@ -496,13 +510,9 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         if (status < 0) return NULL;        /* not a buffer at all: that TypeError */
         return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
     }
-    r->base = (char *)(uintptr_t)base;
-    r->line = line; r->hdr_at = hdr_at; r->head = head; r->area = area; r->pids_at = pids_at;
-    r->me = me; r->n = n; r->parity = r->round & 1;
-    r->call[0] = s0; r->call[1] = s1; r->call[2] = s2;
-    r->spin_ns = spin; r->yields = yields; r->dtype = dtype; r->op = op;
-    /* not into a buffer reduced into: what a copy put there is read back at once (from memory, then) */
-    for (int b = 0; b < 3; b++) r->nt[b] = need[b] >= NT_BYTES && !(writes[b] & 2);
+    fixed(r, base, line, hdr_at, head, area, pids_at, me, n, s1, s2, spin, yields, dtype, op, need, writes);
+    r->parity = r->round & 1;
+    r->call[0] = s0;
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
         volatile uint64_t *h = header(r, r->parity, r->me);
         r->posted = h[NBYTES] ? (char *)(uintptr_t)h[ADDR] : NULL;
@@ -553,9 +563,7 @@ typedef struct {
     int64_t need[4];
     int writes[4];
     int out_writes, finish;
-    unsigned long long base, w0, w1;
-    long long line, hdr_at, head, area, pids_at, me, n, spin, yields;
-    int dtype, op;
+    Run fixed;                  /* what every run of it starts from (fixed()) */
     unsigned long long recent_mask;
     PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_locked, *exec_acquire, *exec_release,
         *ops_append, *trace, *what, *record, *tally, *running, *done;
@@ -584,8 +592,7 @@ static int unlocked(PyObject *locked) {
 static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     Py_buffer views[3];
     int held[3] = {0, 0, 0};
-    Run run_, *r = &run_;
-    memset(r, 0, sizeof *r);
+    Run run_ = c->fixed, *r = &run_;
     PyObject *result = Py_None, *entry = NULL, *slot = NULL, *seq = NULL, *cseq = NULL;
     /* the buffers, as Prepared.again takes them (in and out checked even where the program does not reach) */
     for (int b = 0; b < 3; b++) {
@@ -699,11 +706,8 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         r->round = (uint32_t)PyLong_AsUnsignedLongMask(rnd);
         if (PyErr_Occurred()) goto claimed_failed;
         r->peer = -1;
-        r->base = (char *)(uintptr_t)c->base;
-        r->line = c->line; r->hdr_at = c->hdr_at; r->head = c->head; r->area = c->area; r->pids_at = c->pids_at;
-        r->me = c->me; r->n = c->n; r->parity = r->round & 1;
-        r->call[0] = ncseq; r->call[1] = c->w0; r->call[2] = c->w1;
-        r->spin_ns = c->spin; r->yields = c->yields; r->dtype = c->dtype; r->op = c->op;
+        r->parity = r->round & 1;
+        r->call[0] = ncseq;
         Py_ssize_t pc = 0;
         int status = execute(r, c->code, c->len, &pc);
         for (int b = 0; b < 3; b++)
@@ -840,20 +844,21 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->len = c->prog.len / (WIDTH * (Py_ssize_t)sizeof(int64_t));
     PyObject *lay = PyObject_GetAttrString(seg, "layout");
     if (!lay) { Py_DECREF(c); return NULL; }
-    int ok = PyArg_ParseTuple(lay, "KLLLLLLL", &c->base, &c->line, &c->hdr_at, &c->head, &c->area, &c->pids_at,
-                              &c->me, &c->n);
+    unsigned long long base;
+    long long line, hdr_at, head, area, pids_at, me, n;
+    int ok = PyArg_ParseTuple(lay, "KLLLLLLL", &base, &line, &hdr_at, &head, &area, &pids_at, &me, &n);
     Py_DECREF(lay);
     if (!ok) { Py_DECREF(c); return NULL; }
     const char *bad = c->prog.len % (WIDTH * (Py_ssize_t)sizeof(int64_t)) ? "a length that is not whole instructions"
-                      : ((uintptr_t)c->prog.buf & 7) ? "an unaligned buffer" : check(c->code, c->len, c->n, c->need, c->writes);
-    if (!bad && (c->n < 1 || c->me < 0 || c->me >= c->n || c->area < 0)) bad = "another segment";
-    if (!bad && c->need[B_WIN] > c->area) bad = "windows larger than the segment's";
+                      : ((uintptr_t)c->prog.buf & 7) ? "an unaligned buffer" : check(c->code, c->len, n, c->need, c->writes);
+    if (!bad && (n < 1 || me < 0 || me >= n || area < 0)) bad = "another segment";
+    if (!bad && c->need[B_WIN] > area) bad = "windows larger than the segment's";
     if (bad) {
         PyErr_Format(PyExc_ValueError, "pyxccl._native.Call: not a program of this executor for this segment (%s)", bad);
         Py_DECREF(c);
         return NULL;
     }
-    c->w0 = w0; c->w1 = w1; c->spin = spin; c->yields = yields; c->dtype = dtype; c->op = op;
+    fixed(&c->fixed, base, line, hdr_at, head, area, pids_at, me, n, w0, w1, spin, yields, dtype, op, c->need, c->writes);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1;
     PyObject *lock = NULL, *exec_ = NULL, *ops = NULL;
     c->ctx_dict = PyObject_GetAttrString(ctx, "__dict__");
