@@ -96,6 +96,16 @@ def sample_hosts(hosts: int) -> list[int]:
     return sorted({h for h in (1, hosts - 1, hosts // 2, hosts // 3) if 0 < h < hosts})
 
 
+KINDS = {"shift": Shift, "xor": Xor}
+
+
+def _moves(hosts: int, per_host: int, ring_of_hosts: bool, names=tuple(KINDS)) -> list:
+    """The moves of ``names`` that can hold on this layout, in ``find``'s order: a shift always; XOR
+    between hosts of a fat tree, hosts and ranks per host powers of two."""
+    return [k for name, k in KINDS.items()
+            if name in names and (k is Shift or (not ring_of_hosts and Xor.applies(hosts, per_host)))]
+
+
 def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = False):
     """(symmetry, host 0's schedules) of the algorithm ``build(rank)``, or (None, reason). ``exact``: the
     counts must be equal, not only close (what deriving every rank's schedule needs: ``compact.all_ranks``).
@@ -109,7 +119,7 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     reps = [build(r) for r in range(per_host)]
     if any(s.segment for s in reps):
         return None, "segment schedules run on one host"
-    kinds = [Shift] + ([] if ring_of_hosts or not Xor.applies(hosts, per_host) else [Xor])
+    kinds = _moves(hosts, per_host, ring_of_hosts)
     from . import compact
     try:
         base = compact.convert(reps, written=True)
@@ -130,9 +140,6 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     return None, _NOT_SAME
 
 
-KINDS = {"shift": Shift, "xor": Xor}
-
-
 def spot_ranks(hosts: int, per_host: int) -> list[int]:
     """The ranks :func:`declared` checks: the first of host 1, the last of the last host, one in the
     middle host (where a remainder, a power of two's end or a rooted tree's branch shows first)."""
@@ -148,8 +155,7 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
     caller then proves it with ``find``: a wrong declaration costs time, not a wrong fold)."""
     if hosts < 2 or not kinds:
         return None
-    kinds = [k for name, k in KINDS.items() if name in kinds
-             and (k is Shift or (not ring_of_hosts and Xor.applies(hosts, per_host)))]
+    kinds = _moves(hosts, per_host, ring_of_hosts, kinds)
     if not kinds:
         return None
     from . import compact
