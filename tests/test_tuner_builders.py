@@ -11,7 +11,7 @@ import pytest
 
 from pyxccl.algorithms import hierarchical, registry
 from pyxccl.primitives import PRIMITIVES
-from pyxccl.schedule import Schedule
+from pyxccl.schedule import Copy, Recv, Schedule, Send
 from pyxccl.tuning import compact
 
 PRIMS = ["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "gather", "scatter"]
@@ -78,6 +78,11 @@ def test_move_equal_is_move(seed, c):
     hierarchical._move(a, lambda k: c, ("tmp", 3), keys, ("out", 7), dst)
     hierarchical._move_equal(b, c, ("tmp", 3), np.array(keys), ("out", 7), np.array(dst))
     assert repr(a.steps) == repr(b.steps)
+    # the same move again (another rank's): the same step object, kept; another block size, another
+    hierarchical._move_equal(b, c, ("tmp", 3), np.array(keys), ("out", 7), np.array(dst))
+    assert (b.steps[1] is b.steps[0]) if c else not b.steps
+    hierarchical._move_equal(b, c + 1, ("tmp", 3), np.array(keys), ("out", 7), np.array(dst))
+    assert repr(b.steps[-1]) != repr(a.steps)
     with pytest.raises(KeyError):
         hierarchical._move_equal(b, 1, ("tmp", 0), np.array(keys), ("out", 0), np.array([10_001]))
 
@@ -109,6 +114,49 @@ def test_arrays_of_kept_parts_are_one_conversions(prim, name):
     assert compact.convert(again, written=True).equal(whole)
     assert compact.convert(again[3:9], written=True).equal(compact.convert(built()[3:9], written=True))  # a part
     assert compact.convert(again[::-1], written=True).equal(compact.convert(built()[::-1], written=True))
+
+
+def _random_schedules(seed: int, n: int) -> list[Schedule]:
+    """Schedules of random operations (sends, receives, copies that reduce or not, copies of the input
+    onto itself), some of their steps large and shared between schedules."""
+    rng = random.Random(seed)
+    bufs = ("in", "out", "tmp")
+
+    def op():
+        k = rng.randrange(4)
+        if k == 0:
+            return Send(rng.randrange(n), rng.choice(bufs), rng.randrange(99), rng.randrange(1, 9))
+        if k == 1:
+            return Recv(rng.randrange(n), rng.choice(bufs), rng.randrange(99), rng.randrange(1, 9), rng.random() < .5)
+        o = rng.randrange(99)
+        if k == 2:
+            return Copy("in", o, "out", o, rng.randrange(1, 9))
+        return Copy(rng.choice(bufs), o, rng.choice(bufs), rng.randrange(99), rng.randrange(1, 9), rng.random() < .5)
+
+    shared = [tuple(op() for _ in range(rng.choice((255, 256, 300)))) for _ in range(3)]
+    out = []
+    for r in range(n):
+        s = Schedule(r, n)
+        for _ in range(rng.randrange(8)):
+            s.steps.append(rng.choice(shared) if rng.random() < 0.4 else tuple(op() for _ in range(rng.randrange(1, 6))))
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_large_steps_converted_on_their_own_are_one_conversion(seed, monkeypatch):
+    """Large steps (kept by identity, converted once) among the others: the arrays of converting every
+    operation together, on a first conversion and on later ones that reuse what was kept."""
+    scheds = _random_schedules(seed, 6)
+    compact._STEPS.clear()
+    first, again = compact._convert(scheds), compact._convert(scheds)
+    assert compact._STEPS or not any(len(st) >= compact.BIG_STEP for s in scheds for st in s.steps)
+    monkeypatch.setattr(compact, "BIG_STEP", 1 << 30)
+    plain = compact._convert(scheds)
+    for got in (first, again):
+        assert got.equal(plain)
+        assert (got.skip is None) == (plain.skip is None)
+        assert got.skip is None or np.array_equal(got.skip, plain.skip)
 
 
 def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:

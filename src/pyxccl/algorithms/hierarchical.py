@@ -223,6 +223,12 @@ def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[s
     s.step(*(Copy(src[0], src[1] + a, dst[0], dst[1] + d, c) for a, d, c in runs))
 
 
+#: the last steps ``_move_equal`` made, by their copies' pattern: on even hosts every rank regroups its
+#: blocks the same way (the offsets do not depend on the rank), so every rank's schedule holds the same
+#: step (a tuple, read only), made once and, for the tuner, converted to arrays once (``compact``)
+_MOVES: dict = {}
+
+
 def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[str, int], dst_keys) -> None:
     """``_move`` of blocks of ``c`` elements each, named by integer keys (numpy arrays ``src_keys`` and
     ``dst_keys``, each key once): the same copies, found with numpy rather than block by block (the
@@ -235,12 +241,19 @@ def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[
     pos = order[np.minimum(at, len(order) - 1)]
     if not np.array_equal(src_keys[pos], dst_keys):
         raise KeyError("a block to move is not in the source")
-    start = np.flatnonzero(np.diff(pos) != 1) + 1          # a run of blocks adjacent on both sides ends
-    start = np.concatenate(([0], start))
-    blocks = np.diff(np.append(start, m))
-    a, d, k = ((pos[start] * c + src[1]).tolist(), (start * c + dst[1]).tolist(), (blocks * c).tolist())
-    sb, db, new = src[0], dst[0], tuple.__new__       # Copy(...) without the namedtuple __new__'s frame
-    s.steps.append(tuple([new(Copy, (sb, x, db, y, z, False)) for x, y, z in zip(a, d, k)]))
+    key = (c, src, dst, pos.tobytes())
+    step = _MOVES.get(key)
+    if step is None:
+        start = np.flatnonzero(np.diff(pos) != 1) + 1          # a run of blocks adjacent on both sides ends
+        start = np.concatenate(([0], start))
+        blocks = np.diff(np.append(start, m))
+        a, d, k = ((pos[start] * c + src[1]).tolist(), (start * c + dst[1]).tolist(), (blocks * c).tolist())
+        sb, db, new = src[0], dst[0], tuple.__new__       # Copy(...) without the namedtuple __new__'s frame
+        step = tuple([new(Copy, (sb, x, db, y, z, False)) for x, y, z in zip(a, d, k)])
+        if len(_MOVES) >= 16:
+            _MOVES.clear()
+        _MOVES[key] = step
+    s.steps.append(step)
 
 
 def _move_ranks(s: Schedule, counts: list[int], src: tuple[str, int], src_order: list[int], dst: tuple[str, int],

@@ -160,12 +160,57 @@ def _written(scheds: list[Schedule]) -> Compact:
                    touch)
 
 
+#: a step of at least this many operations is converted on its own and kept (``_STEPS``), by identity:
+#: many schedules hold the same large step object (the hierarchical layouts' regroupings of n blocks,
+#: ``hierarchical._move_equal``: on 4,096 ranks, 8,192 copies a rank, the same on every rank)
+BIG_STEP = 256
+_STEPS: dict[int, tuple] = {}
+
+
 def _convert(scheds: list[Schedule]) -> Compact:
     """The arrays of ``scheds`` in the order written, with the in-place copies marked (``skip``)."""
     steps = [st for s in scheds for st in s.steps]
     nsteps = np.fromiter(map(len, (s.steps for s in scheds)), np.int64, len(scheds))
     lens = np.fromiter(map(len, steps), np.int64, len(steps))
-    flat = list(chain.from_iterable(steps))
+    step_start = np.zeros(len(steps) + 1, np.int64)
+    np.cumsum(lens, out=step_start[1:])
+    rank_start = np.zeros(len(scheds) + 1, np.int64)
+    np.cumsum(nsteps, out=rank_start[1:])
+    ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
+    big = np.flatnonzero(lens >= BIG_STEP).tolist()
+    if not big:
+        kind, red, peer, count, skip, touch = _ops(list(chain.from_iterable(steps)))
+        return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip, touch)
+    is_big = lens >= BIG_STEP
+    small = _ops(list(chain.from_iterable(st for st, b in zip(steps, is_big.tolist()) if not b)))
+    in_small = ~np.repeat(is_big, lens)
+    m = int(step_start[-1])
+    kind, red, peer, count, touch = (np.empty(m, a.dtype) for a in small[:4] + small[5:])
+    skip = None
+    parts = []
+    for i in big:
+        got = _STEPS.get(id(steps[i]))
+        if got is None or got[0] is not steps[i]:
+            if len(_STEPS) >= 64:
+                _STEPS.clear()
+            got = _STEPS[id(steps[i])] = (steps[i], _ops(list(steps[i])))
+        parts.append((int(step_start[i]), int(step_start[i + 1]), got[1]))
+    for out, k in ((kind, 0), (red, 1), (peer, 2), (count, 3), (touch, 5)):
+        out[in_small] = small[k]
+        for a, b, arrays in parts:
+            out[a:b] = arrays[k]
+    if small[4] is not None or any(arrays[4] is not None for _, _, arrays in parts):
+        skip = np.zeros(m, bool)
+        if small[4] is not None:
+            skip[in_small] = small[4]
+        for a, b, arrays in parts:
+            if arrays[4] is not None:
+                skip[a:b] = arrays[4]
+    return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip, touch)
+
+
+def _ops(flat: list) -> tuple:
+    """(kind, red, peer, count, skip, touch) of the operations ``flat``."""
     m = len(flat)
     try:
         kind = np.fromiter(map(_KIND.__getitem__, map(type, flat)), np.int8, m)
@@ -192,12 +237,7 @@ def _convert(scheds: list[Schedule]) -> Compact:
     else:
         peer = np.fromiter(map(_FIRST, flat), np.int64, m)
     red[kind == SEND] = 0
-    step_start = np.zeros(len(steps) + 1, np.int64)
-    np.cumsum(lens, out=step_start[1:])
-    rank_start = np.zeros(len(scheds) + 1, np.int64)
-    np.cumsum(nsteps, out=rank_start[1:])
-    ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
-    return Compact(kind, red.astype(np.int8), peer, count, step_start, rank_start, ranks, skip, touch)
+    return kind, red.astype(np.int8), peer, count, skip, touch
 
 
 def _moved(peer: np.ndarray, kind: np.ndarray, sym_name: str, d, n: int) -> np.ndarray:

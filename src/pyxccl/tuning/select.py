@@ -44,9 +44,10 @@ FIRST_LOOK_OPS = 2048
 
 @contextmanager
 def _no_collection():
-    """The cyclic garbage collector paused (as it was, after): building every rank's schedule makes
-    millions of tuples and no cycles, and the collections they set off cost more than the building
-    (measured: 1,024 ranks of Rabenseifner's reduce at 16 MiB, 1 M steps, 2.0 s built, 0.6 s without)."""
+    """The cyclic garbage collector paused (as it was, after): building schedules makes millions of
+    tuples and no cycles, and the collections they set off cost more than the building (measured:
+    1,024 ranks of Rabenseifner's reduce at 16 MiB, 1 M steps, 2.0 s built, 0.6 s without; host 0's
+    8 ranks of the hierarchical alltoall on 4,096 ranks, 74k operations, 71-98 ms against 33-45 ms)."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -134,7 +135,7 @@ class Tuner:
                 return reps, net.folded(sym)
         if not every and self.n > FOLD_ABOVE:
             return None
-        with _no_collection():
+        with _no_collection():          # (``choose`` prices in one already; ``model`` does not)
             scheds = [get(r) for r in range(self.n)]
         if shape is not None and compact.message_schedules(scheds) and not self._classes(scheds, shape):
             net = Net(self.machine, self.klass, self.stretch, self.hosts)       # Python: klass pair by pair
@@ -206,7 +207,8 @@ class Tuner:
         return name
 
     def _priced(self, primitive: str, bucket: int, itemsize: int) -> str:
-        costs, skipped = self._argmin(primitive, bucket, itemsize)
+        with _no_collection():
+            costs, skipped = self._argmin(primitive, bucket, itemsize)
         name = min(costs, key=lambda a: (costs[a].time, a))
         if log.isEnabledFor(logging.INFO):
             alts = ", ".join(f"{a} {c.time * 1e6:.1f}us" for a, c in sorted(costs.items(), key=lambda x: x[1].time))
