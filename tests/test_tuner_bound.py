@@ -7,7 +7,7 @@ import pytest
 from pyxccl import algorithms
 from pyxccl.algorithms import registry, ring
 from pyxccl.primitives import PRIMITIVES
-from pyxccl.tuning import Machine, Tuner, select
+from pyxccl.tuning import Machine, Tuner, bound, select
 
 from test_tuner_fold import COPY, GAMMA, SHM, TCP
 
@@ -87,3 +87,30 @@ def test_ring_skips_only_steps_that_move_nothing(n, count, monkeypatch):
     fast = every(prims)
     monkeypatch.setattr(ring, "_steps", lambda counts, n, a: range(n - 1))
     assert fast == every(prims)
+
+
+@pytest.mark.skipif(bound._simcore is None, reason="the C core is not built (setup.py build_ext)")
+@pytest.mark.parametrize("hosts,per_host", [(4, 8), (16, 8), (5, 3), (64, 4)])
+@pytest.mark.parametrize("nbytes", [8, 4096, 1 << 20])
+def test_path_bounds_chains_in_c_are_the_python_relaxation(hosts, per_host, nbytes):
+    """``path``'s relaxation over the chains in the C core (``_simcore.longest`` over ``_chains``' arrays)
+    equals the Python reference (``_longest`` over ``_ranks``) to the bit: every algorithm of every
+    primitive, searches of 8, 32 and 128 ranks."""
+    t = _tuner(hosts, per_host)
+    shape, n, cases = t.net().shape(), hosts * per_host, 0
+    for prim in PRIMS:
+        for name in algorithms.algorithms(prim):
+            got = t._builder(prim, name, nbytes, 4)
+            if got is None or got[0].segment:
+                continue
+            for most in (8, 32, 128):
+                try:
+                    found = bound._search(got[1], n, most)
+                except ValueError:
+                    break                       # cannot run this call here
+                order, scheds, _ = found
+                want = bound._longest(order, bound._ranks(scheds, shape, 4))
+                assert bound._simcore.longest(*bound._chains(scheds, shape, 4), bound.PASSES) == want, \
+                    (prim, name, most)
+                cases += want > 0
+    assert cases > 50

@@ -474,8 +474,77 @@ fail_buffers:
     return NULL;
 }
 
+/* longest(local, copies, first, recv_start, send_step, w, passes) -> the latest step end (tuning/bound.py's
+ * _longest, which it must equal to the bit: the same relaxation, in the same order).
+ *   local, copies float64 per step (every rank's steps, ranks in the search's order); first int64 (ranks + 1):
+ *   each rank's first step; recv_start int64 (steps + 1): each step's receives; per receive send_step int64
+ *   (the sender's step that sends it, -1 where the sender was not looked at or sends nothing to match) and
+ *   w float64 (from that step's start to the receive's end). */
+static PyObject *longest(PyObject *self, PyObject *args) {
+    PyObject *o[6];
+    int passes;
+    if (!PyArg_ParseTuple(args, "OOOOOOi", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &passes)) return NULL;
+    static const char *names[6] = {"local", "copies", "first", "recv_start", "send_step", "w"};
+    Arr A[6];
+    int got = 0;
+    for (; got < 6; got++)
+        if (get_arr(o[got], &A[got], names[got], 8) < 0) goto fail;
+    const double *local = A[0].b.buf, *copies = A[1].b.buf, *w = A[5].b.buf;
+    const int64_t *first = A[2].b.buf, *recv_start = A[3].b.buf, *send_step = A[4].b.buf;
+    int64_t G = A[0].b.len / 8, R = A[2].b.len / 8 - 1, E = A[4].b.len / 8;
+    int ok = A[1].b.len / 8 == G && R >= 0 && A[3].b.len / 8 == G + 1 && A[5].b.len / 8 == E && first[0] == 0 &&
+             first[R] == G && recv_start[0] == 0 && recv_start[G] == E;
+    for (int64_t i = 0; ok && i < R; i++) ok = first[i] <= first[i + 1];
+    for (int64_t g = 0; ok && g < G; g++) ok = recv_start[g] <= recv_start[g + 1];
+    for (int64_t e = 0; ok && e < E; e++) ok = send_step[e] >= -1 && send_step[e] < G;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "longest: inconsistent arrays");
+        goto fail;
+    }
+    double *ends = calloc(G ? G : 1, sizeof(double));
+    char *is_first = calloc(G ? G : 1, 1);
+    if (!ends || !is_first) {
+        free(ends); free(is_first);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (int64_t i = 0; i < R; i++) if (first[i] < first[i + 1]) is_first[first[i]] = 1;
+    for (int pass = 0; pass < passes; pass++) {
+        int changed = 0;
+        for (int64_t i = R - 1; i >= 0; i--) {       /* the farthest first: what they send reaches the nearer */
+            double prev = 0.0;
+            for (int64_t g = first[i]; g < first[i + 1]; g++) {
+                double v = prev + local[g];
+                for (int64_t e = recv_start[g]; e < recv_start[g + 1]; e++) {
+                    int64_t kk = send_step[e];
+                    double start = kk < 0 ? 0.0 : (is_first[kk] ? 0.0 : ends[kk - 1]) + copies[kk];
+                    if (start + w[e] > v) v = start + w[e];
+                }
+                if (v > ends[g]) { ends[g] = v; changed = 1; }
+                prev = ends[g];
+            }
+        }
+        if (!changed) break;
+    }
+    double best = 0.0;
+    int any = 0;
+    for (int64_t i = 0; i < R; i++)
+        if (first[i] < first[i + 1]) {
+            double e = ends[first[i + 1] - 1];
+            if (!any || e > best) best = e;
+            any = 1;
+        }
+    free(ends); free(is_first);
+    for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
+    return PyFloat_FromDouble(best);
+fail:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "The timed walk of message schedules on a net of hosts alike (see tuning/fast.py)."},
+    {"longest", longest, METH_VARARGS, "The path bound's relaxation over chains of steps (see tuning/bound.py)."},
     {NULL, NULL, 0, NULL}
 };
 

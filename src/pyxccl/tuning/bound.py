@@ -29,6 +29,7 @@ import numpy as np
 from ..schedule import Recv
 from . import compact
 from .cost import SOCKET_BUFFER
+from .fast import _simcore      # the C core, or None (then _longest, the reference)
 
 #: how many ranks ``path`` looks at, in turn until its bound is high enough (a few first: often
 #: enough to leave an algorithm out), and the most operations: what keeps its cost O(1) in the job's size
@@ -119,6 +120,49 @@ def _ranks(scheds: list, shape, itemsize: int) -> dict[int, _Rank]:
     return out
 
 
+def _chains(scheds: list, shape, itemsize: int) -> tuple:
+    """``_ranks``'s terms as the C core's arrays (``_simcore.longest``), in numpy: (per step, ranks in the
+    order of ``scheds``: its local time, its copies; each rank's first step; each step's first receive;
+    per receive, the sender's step that sends it (-1: none looked at) and its time from that step's start)."""
+    c = compact.convert(scheds, written=True)
+    n = shape.nranks
+    owner = np.repeat(c.ranks, np.diff(c.step_start[c.rank_start]))
+    copy, send, recv, edge = _terms(c, owner, shape, itemsize)
+    s = [_per_step(x, c.step_start) for x in (copy, send, recv)]
+    nsteps = len(c.step_start) - 1
+    step_of = np.repeat(np.arange(nsteps, dtype=np.int64), np.diff(c.step_start))
+    pos = np.full(n, -1, np.int64)                  # a rank's place in the search's order
+    pos[c.ranks] = np.arange(len(c.ranks))
+
+    def ordinal(key):
+        """Each op's number among the ops of its key before it, in the order written."""
+        order = np.argsort(key, kind="stable")
+        k = key[order]
+        new = np.concatenate(([True], k[1:] != k[:-1]))
+        firsts = np.flatnonzero(new)
+        out = np.empty(len(key), np.int64)
+        out[order] = np.arange(len(k)) - np.repeat(firsts, np.diff(np.append(firsts, len(k))))
+        return out
+
+    sends, recvs = np.flatnonzero(c.kind == compact.SEND), np.flatnonzero(c.kind == compact.RECV)
+    skey = owner[sends] * n + c.peer[sends]          # sender -> receiver
+    rkey = c.peer[recvs] * n + owner[recvs]
+    sj, rj = ordinal(skey), ordinal(rkey)
+    width = max(len(sends), len(recvs)) + 1
+    sfull, rfull = skey * width + sj, rkey * width + rj
+    order = np.argsort(sfull, kind="stable")
+    at = np.searchsorted(sfull, rfull, sorter=order)
+    at = np.minimum(at, max(len(order) - 1, 0))
+    hit = (len(order) > 0) & (sfull[order[at]] == rfull) if len(order) else np.zeros(len(recvs), bool)
+    send_step = np.where(hit, step_of[sends][order[at]] if len(order) else 0, -1).astype(np.int64)
+    # (receives in the order written are in the order of their steps: recv_start cuts them)
+    recv_start = np.zeros(nsteps + 1, np.int64)
+    np.cumsum(np.bincount(step_of[recvs], minlength=nsteps), out=recv_start[1:])
+    local = s[0] + np.maximum(s[1], s[2])
+    return (local, s[0], c.rank_start.astype(np.int64), recv_start, send_step,
+            np.ascontiguousarray(edge[recvs], dtype=float))
+
+
 def _search(get, n: int, ranks: int) -> tuple[list[int], list, bool] | None:
     """(the ranks a breadth-first search from 0, n - 1 and n / 2 through whom they receive from reaches,
     at most ``ranks`` of them and about ``OPS`` operations; their schedules; whether it could go on),
@@ -184,7 +228,11 @@ def path(get, shape, itemsize: int, classes_ok, enough: float = math.inf, ranks=
         order, scheds, more = got
         if not classes_ok(scheds):
             return 0.0
-        best = max(best, _longest(order, _ranks(scheds, shape, itemsize)) * MARGIN)
+        if _simcore is not None:
+            end = _simcore.longest(*_chains(scheds, shape, itemsize), PASSES)
+        else:
+            end = _longest(order, _ranks(scheds, shape, itemsize))
+        best = max(best, end * MARGIN)
         if best > enough or not more:
             break
     return best

@@ -165,6 +165,7 @@ def _written(scheds: list[Schedule]) -> Compact:
 #: ``hierarchical._move_equal``: on 4,096 ranks, 8,192 copies a rank, the same on every rank)
 BIG_STEP = 256
 _STEPS: dict[int, tuple] = {}
+_STEPS_OPS, _held = 1 << 18, [0]        # at most this many operations kept (a few tens of MB)
 
 
 def _convert(scheds: list[Schedule]) -> Compact:
@@ -191,9 +192,11 @@ def _convert(scheds: list[Schedule]) -> Compact:
     for i in big:
         got = _STEPS.get(id(steps[i]))
         if got is None or got[0] is not steps[i]:
-            if len(_STEPS) >= 64:
+            if len(_STEPS) >= 64 or _held[0] + len(steps[i]) > _STEPS_OPS:
                 _STEPS.clear()
+                _held[0] = 0
             got = _STEPS[id(steps[i])] = (steps[i], _ops(list(steps[i])))
+            _held[0] += len(steps[i])
         parts.append((int(step_start[i]), int(step_start[i + 1]), got[1]))
     for out, k in ((kind, 0), (red, 1), (peer, 2), (count, 3), (touch, 5)):
         out[in_small] = small[k]
