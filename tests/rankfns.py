@@ -525,6 +525,19 @@ def link_classes(comm):
     return [comm.link_class(comm.rank, p) for p in range(comm.size)]
 
 
+def link_rule_mismatches(comm):
+    """This rank's pairs whose class (``HostLinks``, the rule the tuner trusts without asking) is not the
+    transport its connection to the peer uses: shared memory where it is, else TCP on one host or between."""
+    host = [t["host"] for t in comm.topology()]
+    out = []
+    for p in range(comm.size):
+        kind = comm.connection(p)["transport"]
+        want = kind if kind in ("self", "shm") else "tcp_local" if host[p] == host[comm.rank] else "tcp"
+        if comm.link_class(comm.rank, p) != want:
+            out.append((comm.rank, p, comm.link_class(comm.rank, p), want))
+    return out
+
+
 def idle_cpu_in_collective(comm, sleep_s: float):
     """Every rank but the last enters an allreduce; the last sleeps first. CPU seconds of rank 0."""
     import time

@@ -172,6 +172,12 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
         check("broadcast", "t_broken", 3, 16, 0, window=Window(64, 8, single_copy=1))
 
 
+def test_link_classes_follow_the_mesh(pools, transport):
+    """Every pair's class (the rule the tuner trusts, ``tuning.cost.HostLinks``) is the mesh's transport
+    between them, named as the cost model names it: on one host, shared memory or TCP."""
+    assert pools(3).run(rf.link_rule_mismatches, transport=transport) == [[]] * 3
+
+
 REAL_SIZES = tuple(range(1, 10))
 REAL_PAIRS = rf.valid_pairs((np.float32, np.float16, rf.bfloat16, np.int32), tuple(ReduceOp))
 
@@ -205,6 +211,7 @@ def test_emulated_hosts_topology_and_every_primitive(hosts):
         for r, row in enumerate(classes):
             assert row == ["self" if p == r else ("shm" if hosts[p] == hosts[r] else "tcp")
                            for p in range(len(hosts))]
+        assert pool.run(rf.link_rule_mismatches, transport="auto") == [[]] * len(hosts)
         out = pool.run(rf.check_forced, "allreduce", ["hierarchical", "ring"], (0, 1, 7, 1000), REAL_PAIRS,
                        transport="auto", timeout=250)
         out += pool.run(rf.check_movement, (0, 7, 1000), (np.float32, np.int8), transport="auto")

@@ -14,7 +14,6 @@ deadlines. A lost peer needs no telling: every rank sees its connection end.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 import threading
@@ -57,6 +56,9 @@ class Context:
         self.timeout = timeout
         host_index = {h: i for i, h in enumerate(dict.fromkeys(mesh.hosts[w] for w in self.world_ranks))}
         self.hosts = [host_index[mesh.hosts[w]] for w in self.world_ranks]    # host index of every rank
+        from ..tuning.cost import HostLinks
+        # the mesh's rule (kind_between): shared memory inside a host unless the job runs over TCP
+        self.links = HostLinks(self.hosts, "shm" if mesh.transport != "tcp" else "tcp_local")
         self.seq = 0              # every call
         self.coll_seq = 0         # collectives (their messages' key)
         self.closed = False
@@ -99,13 +101,7 @@ class Context:
 
     def link_class(self, a: int, b: int) -> str:
         """Link class between ranks ``a`` and ``b``: "self", "shm", "tcp_local" (one host) or "tcp"."""
-        if a == b:
-            return "self"
-        wa, wb, me = self.world_ranks[a], self.world_ranks[b], self.mesh.rank
-        kind = self.mesh.kind_between(wa, wb)      # the mesh's table: asking must not connect
-        if kind == "shm":
-            return "shm"
-        return "tcp_local" if self.hosts[a] == self.hosts[b] else "tcp"
+        return self.links(a, b)
 
     def link_to(self, r: int) -> str:
         """:meth:`link_class` from this rank to ``r`` (kept: every send asks)."""
@@ -131,9 +127,7 @@ class Context:
         from ..tuning import Tuner
         if self.mesh.machine is not None and self.size >= 2:
             seg = self.segment
-            # The classes of the pairs the tuner asks for, as it asks: a table of every pair would be
-            # n^2 calls at init (16.7 million at 4,096 ranks).
-            self.tuner = Tuner(self.size, self.hosts, functools.cache(self.link_class), self.mesh.machine,
+            self.tuner = Tuner(self.size, self.hosts, self.links, self.mesh.machine,
                                [self.mesh.cores[w] for w in self.world_ranks],
                                segment=(seg.area, seg.cma) if seg is not None else None,
                                links=self.mesh.transport)
