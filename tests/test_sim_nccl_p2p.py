@@ -74,3 +74,12 @@ def test_reverse_bits_is_ncclS():
     """reverseBits (bitops.h): the low bits reversed, higher bits dropped."""
     assert [A._reverse_bits(g, 4) for g in range(10)] == [0, 8, 4, 12, 2, 10, 6, 14, 1, 9]
     assert A._reverse_bits(5, 2) == 2 and A._reverse_bits(3, 0) == 0
+
+
+def test_more_than_one_group_a_node_is_refused():
+    """Nodes of more than 8 GPUs split into several p2p schedule groups, which the port does not cover."""
+    from dataclasses import replace
+    from pyxccl._errors import InvalidArgumentError
+    c = replace(N.preset("dgx-h100", 1, 8), nRanks=16)
+    with pytest.raises(InvalidArgumentError, match="at most 8"):
+        A.alltoall(GiB, c)

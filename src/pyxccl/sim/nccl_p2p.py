@@ -28,8 +28,7 @@ So every peer's transfer is in flight at once, and the call takes as long as its
 
 - a GPU's local traffic ((L-1) chunks) through the channels that carry its local rounds, each channel
   at half an NVLink (NCCL sizes a peer's channels as 2 per NVLink, ``2 * path->bw / nvlBw``), and at most
-  the GPU's NVLinks (the one-node ring graph's ``nChannels * bwIntra`` is below them and is what NCCL's
-  search fills; the NVLink total is used, see ``nvlink_bw``);
+  the GPU's NVLinks (``nvlink_bw``);
 - a node's traffic to other nodes (L x (n - L) chunks) over its NICs: the multi-node ring graph's
   ``nChannels * bwInter`` (a channel per NIC at the NIC's search speed), and at most the channels that
   carry the remote rounds at 14 GB/s each. Where the traffic crosses (PXN: to the GPU on the
@@ -46,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._errors import InvalidArgumentError
 from . import nccl as N
 
 NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8      # src/include/device.h
@@ -146,6 +146,9 @@ def alltoall(nBytes: int, comm: N.Comm, eff: float = 1.0) -> Plan:
     peer's transfer at once, as long as the busiest resource takes (the module's docstring). ``eff``
     scales every bandwidth (the fitted efficiency, as ``calibrated.scaled`` scales NCCL's)."""
     n, L, nodes = comm.nRanks, comm.localRanks, comm.nNodes
+    if L > NCCL_MAX_DEV_WORK_P2P_PER_BATCH:
+        raise InvalidArgumentError(f"NCCL alltoall model: {L} GPUs a node; the port covers nodes of at most "
+                                   f"{NCCL_MAX_DEV_WORK_P2P_PER_BATCH} (one p2p schedule group a node): give fewer")
     chunk = nBytes // n
     p2pn, per = p2p_channels(comm)
     nch = op_channels(comm, chunk, p2pn, per)
@@ -154,10 +157,9 @@ def alltoall(nBytes: int, comm: N.Comm, eff: float = 1.0) -> Plan:
         intra_ch = _busy([_reverse_bits(r, bits) for r in range(1, L)], nch, p2pn)
         net_ch = 0
     else:                   # a group of rounds per node delta g, from reverseBits(g); g = 0 is the local one
-        group = L if L <= NCCL_MAX_DEV_WORK_P2P_PER_BATCH else NCCL_MAX_DEV_WORK_P2P_PER_BATCH
-        base = lambda g: _reverse_bits(g * -(-group // NCCL_MAX_DEV_WORK_P2P_PER_BATCH), bits)
-        intra_ch = _busy([base(0)], nch, p2pn) if L > 1 else 0
-        net_ch = _busy([base(g) for g in range(1, nodes)], nch, p2pn)
+        # (a node of at most 8 GPUs is one group: p2pSchedGroupSize = L, one batch of rounds a group)
+        intra_ch = _busy([_reverse_bits(0, bits)], nch, p2pn) if L > 1 else 0
+        net_ch = _busy([_reverse_bits(g, bits) for g in range(1, nodes)], nch, p2pn)
     intra_bytes = chunk * (L - 1)
     net_bytes = L * chunk * (n - L)
     cc = 90 if comm.minCompCap >= 90 else 80
