@@ -12,6 +12,7 @@ from pyxccl._errors import InvalidArgumentError
 from pyxccl.plan import hardware
 from pyxccl.sim import calibrated, fitted
 from pyxccl.sim import nccl as N
+from pyxccl.sim import nccl_p2p
 from pyxccl.sim import published as P
 from pyxccl.sim import simulate
 
@@ -111,11 +112,16 @@ def test_pyxccl_prediction_is_the_walk(points):
     assert (inp.nics, inp.nic_GBps) == (16, 12.5)
     cc = P.cluster(inp)
     assert (cc.nics, 1 / cc.inter.beta) == (8, pytest.approx(25e9))
-    # alltoall under "nccl": the pairwise walk on the same cluster
-    a2a = _one(points, collective="alltoall", nodes=1)
-    inp, _ = P.model_input(a2a)
-    pair = simulate.run("alltoall", a2a.size, P.cluster(inp), ["pairwise"])[0]
-    assert P.predict_nccl(a2a, inp) == (pair.time, "pairwise (p2p)")
+    # alltoall under "nccl": NCCL's grouped point-to-point on the point's NCCL graphs (sim/nccl_p2p.py), raw
+    # and with the fitted efficiency (the inter-node one across nodes) and latencies
+    for nodes in (1, 2, 10):
+        a2a = _one(points, collective="alltoall", nodes=nodes, per_node=8)
+        inp, _ = P.model_input(a2a)
+        assert P.predict_nccl(a2a, inp) == (nccl_p2p.alltoall(a2a.size, P.comm(inp)).time * 1e-6, "grouped p2p")
+        cal = fitted.FITTED[("nccl", "dgx-h100")]
+        eff = cal.inter_eff if nodes > 1 else cal.intra_eff
+        t = nccl_p2p.alltoall(a2a.size, P.comm(inp), eff).time * 1e-6 + cal.base_lat   # per-GPU launch: no launch term
+        assert a2a.launch == "per-gpu" and P.predict_nccl(a2a, inp, cal) == (t, "grouped p2p")
 
 
 def test_fit_sees_calibrate_points_only(points, monkeypatch):

@@ -6,6 +6,7 @@ table validates (docs/sim.md, "What pyxccl sim answers on a DGX preset").
 
 - ``nccl``: every (algorithm, protocol) NCCL's model enables for a call, with NCCL's bandwidths times
   the fitted efficiency (so NCCL's choice sees it) and the fitted base and launch latency added;
+- ``alltoall``: NCCL's alltoall (grouped point-to-point, ``sim/nccl_p2p.py``) the same way;
 - ``hardware``: a preset's links times the fitted efficiencies, for pyxccl's own walk;
 - ``time``: a model's time with the fitted latencies added;
 - ``Pricing``: what a user chooses (NCCL release, launch mode, raw or fitted) and the ``Params`` it gives.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 from .._errors import InvalidArgumentError
 from . import fitted
 from . import nccl as N
+from . import nccl_p2p
 
 #: how the job is started, as a user names it: one process per GPU (torchrun, mpirun: the default), or one
 #: process driving every GPU of its node (nccl-tests ``-g 8``)
@@ -130,3 +132,10 @@ def nccl(collective: str, nbytes: int, comm: N.Comm, cal: fitted.Params | None, 
     best = N.argmin(allowed)
     return [Timed(N.ncclAlgoStr[a], N.ncclProtoStr[q], time(table[a][q] * 1e-6, cal, launch), (a, q) == best)
             for a in range(N.NCCL_NUM_ALGORITHMS) for q in range(N.NCCL_NUM_PROTOCOLS) if table[a][q] >= 0]
+
+
+def alltoall(nbytes: int, comm: N.Comm, cal: fitted.Params | None, launch: str = "per-gpu") -> float:
+    """Seconds of NCCL's alltoall of ``nbytes`` on ``comm`` (``nccl_p2p.alltoall``), its bandwidths times the
+    fitted efficiency (the inter-node one across nodes, as ``scaled``) and the fitted latencies added."""
+    eff = 1.0 if cal is None else cal.inter_eff if comm.nNodes > 1 else cal.intra_eff
+    return time(nccl_p2p.alltoall(nbytes, comm, eff).time * 1e-6, cal, launch)

@@ -10,9 +10,8 @@ The two models:
 - ``"pyxccl"``: the default simulator (``pyxccl.sim.run``) on the preset's cluster, the fastest
   algorithm's time (alltoall too), allreduce out of place as nccl-tests measures it;
 - ``"nccl"``: the port of NCCL's tuning model (``sim/nccl.py``), the time of the (algorithm,
-  protocol) NCCL picks. Alltoall is not in NCCL's tuning model (NCCL runs it as grouped
-  point-to-point calls, scheduled peer by peer in rounds of ``rank +- delta``): it is priced as the
-  default walk's ``pairwise`` schedule on the same cluster.
+  protocol) NCCL picks. Alltoall is not in NCCL's tuning model: NCCL runs it as grouped
+  point-to-point calls, every peer at once on its p2p channels, ported in ``sim/nccl_p2p.py``.
 
 ``calibration`` (``sim/fitted.py``): the few fitted parameters, applied to both models by
 ``sim/calibrated.py`` (the functions ``pyxccl sim`` and ``pyxccl plan`` price with); ``fit`` takes
@@ -262,12 +261,11 @@ def predict_pyxccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tu
 
 
 def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tuple[float, str]:
-    """(seconds, "Algorithm/Protocol"): NCCL's choice among what the point allows; alltoall: pairwise walk."""
-    if p.collective == "alltoall":
-        from . import simulate
-        r = simulate.run("alltoall", p.size, cluster(inp, cal), ["pairwise"])[0]
-        return calibrated.time(r.time, cal, inp.launch), "pairwise (p2p)"
+    """(seconds, "Algorithm/Protocol"): NCCL's choice among what the point allows; alltoall: NCCL's grouped
+    point-to-point (``sim/nccl_p2p.py``: every peer at once, on NCCL's p2p channels)."""
     c = comm(inp)
+    if p.collective == "alltoall":
+        return calibrated.alltoall(p.size, c, cal, inp.launch), "grouped p2p"
     rows = calibrated.nccl(PRIMS[p.collective], p.size, c, cal, inp.launch, inp.algo, inp.proto)
     best = next((r for r in rows if r.chosen), None)
     if best is None:
