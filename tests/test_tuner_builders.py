@@ -112,22 +112,48 @@ def test_arrays_of_kept_parts_are_one_conversions(prim, name):
 
 
 def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
-    """Bruck's alltoall as it was written op by op through Schedule.step (the reference)."""
+    """Bruck's alltoall written op by op through Schedule.step (the reference): tmp = [in's blocks 1..n-1,
+    0..n-2 (slot j at block rank+j) | pack area | incoming area]; step d packs the slots with bit d set,
+    sends them in one message to rank+d and receives rank-d's into the incoming area, unpacked by the next
+    step; the last step's arrivals go from the incoming area to out."""
     from pyxccl.schedule import Copy, Recv, Send
-    s = Schedule(rank, n, scratch=2 * n * c)
-    s.step(*(Copy("in", ((rank + j) % n) * c, "tmp", j * c, c) for j in range(n)))
-    d = 1
-    while d < n:
-        moving = [j for j in range(n) if j & d]
-        s.step(*(Send((rank + d) % n, "tmp", j * c, c) for j in moving),
-               *(Recv((rank - d) % n, "tmp", (n + j) * c, c) for j in moving))
-        s.step(*(Copy("tmp", (n + j) * c, "tmp", j * c, c) for j in moving))
-        d <<= 1
-    s.step(*(Copy("tmp", j * c, "out", ((rank - j) % n) * c, c) for j in range(n)))
+    ds = [1 << k for k in range(max(n - 1, 0).bit_length())]
+    moving = [[j for j in range(n) if j & d] for d in ds]
+    most = max(map(len, moving), default=0)
+    pack, inc = (2 * n - 1) * c, (2 * n - 1 + most) * c
+    s = Schedule(rank, n, scratch=(2 * n - 1 + 2 * most) * c if c else 0)
+
+    def runs(js):           # (first slot, blocks) of each run of consecutive slots
+        out = []
+        for j in js:
+            if out and out[-1][0] + out[-1][1] == j:
+                out[-1][1] += 1
+            else:
+                out.append([j, 1])
+        return out
+    ops = [Copy("in", c, "tmp", c, (n - 1) * c), Copy("in", 0, "tmp", n * c, (n - 1) * c),
+           Copy("in", rank * c, "out", rank * c, c)]
+    for i, d in enumerate(ds):
+        if i:
+            p = 0
+            for j, k in runs(moving[i - 1]):
+                ops.append(Copy("tmp", inc + p * c, "tmp", (rank + j) * c, k * c))
+                p += k
+        p = 0
+        for j, k in runs(moving[i]):
+            ops.append(Copy("tmp", (rank + j) * c, "tmp", pack + p * c, k * c))
+            p += k
+        s.step(*ops, Send((rank + d) % n, "tmp", pack, p * c), Recv((rank - d) % n, "tmp", inc, p * c))
+        ops = []
+    arrived = moving[-1] if ds else []
+    for j in range(1, n):
+        src = inc + arrived.index(j) * c if j in arrived else (rank + j) * c
+        ops.append(Copy("tmp", src, "out", ((rank - j) % n) * c, c))
+    s.step(*ops)
     return s
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 17, 33])
 @pytest.mark.parametrize("c", [0, 1, 7])
 def test_bruck_alltoall_is_its_plain_build(n, c):
     algo = registry.lookup("alltoall", "bruck")
