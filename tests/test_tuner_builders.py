@@ -112,10 +112,11 @@ def test_arrays_of_kept_parts_are_one_conversions(prim, name):
 
 
 def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
-    """Bruck's alltoall written op by op through Schedule.step (the reference): tmp = [in's blocks 1..n-1,
-    0..n-2 (slot j at block rank+j) | pack area | incoming area]; step d packs the slots with bit d set,
-    sends them in one message to rank+d and receives rank-d's into the incoming area, unpacked by the next
-    step; the last step's arrivals go from the incoming area to out."""
+    """Bruck's alltoall written op by op through Schedule.step (the reference): tmp = [slot j at block n-1-j,
+    then a mirror of blocks 0..n-2 | pack area | incoming area]; the even slots copied from in, the odd
+    ones from in into step 1's message; step d packs the runs of slots with bit d set (in the slot area's
+    order), sends them in one message to rank+d and receives rank-d's into the incoming area, which the
+    next step unpacks first; at the end the mirror and one copy to out."""
     from pyxccl.schedule import Copy, Recv, Send
     ds = [1 << k for k in range(max(n - 1, 0).bit_length())]
     moving = [[j for j in range(n) if j & d] for d in ds]
@@ -123,7 +124,7 @@ def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
     pack, inc = (2 * n - 1) * c, (2 * n - 1 + most) * c
     s = Schedule(rank, n, scratch=(2 * n - 1 + 2 * most) * c if c else 0)
 
-    def runs(js):           # (first slot, blocks) of each run of consecutive slots
+    def runs(js):           # (first slot, slots) of each run of consecutive slots
         out = []
         for j in js:
             if out and out[-1][0] + out[-1][1] == j:
@@ -131,25 +132,30 @@ def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
             else:
                 out.append([j, 1])
         return out
-    ops = [Copy("in", c, "tmp", c, (n - 1) * c), Copy("in", 0, "tmp", n * c, (n - 1) * c),
-           Copy("in", rank * c, "out", rank * c, c)]
+
+    def at(j, k):           # where the run of k slots from slot j starts in the slot area
+        return (n - j - k) * c
+    ops = [Copy("in", ((rank + j) % n) * c, "tmp", at(j, 1), c) for j in range(0, n, 2)]
+    ops += [Copy("in", ((rank + j) % n) * c, "tmp", pack + i * c, c) for i, j in enumerate(range(1, n, 2))]
     for i, d in enumerate(ds):
         if i:
             p = 0
             for j, k in runs(moving[i - 1]):
-                ops.append(Copy("tmp", inc + p * c, "tmp", (rank + j) * c, k * c))
+                ops.append(Copy("tmp", inc + p * c, "tmp", at(j, k), k * c))
                 p += k
-        p = 0
-        for j, k in runs(moving[i]):
-            ops.append(Copy("tmp", (rank + j) * c, "tmp", pack + p * c, k * c))
-            p += k
-        s.step(*ops, Send((rank + d) % n, "tmp", pack, p * c), Recv((rank - d) % n, "tmp", inc, p * c))
+        if d > 1:
+            p = 0
+            for j, k in runs(moving[i]):
+                ops.append(Copy("tmp", at(j, k), "tmp", pack + p * c, k * c))
+                p += k
+        s.step(*ops, Send((rank + d) % n, "tmp", pack, len(moving[i]) * c),
+               Recv((rank - d) % n, "tmp", inc, len(moving[i]) * c))
         ops = []
-    arrived = moving[-1] if ds else []
-    for j in range(1, n):
-        src = inc + arrived.index(j) * c if j in arrived else (rank + j) * c
-        ops.append(Copy("tmp", src, "out", ((rank - j) % n) * c, c))
-    s.step(*ops)
+    p = 0
+    for j, k in runs(moving[-1] if ds else []):
+        ops.append(Copy("tmp", inc + p * c, "tmp", at(j, k), k * c))
+        p += k
+    s.step(*ops, Copy("tmp", 0, "tmp", n * c, (n - 1) * c), Copy("tmp", (n - 1 - rank) * c, "out", 0, n * c))
     return s
 
 

@@ -3,19 +3,23 @@
 Allgather: rank r keeps the blocks in rotated order (slot j holds rank r+j's
 block); in step k it sends its first min(2^k, n-2^k) slots to rank r-2^k and
 receives as many from rank r+2^k behind them; a final local rotation puts the
-blocks in rank order. Alltoall: the blocks are rotated so that slot j is meant
-for rank r+j; in step k every slot whose index has bit k set goes to rank
-r+2^k, packed into one message; at the end slot j holds what rank r-j sent to
-r. Each block crosses about log2(n)/2 links instead of one: fewer, larger
-messages.
+blocks in rank order. Alltoall: slot j holds the block meant for rank r+j; in
+step k every slot whose index has bit k set goes to rank r+2^k, all in one
+message; at the end slot j holds what rank r-j sent to r. Each block crosses
+about log2(n)/2 links instead of one: fewer, larger messages.
 
 Both builders give every rank operations of the same kinds and sizes, only at
-other offsets (the shift symmetry they declare, which lets the tuner price one
-host's ranks for all: ``tuning/symmetric.py``). That is why their rotations copy
-whole doubled areas instead of the two pieces either side of the rank's wrap
-point, whose sizes depend on the rank.
+other offsets: the shift symmetry they declare, which lets the tuner price one
+host's ranks for all (``tuning/symmetric.py``). So a rotation is one copy out of
+the slots followed by a mirror of them, not the two copies either side of the
+rank's wrap point, whose sizes depend on the rank.
 """
 from __future__ import annotations
+
+from functools import lru_cache
+from itertools import repeat
+
+import numpy as np
 
 from ..schedule import Copy, Recv, Schedule, Send, offsets
 from .registry import SHIFT, register
@@ -24,8 +28,7 @@ from .registry import SHIFT, register
 @register("allgather", "bruck", symmetry=SHIFT)
 def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     n = nranks
-    who = [(rank + j) % n for j in range(n)]          # rank whose block sits in slot j
-    slot_off = offsets([counts[w] for w in who])
+    slot_off = offsets(counts[rank:] + counts[:rank])      # slot j holds rank r+j's block
     total = slot_off[-1]
     # tmp = [slots | the slots again]: slots n-r.. of the two hold ranks 0..n-1 in order, one copy to out
     s = Schedule(rank, n, scratch=2 * total)
@@ -36,27 +39,71 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
         s.step(Send((rank - d) % n, "tmp", 0, slot_off[m]),
                Recv((rank + d) % n, "tmp", slot_off[d], slot_off[d + m] - slot_off[d]))
         d <<= 1
-    s.step(Copy("tmp", 0, "tmp", total, total))
-    s.step(Copy("tmp", slot_off[n - rank], "out", 0, total))
+    s.step(Copy("tmp", 0, "tmp", total, total), Copy("tmp", slot_off[n - rank], "out", 0, total))
     return s
 
 
-def _runs(n: int, d: int) -> list[tuple[int, int]]:
-    """The slots [a, b) below n whose index has bit d set: runs of d, every 2d."""
-    return [(a, min(a + d, n)) for a in range(d, n, 2 * d)]
+def _copies(src: str, srcs, dst: str, dsts, counts) -> list:
+    """Copy(src, srcs[i], dst, dsts[i], counts[i]) for each i, made in C: tuple.__new__ over zip (what
+    Copy(...) makes, without a frame per operation; every count > 0, as Schedule.step would keep)."""
+    return list(map(tuple.__new__, repeat(Copy), zip(repeat(src), srcs, repeat(dst), dsts, counts, repeat(False))))
+
+
+def _runs(n: int, d: int, c: int, area: int) -> tuple[list, list, list]:
+    """Step d's runs (the slots j < n with bit d set: d of them every 2d, the last maybe shorter), as
+    (their offsets in the slot area, in the pack or incoming area ``area``, counts), in elements. Slot j
+    is block n-1-j of the slot area, so a run is contiguous there too; it is packed in that order."""
+    full, rest = (n - d) // (2 * d), (n - d) % (2 * d)     # runs of d, and the last run's slots (if < d)
+    if rest >= d:           # a last full run, then slots without bit d
+        full, rest = full + 1, 0
+    slots = list(range((n - 2 * d) * c, (n - 2 * d * (full + 1)) * c, -2 * d * c))
+    packed = list(range(area, area + full * d * c, d * c))
+    counts = [d * c] * full
+    if rest:                # the last run ends at slot n-1: block 0 of the slot area
+        slots.append(0)
+        packed.append(area + full * d * c)
+        counts.append(rest * c)
+    return slots, packed, counts
+
+
+@lru_cache(maxsize=8)
+def _shared(n: int, c: int) -> tuple[int, int, int, list[tuple[int, tuple]]]:
+    """What every rank's alltoall schedule holds alike: (the pack and incoming areas' offsets, the scratch, per step
+    d (1, 2, 4, ...) its message size and its copies but step 1's packing (the unpacking of step d/2,
+    the packing of step d; the last entry, d = 0: the last unpacking and the mirror copy))."""
+    ds = [1 << k for k in range((n - 1).bit_length())]
+    most = max((n - d) // (2 * d) * d + min(d, (n - d) % (2 * d)) for d in ds) if ds else 0
+    pack, inc = (2 * n - 1) * c, (2 * n - 1 + most) * c
+    steps, before = [], []
+    for d in ds:
+        slots, packed, counts = _runs(n, d, c, pack)
+        ops = before + (_copies("tmp", slots, "tmp", packed, counts) if d > 1 else [])
+        steps.append((sum(counts), tuple(ops)))
+        slots, packed, counts = _runs(n, d, c, inc)
+        before = _copies("tmp", packed, "tmp", slots, counts)
+    if n > 1:
+        before.append(Copy("tmp", 0, "tmp", n * c, (n - 1) * c))
+    steps.append((0, tuple(before)))
+    return pack, inc, (2 * n - 1 + 2 * most) * c, steps
 
 
 @register("alltoall", "bruck", equal_blocks=True, symmetry=SHIFT)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """Equal block sizes only (a block's size must be known to the ranks it passes through).
 
-    tmp holds, in blocks: ``in`` twice (blocks 1..n-1, then 0..n-2), so that slots 1..n-1 (slot j
-    meant for rank r+j) are blocks r+1..r+n-1 of it; a pack area (what a step sends) and an
-    incoming area (what it receives), each as large as the largest step. Slot 0 (this rank's own
-    block) goes straight from in to out. Step d (d = 1, 2, 4, ...) packs its runs into the pack
-    area (a copy per run), sends them to rank r+d in one message and receives the same slots of
-    rank r-d in one; the next step first unpacks them (a copy per run) into the slots. The last
-    step's slots are copied from the incoming area to out directly. About 3n operations a rank.
+    Slot j (j = 0..n-1) holds the block meant for rank r+j, then what rank r-j sent: a block moves
+    on by 2^k in step k if bit k of its slot is set, and never changes slot. tmp holds, in blocks, the
+    slot area (slot j at block n-1-j; then a mirror of blocks 0..n-2), a pack area (what a step
+    sends) and an incoming area (what it receives), each as large as the largest step. Step d
+    (d = 1, 2, 4, ...) copies its runs of slots into the pack area (a copy each), sends them to
+    rank r+d in one message and receives the same slots of rank r-d in one, which the next step
+    copies back into the slots first (a copy each). The even slots start as copies of in; the odd
+    ones go from in to step 1's message directly. Slot j goes to out block r-j: after the mirror,
+    out is blocks n-1-r.. of the slot area, one copy. About 2.5n operations a rank.
+
+    Every rank's operations have the same sizes (the shift symmetry the tuner folds by), and all but
+    the first step's and the last copy are the same operations on every rank: they are made once per
+    (n, c) and shared.
     """
     n = nranks
     if len(set(send_counts)) > 1 or send_counts != recv_counts:
@@ -64,41 +111,16 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
     c = send_counts[0] if n else 0
     if c <= 0:
         return Schedule(rank, n)    # every operation would move nothing (Schedule.step leaves them out)
-    ds, d = [], 1
-    while d < n:
-        ds.append(d)
-        d <<= 1
-    runs = [_runs(n, d) for d in ds]
-    most = max((sum(b - a for a, b in rs) for rs in runs), default=0)   # the largest step, in blocks
-    pack, inc = (2 * n - 1) * c, (2 * n - 1 + most) * c
-    s = Schedule(rank, n, scratch=(2 * n - 1 + 2 * most) * c)
-
-    # ~3n operations a rank, every count > 0 (c > 0, runs never empty): the steps are made as Schedule.step
-    # makes them, the operations with tuple.__new__ (what Op(...) does, without its frame: the tuner builds
-    # a host's ranks at thousands of ranks; tests/test_tuner_builders.py compares the plain build)
-    new, steps = tuple.__new__, s.steps
-
-    def packed(rs) -> list[tuple[int, int, int]]:
-        """(slot offset, offset in the pack or incoming area, count) of each run, packed in order."""
-        out, p = [], 0
-        for a, b in rs:
-            out.append(((rank + a) * c, p, (b - a) * c))
-            p += (b - a) * c
-        return out
-
-    ops = [new(Copy, ("in", c, "tmp", c, (n - 1) * c, False)), new(Copy, ("in", 0, "tmp", n * c, (n - 1) * c, False))]
-    ops = (ops if n > 1 else []) + [new(Copy, ("in", rank * c, "out", rank * c, c, False))]
-    for i, d in enumerate(ds):
-        if i:       # the step before's arrivals into their slots, before this step packs from them
-            ops += [new(Copy, ("tmp", inc + p, "tmp", at, k, False)) for at, p, k in packed(runs[i - 1])]
-        now = packed(runs[i])
-        size = sum(k for _, _, k in now)
-        ops += [new(Copy, ("tmp", at, "tmp", pack + p, k, False)) for at, p, k in now]
-        ops += [new(Send, ((rank + d) % n, "tmp", pack, size)), new(Recv, ((rank - d) % n, "tmp", inc, size, False))]
-        steps.append(tuple(ops))
-        ops = []
-    last = ds[-1] if ds else n      # its slots [last, n) are the incoming area, in order
-    ops += [new(Copy, ("tmp", (rank + j) * c, "out", ((rank - j) % n) * c, c, False)) for j in range(1, last)]
-    ops += [new(Copy, ("tmp", inc + (j - last) * c, "out", ((rank - j) % n) * c, c, False)) for j in range(last, n)]
-    steps.append(tuple(ops))
+    pack, inc, scratch, shared = _shared(n, c)
+    s = Schedule(rank, n, scratch=scratch)
+    first = _copies("in", ((np.arange(rank, rank + n, 2) % n) * c).tolist(), "tmp", range((n - 1) * c, -1, -2 * c),
+                    repeat(c))                                              # the even slots
+    first += _copies("in", ((np.arange(rank + 1, rank + n, 2) % n) * c).tolist(), "tmp",
+                     range(pack, pack + n // 2 * c, c), repeat(c))          # the odd ones, packed for step 1
+    d = 1
+    for size, ops in shared[:-1]:
+        s.steps.append((*first, *ops, tuple.__new__(Send, ((rank + d) % n, "tmp", pack, size)),
+                        tuple.__new__(Recv, ((rank - d) % n, "tmp", inc, size, False))))
+        first, d = [], d << 1
+    s.steps.append((*first, *shared[-1][1], Copy("tmp", (n - 1 - rank) * c, "out", 0, n * c)))
     return s
