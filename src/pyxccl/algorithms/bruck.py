@@ -68,9 +68,10 @@ def _runs(n: int, d: int, c: int, area: int) -> tuple[list, list, list]:
 
 @lru_cache(maxsize=8)
 def _shared(n: int, c: int) -> tuple[int, int, int, list[tuple[int, tuple]]]:
-    """What every rank's alltoall schedule holds alike: (the pack and incoming areas' offsets, the scratch, per step
-    d (1, 2, 4, ...) its message size and its copies but step 1's packing (the unpacking of step d/2,
-    the packing of step d; the last entry, d = 0: the last unpacking and the mirror copy))."""
+    """What every rank's alltoall schedule of n ranks and blocks of c holds alike: (the pack and the
+    incoming area's offsets, the scratch, [(message size, copies)] per step d = 1, 2, 4, ... and one
+    more, the last). A step's copies: the unpacking of step d/2's message, then the packing of its own
+    (but step 1's, from in: rank by rank); the last: the last message's unpacking and the mirror."""
     ds = [1 << k for k in range((n - 1).bit_length())]
     most = max((n - d) // (2 * d) * d + min(d, (n - d) % (2 * d)) for d in ds) if ds else 0
     pack, inc = (2 * n - 1) * c, (2 * n - 1 + most) * c
