@@ -78,6 +78,57 @@ def test_halving_doubling_takes_2_log2_n_steps(n):
         assert _sent(s) == 2 * (n - 1) * 64      # 2(n-1)/n of the data, like ring
 
 
+def _bruck_shape(s: Schedule, n: int, c: int) -> None:
+    """One Send and one Recv a step, ceil(log2 n) of them, each the step's slots with bit d set, to rank r+d
+    and from rank r-d; the other operations copies."""
+    msgs = [[o for o in st if type(o) is not Copy] for st in s.steps]
+    msgs = [m for m in msgs if m]
+    assert len(msgs) == (n - 1).bit_length(), (n, s.rank)
+    for k, m in enumerate(msgs):
+        d, moving = 1 << k, sum(1 for j in range(n) if j >> k & 1)
+        assert sorted(map(type, m), key=lambda t: t.__name__) == [Recv, Send], (n, s.rank, k)
+        send, recv = (m if type(m[0]) is Send else m[::-1])
+        assert (send.peer, recv.peer, send.count, recv.count) == ((s.rank + d) % n, (s.rank - d) % n,
+                                                                  moving * c, moving * c), (n, s.rank, k)
+
+
+@pytest.mark.parametrize("n", (*range(1, 18), 33, 64, 100))
+def test_bruck_alltoall_sends_one_message_a_step(n):
+    """Proven by the checker (equal blocks of 1 and 3; 0: nothing to do), every rank one packed message a
+    step, and at most 3n operations a rank (pack and unpack: a copy per run; in and out: a copy per slot)."""
+    for c in (1, 3):
+        scheds = check("alltoall", "bruck", n, c)
+        for s in scheds:
+            _bruck_shape(s, n, c)
+            assert sum(map(len, s.steps)) <= 3 * n + 2 * (n - 1).bit_length(), (n, c, s.rank)
+    assert not any(s.steps for s in check("alltoall", "bruck", n, 0))
+
+
+def test_bruck_alltoall_at_4096_ranks_holds_about_2_5_n_operations():
+    """What the tuner builds for each of a host's ranks at 4,096 ranks (issue 26): 12 messages of half the
+    blocks, and about 2.5n operations (it was 1.5 n log2 n: a message per block, 82k operations)."""
+    n, c = 4096, 64
+    algo = registry.lookup("alltoall", "bruck")
+    for r in (0, 1, 2049, n - 1):
+        s = algo.schedule(r, n, send_counts=[c] * n, recv_counts=[c] * n)
+        _bruck_shape(s, n, c)
+        ops = sum(map(len, s.steps))
+        assert ops <= 2.5 * n + 2 * 12 + 2, ops
+        assert len(s.steps) == 13
+        assert s.scratch == (2 * n - 1 + n) * c        # slots and their mirror, pack and incoming areas
+
+
+@pytest.mark.parametrize("n", (1, 2, 3, 5, 8, 13, 64, 4096))
+def test_bruck_allgather_ends_with_two_copies(n):
+    """Own block in, ceil(log2 n) exchanges, then the slots mirrored and one copy to out: the same for every
+    rank and any n (the proofs: test_checker_proves_every_algorithm_for_1_to_64_ranks, unequal counts too)."""
+    algo = registry.lookup("allgather", "bruck")
+    for r in sorted({0, 1 % n, n // 2, n - 1}):
+        s = algo.schedule(r, n, counts=[5] * n)
+        assert len(s.steps) == (n - 1).bit_length() + 2
+        assert [type(o) for o in s.steps[-1]] == [Copy, Copy]
+        assert sum(map(len, s.steps)) == 2 * (n - 1).bit_length() + 3
+
 def test_checker_catches_wrong_schedules(monkeypatch):
     """The checker is not a rubber stamp: a missing reduction, a race and a deadlock are caught."""
     def no_reduce(rank, nranks, count):

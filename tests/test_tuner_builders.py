@@ -160,22 +160,54 @@ def test_large_steps_converted_on_their_own_are_one_conversion(seed, monkeypatch
 
 
 def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
-    """Bruck's alltoall as it was written op by op through Schedule.step (the reference)."""
+    """Bruck's alltoall written op by op through Schedule.step (the reference): tmp = [slot j at block n-1-j,
+    then a mirror of blocks 0..n-2 | pack area | incoming area]; the even slots copied from in, the odd
+    ones from in into step 1's message; step d packs the runs of slots with bit d set (in the slot area's
+    order), sends them in one message to rank+d and receives rank-d's into the incoming area, which the
+    next step unpacks first; at the end the mirror and one copy to out."""
     from pyxccl.schedule import Copy, Recv, Send
-    s = Schedule(rank, n, scratch=2 * n * c)
-    s.step(*(Copy("in", ((rank + j) % n) * c, "tmp", j * c, c) for j in range(n)))
-    d = 1
-    while d < n:
-        moving = [j for j in range(n) if j & d]
-        s.step(*(Send((rank + d) % n, "tmp", j * c, c) for j in moving),
-               *(Recv((rank - d) % n, "tmp", (n + j) * c, c) for j in moving))
-        s.step(*(Copy("tmp", (n + j) * c, "tmp", j * c, c) for j in moving))
-        d <<= 1
-    s.step(*(Copy("tmp", j * c, "out", ((rank - j) % n) * c, c) for j in range(n)))
+    ds = [1 << k for k in range(max(n - 1, 0).bit_length())]
+    moving = [[j for j in range(n) if j & d] for d in ds]
+    most = max(map(len, moving), default=0)
+    pack, inc = (2 * n - 1) * c, (2 * n - 1 + most) * c
+    s = Schedule(rank, n, scratch=(2 * n - 1 + 2 * most) * c if c else 0)
+
+    def runs(js):           # (first slot, slots) of each run of consecutive slots
+        out = []
+        for j in js:
+            if out and out[-1][0] + out[-1][1] == j:
+                out[-1][1] += 1
+            else:
+                out.append([j, 1])
+        return out
+
+    def at(j, k):           # where the run of k slots from slot j starts in the slot area
+        return (n - j - k) * c
+    ops = [Copy("in", ((rank + j) % n) * c, "tmp", at(j, 1), c) for j in range(0, n, 2)]
+    ops += [Copy("in", ((rank + j) % n) * c, "tmp", pack + i * c, c) for i, j in enumerate(range(1, n, 2))]
+    for i, d in enumerate(ds):
+        if i:
+            p = 0
+            for j, k in runs(moving[i - 1]):
+                ops.append(Copy("tmp", inc + p * c, "tmp", at(j, k), k * c))
+                p += k
+        if d > 1:
+            p = 0
+            for j, k in runs(moving[i]):
+                ops.append(Copy("tmp", at(j, k), "tmp", pack + p * c, k * c))
+                p += k
+        s.step(*ops, Send((rank + d) % n, "tmp", pack, len(moving[i]) * c),
+               Recv((rank - d) % n, "tmp", inc, len(moving[i]) * c))
+        ops = []
+    p = 0
+    for j, k in runs(moving[-1] if ds else []):
+        ops.append(Copy("tmp", inc + p * c, "tmp", at(j, k), k * c))
+        p += k
+    s.step(*ops, Copy("tmp", 0, "tmp", n * c, (n - 1) * c), Copy("tmp", (n - 1 - rank) * c, "out", 0, n * c))
     return s
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 16, 17, 33])
 @pytest.mark.parametrize("c", [0, 1, 7])
 def test_bruck_alltoall_is_its_plain_build(n, c):
     algo = registry.lookup("alltoall", "bruck")
