@@ -348,3 +348,34 @@ def test_groups_with_whole_dgx_nodes_are_priced_as_nccl_prices_them():
     old = next(r for r in calibrated.nccl("allreduce", tp.bytes_per_call, replace(comm, version="2.21.5"),
                                           fitted.FITTED[("nccl", "dgx-h100")], "per-gpu") if r.chosen)
     assert tp_row(Pricing(version="2.21.5"))[1].time_per_call == old.time
+
+
+def test_ep_alltoall_on_whole_dgx_nodes_is_priced_as_nccl_runs_it():
+    """An EP group with whole DGX nodes to itself runs NCCL's alltoall, grouped point-to-point: its token
+    dispatch + combine costs what ``pyxccl sim alltoall`` prints there (``calibrated.alltoall_row``, the
+    fidelity table's), for the ``Pricing`` given; an EP group of half a node is priced by pyxccl's walk."""
+    from pyxccl.sim import calibrated, fitted, nccl
+    from pyxccl.sim.calibrated import Pricing
+    m = load_model("deepseek-v3").with_(layers=6, moe_layers=(4, 5, 6), micro_batch_size=1, seq_len=1024)
+
+    def ep_row(lay, pricing=None):
+        return row(estimate(m, lay, hardware.load("dgx-h100"), pricing=pricing), "EP", "token dispatch + combine",
+                   "forward")
+    cal = fitted.FITTED[("nccl", "dgx-h100")]
+    for ep, hosts in ((8, 1), (16, 2)):
+        lay = Layout(dp=2 * ep, ep=ep, micro_batches=2)
+        r = ep_row(lay)
+        comm = nccl.preset("dgx-h100", hosts)
+        want = calibrated.alltoall_row(r.bytes_per_call, comm, cal, "per-gpu")
+        assert (r.algorithm, r.time_per_call) == (f"grouped p2p/{want.protocol}", want.time), ep
+        assert r.time == r.calls * want.time and r.sent_per_call == int(r.bytes_per_call * (ep - 1) / ep)
+        # raw, another launch mode: the same figures `pyxccl sim --raw` / `--launch single-process` print
+        raw = ep_row(lay, Pricing(raw=True))
+        assert raw.time_per_call == calibrated.alltoall_row(r.bytes_per_call, comm, None).time
+        one = ep_row(lay, Pricing(launch="single-process"))
+        assert one.time_per_call == calibrated.alltoall_row(r.bytes_per_call, comm, cal, "single-process").time
+        assert one.time_per_call > r.time_per_call
+    # half a node a group (two EP groups share each node): no NCCL figure, pyxccl's fastest algorithm
+    from pyxccl.algorithms import registry
+    half = ep_row(Layout(dp=8, ep=4, micro_batches=2))
+    assert half.algorithm in registry.algorithms("alltoall")

@@ -318,8 +318,28 @@ def test_cli_prints_nccls_rows(capsys, tmp_path):
 def test_cli_refuses_what_the_model_does_not_cover():
     with pytest.raises(SystemExit, match="needs --hardware"):
         cli.main(["sim", "allreduce", "--model", "nccl"])
-    with pytest.raises(SystemExit, match="alltoall"):
-        cli.main(["sim", "alltoall", "--hardware", "dgx-h100", "--model", "nccl"])
+    with pytest.raises(SystemExit, match="NCCL runs alltoall one way"):     # no algorithm of NCCL's to choose
+        cli.main(["sim", "alltoall", "--hardware", "dgx-h100", "--model", "nccl", "--algo", "pairwise"])
+    with pytest.raises(SystemExit, match="8 GPUs per node"):
+        cli.main(["sim", "alltoall", "--hardware", "dgx-h100", "--model", "nccl", "--per-host", "4"])
+
+
+def test_cli_prints_nccls_alltoall(capsys, tmp_path):
+    """``--model nccl`` alltoall: NCCL's grouped point-to-point, one row a size (``calibrated.alltoall_row``,
+    to the bit; ``--raw``: ``nccl_p2p.alltoall``), nccl-tests' busbw ((n-1)/n of algbw), the protocol NCCL's
+    sends run at that size (LL for the small ones); the fitted figures: test_sim_published.py."""
+    from pyxccl.sim import calibrated, nccl_p2p
+    out = tmp_path / "rows.json"
+    for hosts, size, proto in ((1, 1024, "LL"), (2, 1 << 26, "Simple")):
+        assert cli.main(["sim", "alltoall", "--hosts", str(hosts), "--hardware", "dgx-h100", "--size", str(size),
+                         "--model", "nccl", "--raw", "--json", str(out)]) == 0
+        assert "NCCL's grouped point-to-point" in capsys.readouterr().out
+        (r,) = json.loads(out.read_text())["rows"]
+        comm = nccl.preset("dgx-h100", hosts)
+        plan = nccl_p2p.alltoall(size, comm)
+        assert (r["algorithm"], r["protocol"], r["chosen"]) == ("grouped p2p", proto, True)
+        assert r["time"] == plan.time * 1e-6 == calibrated.alltoall_row(size, comm, None).time
+        assert r["busbw"] == pytest.approx(size / r["time"] * (8 * hosts - 1) / (8 * hosts))
 
 
 def test_docstring_example_runs():
@@ -332,7 +352,10 @@ def test_docstring_example_runs():
     (["allreduce", "--hardware", "dgx-a100"], "nccl"),
     (["allgather", "--hardware", "dgx-h100", "--hosts", "4"], "nccl"),
     (["allreduce", "--hardware", "dgx-a100", "--algo", "ring,Tree"], "nccl"),        # NCCL's names
-    (["alltoall", "--hardware", "dgx-a100"], "pyxccl"),                             # not in NCCL's model
+    (["alltoall", "--hardware", "dgx-a100"], "nccl"),                               # NCCL's grouped p2p
+    (["alltoall", "--hardware", "dgx-h100", "--hosts", "3"], "nccl"),
+    (["alltoall", "--hardware", "dgx-h100", "--algo", "pairwise"], "pyxccl"),       # pyxccl's algorithm
+    (["alltoall", "--hardware", "dgx-h100", "--per-host", "4"], "pyxccl"),          # not the preset's node
     (["allreduce", "--hardware", "dgx-a100", "--algo", "hierarchical"], "pyxccl"),  # pyxccl's algorithm
     (["allreduce", "--hardware", "dgx-a100", "--per-host", "4"], "pyxccl"),         # not the preset's node
     (["allreduce", "--hardware", "dgx-a100", "--topology", "torus2d"], "pyxccl"),
@@ -341,12 +364,14 @@ def test_docstring_example_runs():
 ])
 def test_auto_answers_with_nccls_model_where_it_describes_machine_and_call(args, model, tmp_path, capsys):
     """``--model auto`` (the default): NCCL's rows (with protocols) on a DGX preset as it is, for a
-    collective of NCCL's model and NCCL's algorithm names; pyxccl's walk anywhere else."""
+    collective of NCCL's model (alltoall too: its grouped point-to-point) and NCCL's algorithm names;
+    pyxccl's walk anywhere else."""
     out = tmp_path / "rows.json"
     assert cli.main(["sim", *args, "--size", "1M", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(("protocol" in r) == (model == "nccl") for r in rows)
-    assert ("NCCL's tuning model" in capsys.readouterr().out) == (model == "nccl")
+    head = capsys.readouterr().out.splitlines()[0]
+    assert ("NCCL's tuning model" in head or "NCCL's grouped point-to-point" in head) == (model == "nccl")
 
 
 # --- NCCL releases (Comm.version): each release's constants and the formula changes between them ----------

@@ -83,3 +83,13 @@ def test_more_than_one_group_a_node_is_refused():
     c = replace(N.preset("dgx-h100", 1, 8), nRanks=16)
     with pytest.raises(InvalidArgumentError, match="at most 8"):
         A.alltoall(GiB, c)
+
+
+def test_protocol_label_follows_ncclS_ll_threshold():
+    """``addP2pToPlan``: a send runs LL while it is at most nChannels x NCCL_P2P_LL_THRESHOLD bytes (one node
+    of H100: a channel a send up to 64 KiB); the time does not depend on the label."""
+    c = N.preset("dgx-h100", 1)
+    at, above = A.alltoall(8 * A.P2P_LL_THRESHOLD, c), A.alltoall(8 * (A.P2P_LL_THRESHOLD + 1), c)
+    assert (at.nChannels, above.nChannels) == (1, 1)
+    assert (A.protocol(at), A.protocol(above)) == ("LL", "Simple")
+    assert A.bus_factor(16) == 15 / 16

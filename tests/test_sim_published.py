@@ -240,13 +240,22 @@ def _chosen(doc):
     return r
 
 
+def _choice(r):
+    """A CLI row's choice as ``predict_nccl`` names it: "Ring/LL128"; alltoall's one way, "grouped p2p" (its
+    protocol a label of the size, not a choice)."""
+    return r["algorithm"] if r["algorithm"] == calibrated.ALLTOALL else f"{r['algorithm']}/{r['protocol']}"
+
+
 def test_cli_prints_the_nccl_figure_the_table_validates(points, tmp_path, capsys):
     """``pyxccl sim`` on a DGX preset (NCCL's model, the default there) prints, for every validation point
     it can state, exactly ``published.predict_nccl`` with FITTED on the same inputs (the point's release,
-    either launch mode); ``--raw`` exactly the uncalibrated port; single-process adds ``launch_lat``."""
-    sel = [(p, inp) for p, inp in _as_preset(points) if p.collective != "alltoall"]     # NCCL runs it as p2p
-    assert len(sel) >= 20 and {p.preset for p, _ in sel} == {"dgx-a100", "dgx-h100"}
-    assert len({p.nodes for p, _ in sel}) >= 3 and len({p.collective for p, _ in sel}) >= 3
+    either launch mode); ``--raw`` exactly the uncalibrated port; single-process adds ``launch_lat``.
+    Alltoall too: NCCL's grouped point-to-point (``sim/nccl_p2p.py``), as the table prices it."""
+    sel = _as_preset(points)
+    assert len(sel) >= 29 and {p.preset for p, _ in sel} == {"dgx-a100", "dgx-h100"}
+    assert len({p.nodes for p, _ in sel}) >= 3 and len({p.collective for p, _ in sel}) == 4
+    a2a = [(p, inp) for p, inp in sel if p.collective == "alltoall"]
+    assert len(a2a) >= 9 and {p.nodes for p, _ in a2a} == {1, 2, 10}
     for p, inp in sel:
         cal = fitted.FITTED[("nccl", p.preset)]
         got = {}
@@ -254,21 +263,28 @@ def test_cli_prints_the_nccl_figure_the_table_validates(points, tmp_path, capsys
             doc = _cli_rows(tmp_path, p, "--nccl-version", inp.version, "--launch", launch)
             r = _chosen(doc)
             want, choice = P.predict_nccl(p, replace(inp, launch=launch), cal)
-            assert (r["time"], f"{r['algorithm']}/{r['protocol']}") == (want, choice), (p.id, launch)
+            assert (r["time"], _choice(r)) == (want, choice), (p.id, launch)
             assert (r["release"], r["launch"], r["calibration"]) == (inp.version, launch, "fitted")
             assert (doc["release"], doc["launch"], doc["calibration"]) == (inp.version, launch, "fitted")
             got[launch] = r["time"]
         assert got["single-process"] - got["per-gpu"] == pytest.approx(cal.launch_lat, rel=1e-6), p.id
         raw = _chosen(_cli_rows(tmp_path, p, "--nccl-version", inp.version, "--raw"))
         assert raw["calibration"] == "raw" and raw["time"] == P.predict_nccl(p, inp)[0], p.id
-        port = next(w for w in N.predict(P.PRIMS[p.collective], p.size, P.comm(inp)) if w.chosen)
-        assert raw["time"] == port.time * 1e-6, p.id
+        if p.collective == "alltoall":      # every published alltoall sends MiBs a peer: Simple, as NCCL would
+            plan = nccl_p2p.alltoall(p.size, P.comm(inp))
+            assert (raw["time"], raw["protocol"]) == (plan.time * 1e-6, "Simple"), p.id
+            assert len(doc["rows"]) == 1 and _cli_rows(tmp_path, p, "--model", "nccl")["rows"] == \
+                _cli_rows(tmp_path, p)["rows"], p.id
+        else:
+            port = next(w for w in N.predict(P.PRIMS[p.collective], p.size, P.comm(inp)) if w.chosen)
+            assert raw["time"] == port.time * 1e-6, p.id
     # no flags: the newest ported release, one process per GPU, fitted
-    p, inp = sel[0]
-    newest = replace(inp, version=calibrated.newest_version(), launch="per-gpu")
-    assert newest.version == N.DEFAULT_VERSION
-    assert _chosen(_cli_rows(tmp_path, p))["time"] == P.predict_nccl(p, newest, fitted.FITTED[("nccl", p.preset)])[0]
-    assert "calibrated (sim/fitted.py: nccl, " in capsys.readouterr().out
+    for p, inp in (sel[0], a2a[0]):
+        newest = replace(inp, version=calibrated.newest_version(), launch="per-gpu")
+        assert newest.version == N.DEFAULT_VERSION
+        want = P.predict_nccl(p, newest, fitted.FITTED[("nccl", p.preset)])[0]
+        assert _chosen(_cli_rows(tmp_path, p))["time"] == want, p.id
+        assert "calibrated (sim/fitted.py: nccl, " in capsys.readouterr().out
 
 
 def test_cli_prints_the_pyxccl_figure_the_table_validates(points, tmp_path):

@@ -6,10 +6,11 @@ messages as ``alpha + bytes * beta`` of the link they cross.
 A group that has whole DGX nodes to itself (8 GPUs of a ``dgx-a100``/``dgx-h100`` node each, no other
 group on them) runs NCCL there: its collectives of NCCL's model are priced as NCCL prices them
 (``sim/nccl.py``: the (algorithm, protocol) NCCL picks, NVLS and NVLSTree where the hardware has them),
-what ``pyxccl sim`` answers on those presets (``sim.report.nccl_covers``), with the same figures: the
-fitted parameters of ``sim/fitted.py`` applied by ``sim/calibrated.py`` (the fidelity table's), for the
-``Pricing`` given (NCCL release, launch mode, or raw); its "sent" is nccl-tests' bus bytes (the bytes a
-ring moves per rank).
+its alltoall (EP's token dispatch and combine) as NCCL runs it (``sim/nccl_p2p.py``: grouped
+point-to-point), what ``pyxccl sim`` answers on those presets (``sim.report.nccl_covers``), with the
+same figures: the fitted parameters of ``sim/fitted.py`` applied by ``sim/calibrated.py`` (the fidelity
+table's), for the ``Pricing`` given (NCCL release, launch mode, or raw); its "sent" is nccl-tests' bus
+bytes (the bytes a ring moves per rank; an alltoall's: what a rank sends to others).
 
 A group's cluster is that group alone (``Hardware.cluster``), with its fair share of what it shares
 with the other groups of its kind running at the same time: a host's NICs (8 DP groups on a DGX,
@@ -87,22 +88,30 @@ class _Ran:
 def _nccl(primitive: str, nbytes: int, hw: Hardware, g: Group, algo: str | None, pricing: Pricing) -> _Ran | None:
     """NCCL's price of the call where the group has whole DGX nodes (see the module's docstring), else
     None. ``algo``: "Algorithm/Protocol" (a later size of the same calls runs what the first chose)."""
-    from ..sim import calibrated, nccl
+    from ..sim import calibrated, nccl, nccl_p2p
     from .hardware import load
     if g.groups_per_host != 1 or hw.name not in nccl.preset_names() or hw != load(hw.name):
         return None         # not the preset as it is (another GPU, fewer GPUs used a host, a user's file)
+    a2a = primitive == "alltoall"
     try:
-        coll = nccl.func(primitive)
+        coll = None if a2a else nccl.func(primitive)
         comm = nccl.preset(hw.name, g.hosts, g.per_host)
     except ValueError:
         return None
+    if a2a:
+        algo = None         # one way to run it; its protocol follows each call's size, as NCCL's does
     key = ("nccl", primitive, nbytes, hw.name, g.hosts, g.per_host, algo, pricing)
     if key not in _cache:
         comm = replace(comm, version=pricing.version)     # a release not ported for this GPU: its error
-        rows = calibrated.nccl(primitive, nbytes, comm, pricing.params("nccl", hw.name), pricing.launch)
-        row = next(r for r in rows if r.chosen) if algo is None else \
-            next(r for r in rows if f"{r.algorithm}/{r.protocol}" == algo)
-        sent = int(nbytes * nccl.bus_factor(coll, g.size))
+        cal = pricing.params("nccl", hw.name)
+        if a2a:
+            row = calibrated.alltoall_row(nbytes, comm, cal, pricing.launch)
+            sent = int(nbytes * nccl_p2p.bus_factor(g.size))
+        else:
+            rows = calibrated.nccl(primitive, nbytes, comm, cal, pricing.launch)
+            row = next(r for r in rows if r.chosen) if algo is None else \
+                next(r for r in rows if f"{r.algorithm}/{r.protocol}" == algo)
+            sent = int(nbytes * nccl.bus_factor(coll, g.size))
         _cache[key] = _Ran(f"{row.algorithm}/{row.protocol}", row.time, sent)
     return _cache[key]
 

@@ -6,7 +6,7 @@ table validates (docs/sim.md, "What pyxccl sim answers on a DGX preset").
 
 - ``nccl``: every (algorithm, protocol) NCCL's model enables for a call, with NCCL's bandwidths times
   the fitted efficiency (so NCCL's choice sees it) and the fitted base and launch latency added;
-- ``alltoall``: NCCL's alltoall (grouped point-to-point, ``sim/nccl_p2p.py``) the same way;
+- ``alltoall_row`` / ``alltoall``: NCCL's alltoall (grouped point-to-point, ``sim/nccl_p2p.py``) the same way;
 - ``hardware``: a preset's links times the fitted efficiencies, for pyxccl's own walk;
 - ``time``: a model's time with the fitted latencies added;
 - ``Pricing``: what a user chooses (NCCL release, launch mode, raw or fitted) and the ``Params`` it gives.
@@ -134,8 +134,19 @@ def nccl(collective: str, nbytes: int, comm: N.Comm, cal: fitted.Params | None, 
             for a in range(N.NCCL_NUM_ALGORITHMS) for q in range(N.NCCL_NUM_PROTOCOLS) if table[a][q] >= 0]
 
 
-def alltoall(nbytes: int, comm: N.Comm, cal: fitted.Params | None, launch: str = "per-gpu") -> float:
-    """Seconds of NCCL's alltoall of ``nbytes`` on ``comm`` (``nccl_p2p.alltoall``), its bandwidths times the
-    fitted efficiency (the inter-node one across nodes, as ``scaled``) and the fitted latencies added."""
+#: the algorithm of NCCL's alltoall rows (the fidelity table's choice, ``pyxccl sim``'s and ``pyxccl plan``'s rows)
+ALLTOALL = "grouped p2p"
+
+
+def alltoall_row(nbytes: int, comm: N.Comm, cal: fitted.Params | None, launch: str = "per-gpu") -> Timed:
+    """NCCL's alltoall of ``nbytes`` on ``comm`` (``nccl_p2p.alltoall``, NCCL's one way to run it, so
+    ``chosen``), its bandwidths times the fitted efficiency (the inter-node one across nodes, as ``scaled``)
+    and the fitted latencies added; the protocol NCCL's sends run (``nccl_p2p.protocol``: a label)."""
     eff = 1.0 if cal is None else cal.inter_eff if comm.nNodes > 1 else cal.intra_eff
-    return time(nccl_p2p.alltoall(nbytes, comm, eff).time * 1e-6, cal, launch)
+    plan = nccl_p2p.alltoall(nbytes, comm, eff)
+    return Timed(ALLTOALL, nccl_p2p.protocol(plan), time(plan.time * 1e-6, cal, launch), True)
+
+
+def alltoall(nbytes: int, comm: N.Comm, cal: fitted.Params | None, launch: str = "per-gpu") -> float:
+    """Seconds of ``alltoall_row``."""
+    return alltoall_row(nbytes, comm, cal, launch).time

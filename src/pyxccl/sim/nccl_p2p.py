@@ -49,6 +49,7 @@ from .._errors import InvalidArgumentError
 from . import nccl as N
 
 NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8      # src/include/device.h
+P2P_LL_THRESHOLD = 16384                 # NCCL_P2P_LL_THRESHOLD (enqueue.cc): LL up to this many bytes a channel
 P2P_PER_CHANNEL_NET_BW = 14.0            # GB/s, NCCL_P2P_PER_CHANNEL_NET_BW (paths.cc)
 P2P_NET_CHUNKSIZE = 1 << 17              # NCCL_P2P_NET_CHUNKSIZE (init.cc)
 P2P_NVL_CHUNKSIZE = 1 << 19              # NCCL_P2P_NVL_CHUNKSIZE (init.cc)
@@ -134,6 +135,18 @@ def op_channels(comm: N.Comm, nbytes: int, p2pn: int, per: int) -> int:
         nch *= 2
         part = -(-nbytes // nch)
     return nch
+
+
+def protocol(plan: Plan) -> str:
+    """The protocol NCCL runs each send of ``plan`` with (``addP2pToPlan``: LL while a send is at most
+    ``nChannels * NCCL_P2P_LL_THRESHOLD`` bytes, else Simple). Only a label: ``alltoall`` prices every
+    size by bandwidth alone (the module's "Not modelled")."""
+    return "LL" if plan.chunk <= plan.nChannels * P2P_LL_THRESHOLD else "Simple"
+
+
+def bus_factor(nRanks: int) -> float:
+    """nccl-tests' alltoall busbw / algbw, (n-1)/n (``alltoall.cu``: the bytes a rank sends to others)."""
+    return (nRanks - 1) / nRanks
 
 
 def _busy(bases, nch: int, p2pn: int) -> int:

@@ -265,7 +265,7 @@ def predict_nccl(p: Point, inp: Input, cal: fitted.Params | None = None) -> tupl
     point-to-point (``sim/nccl_p2p.py``: every peer at once, on NCCL's p2p channels)."""
     c = comm(inp)
     if p.collective == "alltoall":
-        return calibrated.alltoall(p.size, c, cal, inp.launch), "grouped p2p"
+        return calibrated.alltoall(p.size, c, cal, inp.launch), calibrated.ALLTOALL
     rows = calibrated.nccl(PRIMS[p.collective], p.size, c, cal, inp.launch, inp.algo, inp.proto)
     best = next((r for r in rows if r.chosen), None)
     if best is None:

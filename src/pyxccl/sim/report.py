@@ -7,10 +7,11 @@
     pyxccl sim allreduce --hosts 2 --per-host 8 --hardware dgx-a100 --size 1M --model nccl
     pyxccl sim allreduce --hosts 1 --per-host 8 --hardware dgx-h100 --size 4K --launch single-process
     pyxccl sim allreduce --hosts 2 --per-host 8 --hardware dgx-a100 --size 1M --nccl-version 2.26.2 --raw
+    pyxccl sim alltoall --hosts 4 --per-host 8 --hardware dgx-h100 --size 64M
 
-On the DGX presets the figures are the ones the fidelity table validates (``sim/published.py``): the
-fitted parameters of ``sim/fitted.py`` applied by ``sim/calibrated.py``, for the launch mode given;
-``--raw`` leaves them out.
+On the DGX presets (alltoall too: NCCL's grouped point-to-point) the figures are the ones the fidelity
+table validates (``sim/published.py``): the fitted parameters of ``sim/fitted.py`` applied by
+``sim/calibrated.py``, for the launch mode given; ``--raw`` leaves them out.
 """
 from __future__ import annotations
 
@@ -53,10 +54,10 @@ def add_arguments(p) -> None:
                         "auto: message level while cheap")
     p.add_argument("--model", choices=("auto", "pyxccl", "nccl"), default="auto",
                    help="pyxccl: pyxccl's algorithms' schedules through its cost model; nccl: NCCL's own tuning "
-                        "model (every algorithm x protocol it enables and the one it picks; needs --hardware "
-                        "dgx-a100 or dgx-h100, 8 per host); auto (default): nccl where it describes the machine "
-                        "and the call (a DGX preset as it is, a collective of NCCL's model, --algo naming NCCL's "
-                        "algorithms if given), else pyxccl")
+                        "model (every algorithm x protocol it enables and the one it picks; alltoall: its grouped "
+                        "point-to-point; needs --hardware dgx-a100 or dgx-h100, 8 per host); auto (default): nccl "
+                        "where it describes the machine and the call (a DGX preset as it is, a collective of "
+                        "NCCL's model or alltoall, --algo naming NCCL's algorithms if given), else pyxccl")
     p.add_argument("--launch", choices=calibrated.LAUNCH_MODES, default="per-gpu",
                    help="how the job is started, on the DGX presets: per-gpu (default: one process per GPU, as "
                         "torchrun and mpirun launch) or single-process (one process drives a node's GPUs, "
@@ -142,8 +143,9 @@ def _sizes(a) -> list[int]:
 def nccl_covers(a) -> bool:
     """Does ``--model auto`` take NCCL's model for these arguments? Where the machine is a DGX preset
     NCCL's model describes (as the preset is: no other topology or NIC count), the collective is one of
-    its model's, and ``--algo``, if given, names its algorithms (``ring`` is both NCCL's Ring and
-    pyxccl's ring: NCCL's here). On those machines it is the closer of the two to published NCCL
+    its tuning model's or alltoall (NCCL's grouped point-to-point, ``sim/nccl_p2p.py``), and ``--algo``,
+    if given, names NCCL's algorithms (``ring`` is both NCCL's Ring and pyxccl's ring: NCCL's here;
+    alltoall has none to name). On those machines it is the closer of the two to published NCCL
     measurements (docs/sim.md, "Fidelity against published NCCL measurements")."""
     if a.model != "auto":
         return a.model == "nccl"
@@ -152,10 +154,13 @@ def nccl_covers(a) -> bool:
     from ..plan import hardware
     from . import nccl
     try:
-        nccl.func(a.collective)
+        if a.collective != "alltoall":      # alltoall: NCCL's grouped point-to-point (sim/nccl_p2p.py)
+            nccl.func(a.collective)
         nccl.preset(hardware.load(a.hardware).name, a.hosts, a.per_host)
     except (ValueError, OSError):
         return False
+    if a.collective == "alltoall":          # NCCL runs it one way: --algo names pyxccl's algorithms
+        return not a.algo
     names = {x.lower() for x in nccl.ncclAlgoStr}
     return not a.algo or all(x.lower() in names for x in a.algo.split(","))
 
@@ -233,39 +238,51 @@ def main(a) -> int:
 
 
 def main_nccl(a) -> int:
-    """``--model nccl`` (and ``auto`` where ``nccl_covers``): NCCL's own tuning model (``sim/nccl.py``) on a DGX preset, a row per (algorithm,
-    protocol) NCCL enables, the one NCCL picks starred."""
+    """``--model nccl`` (and ``auto`` where ``nccl_covers``): NCCL's own tuning model (``sim/nccl.py``) on a
+    DGX preset, a row per (algorithm, protocol) NCCL enables, the one NCCL picks starred; alltoall: NCCL's
+    grouped point-to-point (``sim/nccl_p2p.py``), its one row."""
     from dataclasses import replace
 
-    from . import nccl
+    from . import nccl, nccl_p2p
     if not a.hardware or a.measured:
         raise SystemExit(f"--model nccl needs --hardware, one of {', '.join(nccl.preset_names())}")
+    a2a = a.collective == "alltoall"
+    if a2a and a.algo:
+        raise SystemExit("pyxccl sim: NCCL runs alltoall one way (grouped point-to-point, no algorithm to "
+                         "choose): leave --algo out, or give --model pyxccl for pyxccl's alltoall algorithms")
     from ..plan import hardware
     name = hardware.load(a.hardware).name
     pricing = _pricing(a)
     try:
-        coll = nccl.func(a.collective)
+        coll = None if a2a else nccl.func(a.collective)
         comm = replace(nccl.preset(name, a.hosts, a.per_host), version=pricing.version)
     except ValueError as e:
         raise SystemExit(f"pyxccl sim: {e}") from None
     cal = pricing.params("nccl", name)
     figures = pricing.describe("nccl", name, nccl=True)
     algos = {x.lower() for x in a.algo.split(",")} if a.algo else None
-    print(f"# {a.collective} on {a.hosts} x {a.per_host} {name}, NCCL's tuning model; graphs: {comm.source}")
+    how = ("NCCL's grouped point-to-point (sim/nccl_p2p.py: 2.29.2's rules for every release, priced by "
+           "bandwidth, the protocol a label)" if a2a else "NCCL's tuning model")
+    print(f"# {a.collective} on {a.hosts} x {a.per_host} {name}, {how}; graphs: {comm.source}")
     print(f"# figures: {pricing.words(figures, 'nccl', name)}")
     print(f"{'size':>10} {'algorithm':>15} {'protocol':>9} {'time':>11} {'algbw':>12} {'busbw':>12}")
     rows = []
     for nb in _sizes(a):
-        for r in calibrated.nccl(a.collective, nb, comm, cal, pricing.launch):
+        try:
+            timed = ([calibrated.alltoall_row(nb, comm, cal, pricing.launch)] if a2a else
+                     calibrated.nccl(a.collective, nb, comm, cal, pricing.launch))
+        except ValueError as e:     # a release not ported for this GPU: the message names the ported ones
+            raise SystemExit(f"pyxccl sim: {e}") from None
+        for r in timed:
             if algos and r.algorithm.lower() not in algos:
                 continue
             algbw = nb / r.time if r.time > 0 else float("inf")
-            busbw = algbw * nccl.bus_factor(coll, comm.nRanks)
+            busbw = algbw * (nccl_p2p.bus_factor(comm.nRanks) if a2a else nccl.bus_factor(coll, comm.nRanks))
             rows.append(dict(size=nb, algorithm=r.algorithm, protocol=r.protocol, time=r.time, algbw=algbw,
                              busbw=busbw, chosen=r.chosen, **figures))
             print(f"{_bytes(nb):>10} {r.algorithm:>15} {r.protocol + (' *' if r.chosen else ''):>9} "
                   f"{_time(r.time):>11} {_si(algbw, 'B/s'):>12} {_si(busbw, 'B/s'):>12}")
-    print("# * what NCCL picks (the least time of its model)" +
+    print(("# * NCCL's one way to run it" if a2a else "# * what NCCL picks (the least time of its model)") +
           ("; --model pyxccl: pyxccl's own algorithms on this machine" if a.model == "auto" else ""))
     if a.json:
         with open(a.json, "w") as f:
