@@ -159,12 +159,50 @@ def test_large_steps_converted_on_their_own_are_one_conversion(seed, monkeypatch
         assert got.skip is None or np.array_equal(got.skip, plain.skip)
 
 
+def _ops_plain(flat: list) -> tuple:
+    """``compact._ops``, op by op as its docstrings say: (kind, red, peer, count, skip, touch)."""
+    kinds = {Copy: compact.COPY, Send: compact.SEND, Recv: compact.RECV}
+    kind = np.array([kinds[type(o)] for o in flat], np.int8)
+    red = np.array([0 if type(o) is Send else int(o[-1]) for o in flat], np.int8)
+    peer = np.array([0 if type(o) is Copy else o.peer for o in flat], np.int64)
+    count = np.array([o.count for o in flat], np.int64)
+    calls = ("in", "out", "tmp")
+    touch = np.array([(o.src in calls) + (o.dst in calls) * (2 if o.reduce else 1) if type(o) is Copy else 0
+                      for o in flat], np.int8)
+    skip = [type(o) is Copy and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off for o in flat]
+    return kind, red, peer, count, np.array(skip) if any(skip) else None, touch
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("copies", [0.0, 0.3, 0.7, 1.0])
+def test_operations_arrays_are_op_by_ops(seed, copies):
+    """``_ops`` (numpy field by field where most operations are copies, else op by op) gives what reading
+    each operation gives, with copies of the input onto itself, reducing copies and buffers of every name."""
+    rng = random.Random(seed)
+    flat = []
+    for _ in range(rng.randrange(1, 400)):
+        if rng.random() < copies:
+            o = rng.randrange(9)
+            src, dst = rng.choice(("in", "out", "tmp")), rng.choice(("in", "out", "tmp"))
+            flat.append(Copy("in", o, "out", o, 3) if rng.random() < 0.1 else
+                        Copy(src, o, dst, rng.randrange(9), rng.randrange(1, 9), rng.random() < 0.5))
+        elif rng.random() < 0.5:
+            flat.append(Send(rng.randrange(64), "tmp", rng.randrange(9), rng.randrange(1, 9)))
+        else:
+            flat.append(Recv(rng.randrange(64), "out", rng.randrange(9), rng.randrange(1, 9), rng.random() < 0.5))
+    got, want = compact._ops(flat), _ops_plain(flat)
+    for name, a, b in zip(("kind", "red", "peer", "count", "skip", "touch"), got, want):
+        assert (a is None) == (b is None), name
+        assert a is None or (np.array_equal(a, b) and a.dtype == b.dtype), name
+
+
 def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
     """Bruck's alltoall written op by op through Schedule.step (the reference): tmp = [slot j at block n-1-j,
     then a mirror of blocks 0..n-2 | pack area | incoming area]; the even slots copied from in, the odd
     ones from in into step 1's message; step d packs the runs of slots with bit d set (in the slot area's
     order), sends them in one message to rank+d and receives rank-d's into the incoming area, which the
-    next step unpacks first; at the end the mirror and one copy to out."""
+    next step unpacks first; at the end the mirror and one copy to out. The copies of steps 2, 4, ... and of
+    the end are steps of their own (the same on every rank)."""
     from pyxccl.schedule import Copy, Recv, Send
     ds = [1 << k for k in range(max(n - 1, 0).bit_length())]
     moving = [[j for j in range(n) if j & d] for d in ds]
@@ -196,6 +234,9 @@ def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
             for j, k in runs(moving[i]):
                 ops.append(Copy("tmp", at(j, k), "tmp", pack + p * c, k * c))
                 p += k
+        if d > 1:           # step d's copies, a step of their own (the same on every rank)
+            s.step(*ops)
+            ops = []
         s.step(*ops, Send((rank + d) % n, "tmp", pack, len(moving[i]) * c),
                Recv((rank - d) % n, "tmp", inc, len(moving[i]) * c))
         ops = []
@@ -203,7 +244,12 @@ def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:
     for j, k in runs(moving[-1] if ds else []):
         ops.append(Copy("tmp", inc + p * c, "tmp", at(j, k), k * c))
         p += k
-    s.step(*ops, Copy("tmp", 0, "tmp", n * c, (n - 1) * c), Copy("tmp", (n - 1 - rank) * c, "out", 0, n * c))
+    out = Copy("tmp", (n - 1 - rank) * c, "out", 0, n * c)
+    if ds:                  # the last unpacking and the mirror, then the copy to out
+        s.step(*ops, Copy("tmp", 0, "tmp", n * c, (n - 1) * c))
+        s.step(out)
+    else:
+        s.step(*ops, out)
     return s
 
 

@@ -104,7 +104,7 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
 
     Every rank's operations have the same sizes (the shift symmetry the tuner folds by), and all but
     the first step's and the last copy are the same operations on every rank: they are made once per
-    (n, c) and shared.
+    (n, c) and shared, steps of their own before each message (the tuner converts a shared step once).
     """
     n = nranks
     if len(set(send_counts)) > 1 or send_counts != recv_counts:
@@ -120,8 +120,14 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
                      range(pack, pack + n // 2 * c, c), repeat(c))          # the odd ones, packed for step 1
     d = 1
     for size, ops in shared[:-1]:
-        s.steps.append((*first, *ops, tuple.__new__(Send, ((rank + d) % n, "tmp", pack, size)),
+        if ops:             # the same tuple on every rank: the tuner converts it once (compact._STEPS)
+            s.steps.append(ops)
+        s.steps.append((*first, tuple.__new__(Send, ((rank + d) % n, "tmp", pack, size)),
                         tuple.__new__(Recv, ((rank - d) % n, "tmp", inc, size, False))))
         first, d = [], d << 1
-    s.steps.append((*first, *shared[-1][1], Copy("tmp", (n - 1 - rank) * c, "out", 0, n * c)))
+    last, out = shared[-1][1], Copy("tmp", (n - 1 - rank) * c, "out", 0, n * c)
+    if first or not last:           # one rank: no step before
+        s.steps.append((*first, *last, out))
+    else:
+        s.steps += [last, (out,)]
     return s

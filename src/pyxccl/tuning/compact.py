@@ -14,7 +14,7 @@ Symmetric algorithms (``symmetric.py``: Shift, Xor) need not be built rank by ra
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress, repeat
 from operator import itemgetter
 
 import numpy as np
@@ -24,7 +24,9 @@ from .cost import CALL_BUFFERS      # the call's buffers (in memory when the cal
 
 COPY, SEND, RECV = 0, 1, 2
 _KIND = {Copy: COPY, Send: SEND, Recv: RECV}
-_FIRST, _FOURTH, _LAST = itemgetter(0), itemgetter(3), itemgetter(-1)
+_FIRST, _THIRD, _FOURTH, _FIFTH, _LAST = itemgetter(0), itemgetter(2), itemgetter(3), itemgetter(4), itemgetter(-1)
+#: a copy's buffers, numbered; those of the call (``CALL_BUFFERS``) are > 0
+_BUF = {b: i + 1 for i, b in enumerate(CALL_BUFFERS)}
 
 
 
@@ -222,10 +224,28 @@ def _ops(flat: list) -> tuple:
     # Send(peer, buf, off, count); Recv(peer, buf, off, count, reduce); Copy(src, so, dst, do, count, reduce)
     count = np.fromiter(map(_FOURTH, flat), np.int64, m)      # Copy: dst_off, fixed below
     red = np.fromiter(map(_LAST, flat), np.int64, m)          # Send: count, fixed below
-    copies = np.flatnonzero(kind == COPY)
+    is_copy = kind == COPY
+    copies = np.flatnonzero(is_copy)
+    k = len(copies)
     skip = None
     touch = np.zeros(m, np.int8)
-    if len(copies):
+    if 2 * k > m:
+        # mostly copies (a Bruck alltoall's or a hierarchical regrouping's thousands a rank): field by
+        # field over the copies, in numpy, rather than op by op
+        cp = list(compress(flat, is_copy.tolist()))
+        count[copies] = np.fromiter(map(_FIFTH, cp), np.int64, k)
+        src = np.fromiter(map(_BUF.get, map(_FIRST, cp), repeat(0)), np.int8, k)
+        dst = np.fromiter(map(_BUF.get, map(_THIRD, cp), repeat(0)), np.int8, k)
+        touch[copies] = (src > 0) + (dst > 0) * (1 + red[copies])
+        onto = np.flatnonzero((src == _BUF["in"]) & (dst == _BUF["out"]))
+        same = np.fromiter((cp[j][1] == cp[j][3] for j in onto.tolist()), bool, len(onto))
+        if same.any():
+            skip = np.zeros(m, bool)
+            skip[copies[onto[same]]] = True
+        peer = np.zeros(m, np.int64)
+        if k < m:
+            peer[~is_copy] = np.fromiter(map(_FIRST, compress(flat, (~is_copy).tolist())), np.int64, m - k)
+    elif k:
         peers = list(map(_FIRST, flat))
         for j in copies.tolist():
             o = flat[j]
