@@ -101,7 +101,10 @@ class Schedule:
 
     def step(self, *ops: Op) -> None:
         """Append a step made of ``ops``, leaving out empty transfers."""
-        ops = tuple(o for o in ops if o is not None and o.count > 0)
+        for o in ops:
+            if o is None or o.count <= 0:       # (most steps have none: kept as given, without a copy)
+                ops = tuple([o for o in ops if o is not None and o.count > 0])
+                break
         if ops:
             self.steps.append(ops)
 
