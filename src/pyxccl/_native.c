@@ -565,7 +565,7 @@ typedef struct {
     int out_writes, finish;
     Run fixed;                  /* what every run of it starts from (fixed()) */
     unsigned long long recent_mask;
-    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_locked, *exec_acquire, *exec_release,
+    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_acquire, *exec_release,
         *ops_append, *trace, *what, *record, *tally, *running, *done;
     /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then; and the objects
      * its root, op, algorithm and timeout were, and the issuing thread's word (Context.thread_word) */
@@ -640,12 +640,13 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         result = Py_False;
         goto refused;
     }
-    int free_ = unlocked(c->lock_locked), idle = free_ > 0 ? unlocked(c->exec_locked) : free_;
-    if (free_ < 0 || idle < 0) goto failed;
-    if (!free_ || !idle) { result = Py_False; goto refused; }
-    PyObject *got = PyObject_CallNoArgs(c->exec_acquire);     /* unlocked, so it does not wait */
+    int free_ = unlocked(c->lock_locked);
+    if (free_ < 0) goto failed;
+    if (!free_) { result = Py_False; goto refused; }
+    PyObject *got = PyObject_CallOneArg(c->exec_acquire, Py_False);      /* Engine.claim's acquire(False) */
     if (!got) goto failed;
     Py_DECREF(got);
+    if (got != Py_True) { result = Py_False; goto refused; }
     /* the numbers (Prepared.start's) and the entry (Recorder.begin's) */
     PyObject *s0 = PyDict_GetItemWithError(d, S_seq), *s1 = PyDict_GetItemWithError(d, S_coll_seq);
     long long nseq = s0 ? PyLong_AsLongLong(s0) : -1;
@@ -909,7 +910,6 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->trace = PyObject_GetAttrString(rec, "trace");
     if (lock && exec_ && ops) {
         c->lock_locked = PyObject_GetAttrString(lock, "locked");
-        c->exec_locked = PyObject_GetAttrString(exec_, "locked");
         c->exec_acquire = PyObject_GetAttrString(exec_, "acquire");
         c->exec_release = PyObject_GetAttrString(exec_, "release");
         c->ops_append = PyObject_GetAttrString(ops, "append");
@@ -921,7 +921,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_INCREF(tally); c->tally = tally;
     Py_INCREF(running); c->running = running;
     Py_INCREF(done); c->done = done;
-    if (!c->ctx_dict || !c->seg_dict || !c->eng_dict || !c->trace || !c->lock_locked || !c->exec_locked
+    if (!c->ctx_dict || !c->seg_dict || !c->eng_dict || !c->trace || !c->lock_locked
         || !c->exec_acquire || !c->exec_release || !c->ops_append) { Py_DECREF(c); return NULL; }
     if (!PyDict_Check(c->ctx_dict) || !PyDict_Check(c->seg_dict) || !PyDict_Check(c->eng_dict)
         || (c->trace != Py_None && !PyList_Check(c->trace))) {
@@ -932,7 +932,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)c;
 }
 
-#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock_locked) X(exec_locked) X(exec_acquire) \
+#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock_locked) X(exec_acquire) \
     X(exec_release) X(ops_append) X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
     X(out_dtype) X(root) X(opobj) X(algorithm) X(timeout)
 
