@@ -97,6 +97,8 @@ def same_books(comm):
     out = np.empty(5, np.float32)
     gathered = np.empty(3 * n, np.int32)
     whole = np.empty(3 * n, np.int32)         # allgather in place: this rank's block is its input
+    root_out = np.empty(3 * n, np.int32) if r == 0 else None
+    spread, part = np.arange(3 * n, dtype=np.int32), np.empty(3, np.int32)
     cases = [
         ("allreduce", "allreduce in place", lambda: comm.allreduce(x32, algorithm=SEG), lambda: (x32, x32, x32)),
         ("allreduce", "allreduce avg", lambda: comm.allreduce(x64, ReduceOp.AVG, algorithm=SEG), lambda: (x64, x64, x64)),
@@ -106,6 +108,12 @@ def same_books(comm):
          lambda: (np.full(3, r, np.int32), gathered, gathered)),
         ("allgather", "allgather in place", lambda: comm.allgather(whole[3 * r:3 * r + 3], whole, algorithm=SEG),
          lambda: (whole[3 * r:3 * r + 3], whole, whole)),
+        # rooted: a rank without output (gather) or input (scatter) repeats in C as the root does
+        ("gather", "gather to root 0", lambda: comm.gather(np.full(3, r, np.int32), root_out, 0, algorithm=SEG),
+         lambda: (np.full(3, r, np.int32), root_out, root_out)),
+        ("scatter", "scatter from root 1", lambda: comm.scatter(spread if r == 1 else None, part, 1, algorithm=SEG),
+         lambda: (spread if r == 1 else None, part, part)),
+        ("reduce", "reduce to root 1", lambda: comm.reduce(x32, 1, algorithm=SEG), lambda: (x32, x32, x32)),
     ]
     for op, what, call, bufs in cases:
         call()                  # made (full path) and kept
@@ -184,4 +192,44 @@ def busy_engine(comm):
     if [e[_CSEQ] for e in last] != [ctx.coll_seq - 1, ctx.coll_seq] or any(e[FIELDS.index("state")] != DONE
                                                                           for e in last):
         fails.append(f"entries {last}")
+    return fails
+
+
+def thread_words(comm):
+    """The thread's word the C path's again() finds (Call.thread_word) is Context.thread_word's, for the
+    main thread, a pool's worker, a renamed thread (none in C until Python found it again) and with
+    fingerprints that do not name threads."""
+    import threading
+    ctx = context(comm)
+    x = np.ones(4, np.float32)
+    comm.allreduce(x, algorithm=SEG)
+    comm.allreduce(x, algorithm=SEG)
+    fast = ctx.prepared.last[("allreduce", id(x))].fast
+    fails = []
+
+    def same(what):
+        py = ctx.thread_word()         # first: it finds a renamed thread's word (C reads what it keeps)
+        c = fast.thread_word()
+        if c != py:
+            fails.append(f"{what}: C {c}, Python {py}")
+
+    same("main thread")
+    t = threading.current_thread()
+    name = t.name
+    try:
+        t.name = "renamed"
+        if fast.thread_word() != -1:
+            fails.append(f"renamed: C found {fast.thread_word()} before Python did")
+        same("renamed")
+    finally:
+        t.name = name
+        ctx.thread_word()
+    worker = threading.Thread(target=lambda: (ctx.thread_word(), same("pool worker")), name="pool_3")
+    worker.start()
+    worker.join()
+    ctx.thread_check = False
+    try:
+        same("thread_check off")
+    finally:
+        ctx.thread_check = True
     return fails

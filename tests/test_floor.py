@@ -24,6 +24,12 @@ def test_the_c_path_keeps_the_books_of_the_python_path(pools):
     _ok(pools(2).run(ff.same_books, transport="shm"))
 
 
+def test_the_c_path_finds_the_thread_word_of_the_python_path(pools):
+    if not NATIVE:
+        return
+    _ok(pools(2).run(ff.thread_words, transport="shm"))
+
+
 def test_a_blocking_call_behind_a_queued_one_runs_after_it(pools):
     _ok(pools(2).run(ff.busy_engine, transport="shm"))
 

@@ -552,7 +552,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
  * between can run Python code: what may collect garbage is allocated before), and a thread that
  * holds the lock is taking numbers of its own, so the call goes the slow way then. */
 static PyObject *S_closed, *S_error, *S_segment, *S_seq, *S_coll_seq, *S_recent, *S_pending, *S_round, *S_calls,
-    *S_waiting, *S_traffic, *S_dtype;
+    *S_waiting, *S_traffic, *S_dtype, *S_thread_check, *S_here, *S_me, *S__name;
 
 typedef struct {
     PyObject_HEAD
@@ -565,11 +565,13 @@ typedef struct {
     int out_writes, finish;
     Run fixed;                  /* what every run of it starts from (fixed()) */
     unsigned long long recent_mask;
-    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_locked, *exec_acquire, *exec_release,
+    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_acquire, *exec_release,
         *ops_append, *trace, *what, *record, *tally, *running, *done;
-    /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then */
-    PyObject *array_type, *in_dtype, *out_dtype;
+    /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then; and the objects
+     * its root, op, algorithm and timeout were, and the issuing thread's word (Context.thread_word) */
+    PyObject *array_type, *in_dtype, *out_dtype, *root, *opobj, *algorithm, *timeout;
     Py_ssize_t in_nbytes, out_nbytes, at;        /* at: primitives.apart's in-place offset (-1: none) */
+    long long thread;
     int inplace, gathers;
 } CallObject;
 
@@ -638,12 +640,13 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         result = Py_False;
         goto refused;
     }
-    int free_ = unlocked(c->lock_locked), idle = free_ > 0 ? unlocked(c->exec_locked) : free_;
-    if (free_ < 0 || idle < 0) goto failed;
-    if (!free_ || !idle) { result = Py_False; goto refused; }
-    PyObject *got = PyObject_CallNoArgs(c->exec_acquire);     /* unlocked, so it does not wait */
+    int free_ = unlocked(c->lock_locked);
+    if (free_ < 0) goto failed;
+    if (!free_) { result = Py_False; goto refused; }
+    PyObject *got = PyObject_CallOneArg(c->exec_acquire, Py_False);      /* Engine.claim's acquire(False) */
     if (!got) goto failed;
     Py_DECREF(got);
+    if (got != Py_True) { result = Py_False; goto refused; }
     /* the numbers (Prepared.start's) and the entry (Recorder.begin's) */
     PyObject *s0 = PyDict_GetItemWithError(d, S_seq), *s1 = PyDict_GetItemWithError(d, S_coll_seq);
     long long nseq = s0 ? PyLong_AsLongLong(s0) : -1;
@@ -768,15 +771,41 @@ static PyObject *call_vectorcall(PyObject *self, PyObject *const *args, size_t n
     return go((CallObject *)self, args, 0);
 }
 
-/* again(in, out): the call (as call(in, out, None) answers, but out itself for True) when in and out are
- * arrays as expect() said its key's have (the same array type and dtype objects, the same sizes, in place
- * or apart as then, no scratch), else None with nothing done: the caller takes the key's way
- * (core/prepared.py). */
+/* Context.thread_word() for the calling thread, or -1 where only Python can tell (the thread's first call,
+ * or it was renamed since: thread_word() finds the word then, and stores it where this reads it). */
+static long long thread_word(CallObject *c) {
+    PyObject *on = PyDict_GetItemWithError(c->ctx_dict, S_thread_check);
+    if (!on) { PyErr_Clear(); return -1; }
+    if (on == Py_False) return 0;
+    PyObject *here = on == Py_True ? PyDict_GetItemWithError(c->ctx_dict, S_here) : NULL;
+    if (!here) { PyErr_Clear(); return -1; }
+    PyObject *me = PyObject_GetAttr(here, S_me);     /* (thread, its name, its name in fingerprints, word) */
+    if (!me) { PyErr_Clear(); return -1; }
+    long long w = -1;
+    if (PyTuple_Check(me) && PyTuple_GET_SIZE(me) == 4) {
+        PyObject *name = PyObject_GetAttr(PyTuple_GET_ITEM(me, 0), S__name);
+        if (name && PyObject_RichCompareBool(name, PyTuple_GET_ITEM(me, 1), Py_EQ) == 1)
+            w = PyLong_AsLongLong(PyTuple_GET_ITEM(me, 3));
+        Py_XDECREF(name);
+        if (PyErr_Occurred()) { PyErr_Clear(); w = -1; }
+    }
+    Py_DECREF(me);
+    return w;
+}
+
+/* again(in, out, root, op, algorithm, timeout): the call (as call(in, out, None) answers) when it is a
+ * repeat of the call expect() described: in and out arrays as its key's (the same array type and dtype
+ * objects, the same sizes, in place or apart as then, no scratch; out None where that call had no output),
+ * root, op, algorithm and timeout the same objects, from a thread of the same word. Else None with nothing
+ * done: the caller takes the key's way (comm.py, core/prepared.py). */
 static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     CallObject *c = (CallObject *)self;
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "again(in, out)"); return NULL; }
+    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "again(in, out, root, op, algorithm, timeout)"); return NULL; }
     PyObject *inp = args[0], *out = args[1];
-    if (!c->array_type || c->need[B_TMP] || Py_TYPE(out) != (PyTypeObject *)c->array_type) Py_RETURN_NONE;
+    if (!c->array_type || c->need[B_TMP] || args[2] != c->root || args[3] != c->opobj || args[4] != c->algorithm
+        || args[5] != c->timeout)
+        Py_RETURN_NONE;
+    if (c->out_dtype == Py_None ? out != Py_None : Py_TYPE(out) != (PyTypeObject *)c->array_type) Py_RETURN_NONE;
     if (c->in_dtype == Py_None ? inp != Py_None
                                : Py_TYPE(inp) != (PyTypeObject *)c->array_type || (inp == out) != c->inplace)
         Py_RETURN_NONE;
@@ -788,38 +817,49 @@ static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t na
         Py_DECREF(dt);
         if (dt != want) Py_RETURN_NONE;
     }
+    if (thread_word(c) != c->thread) Py_RETURN_NONE;
     PyObject *three[3] = {inp, out, Py_None};
-    PyObject *done = go(c, three, 1);
-    if (done == Py_True) {
-        Py_DECREF(done);
-        Py_INCREF(out);
-        return out;
-    }
-    return done;
+    return go(c, three, 1);
 }
 
-/* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers): what again() takes
- * (in_dtype None: no input; at, gathers: primitives.apart's rule for an input and output that overlap, at
- * -1 for none). */
+/* thread_word(): what again() takes for the calling thread's word (-1: none; tests/test_floor.py compares it
+ * with Context.thread_word's). */
+static PyObject *call_thread_word(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(thread_word((CallObject *)self));
+}
+
+/* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers, root, op, algorithm,
+ * timeout, thread): what again() takes (in_dtype or out_dtype None: no input or output; at, gathers:
+ * primitives.apart's rule for an input and output that overlap, at -1 for none; thread: the word). */
 static PyObject *call_expect(PyObject *self, PyObject *args) {
     CallObject *c = (CallObject *)self;
-    PyObject *at, *idt, *odt;
+    PyObject *at, *idt, *odt, *root, *op, *algorithm, *timeout;
     Py_ssize_t inb, outb, off;
     int inplace, gathers;
-    if (!PyArg_ParseTuple(args, "OOnOnpnp:expect", &at, &idt, &inb, &odt, &outb, &inplace, &off, &gathers))
+    long long thread;
+    if (!PyArg_ParseTuple(args, "OOnOnpnpOOOOL:expect", &at, &idt, &inb, &odt, &outb, &inplace, &off, &gathers,
+                          &root, &op, &algorithm, &timeout, &thread))
         return NULL;
     c->at = off; c->gathers = gathers;
     if (!PyType_Check(at)) { PyErr_SetString(PyExc_TypeError, "expect: an array type"); return NULL; }
     Py_INCREF(at); Py_XSETREF(c->array_type, at);
     Py_INCREF(idt); Py_XSETREF(c->in_dtype, idt);
     Py_INCREF(odt); Py_XSETREF(c->out_dtype, odt);
-    c->in_nbytes = inb; c->out_nbytes = outb; c->inplace = inplace;
+    Py_INCREF(root); Py_XSETREF(c->root, root);
+    Py_INCREF(op); Py_XSETREF(c->opobj, op);
+    Py_INCREF(algorithm); Py_XSETREF(c->algorithm, algorithm);
+    Py_INCREF(timeout); Py_XSETREF(c->timeout, timeout);
+    c->in_nbytes = inb; c->out_nbytes = outb; c->inplace = inplace; c->thread = thread;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef call_methods[] = {
-    {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL, "again(in, out): the call on a repeat's arrays, or None"},
-    {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers)"},
+    {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL,
+     "again(in, out, root, op, algorithm, timeout): the call on a repeat's arrays and objects, or None"},
+    {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, "
+     "gathers, root, op, algorithm, timeout, thread)"},
+    {"thread_word", call_thread_word, METH_NOARGS, "thread_word(): the calling thread's word as again() finds it"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -870,7 +910,6 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->trace = PyObject_GetAttrString(rec, "trace");
     if (lock && exec_ && ops) {
         c->lock_locked = PyObject_GetAttrString(lock, "locked");
-        c->exec_locked = PyObject_GetAttrString(exec_, "locked");
         c->exec_acquire = PyObject_GetAttrString(exec_, "acquire");
         c->exec_release = PyObject_GetAttrString(exec_, "release");
         c->ops_append = PyObject_GetAttrString(ops, "append");
@@ -882,7 +921,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     Py_INCREF(tally); c->tally = tally;
     Py_INCREF(running); c->running = running;
     Py_INCREF(done); c->done = done;
-    if (!c->ctx_dict || !c->seg_dict || !c->eng_dict || !c->trace || !c->lock_locked || !c->exec_locked
+    if (!c->ctx_dict || !c->seg_dict || !c->eng_dict || !c->trace || !c->lock_locked
         || !c->exec_acquire || !c->exec_release || !c->ops_append) { Py_DECREF(c); return NULL; }
     if (!PyDict_Check(c->ctx_dict) || !PyDict_Check(c->seg_dict) || !PyDict_Check(c->eng_dict)
         || (c->trace != Py_None && !PyList_Check(c->trace))) {
@@ -893,9 +932,9 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)c;
 }
 
-#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock_locked) X(exec_locked) X(exec_acquire) \
+#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock_locked) X(exec_acquire) \
     X(exec_release) X(ops_append) X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
-    X(out_dtype)
+    X(out_dtype) X(root) X(opobj) X(algorithm) X(timeout)
 
 static int call_traverse(PyObject *self, visitproc visit, void *arg) {
     CallObject *c = (CallObject *)self;
@@ -1047,7 +1086,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     struct { PyObject **at; const char *name; } names[] = {
         {&S_closed, "closed"}, {&S_error, "error"}, {&S_segment, "segment"}, {&S_seq, "seq"},
         {&S_coll_seq, "coll_seq"}, {&S_recent, "recent"}, {&S_pending, "_pending"}, {&S_round, "round"},
-        {&S_calls, "calls"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"}};
+        {&S_calls, "calls"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"},
+        {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"}, {&S__name, "_name"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
     if (PyType_Ready(&CallType) < 0) return NULL;

@@ -55,18 +55,17 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         else the full path (``calls.DESCRIBE[name](check, rank, size, *args)``), which keeps what it
         prepared under the key for the next call."""
         ctx = self._ctx
-        thread = ctx.thread_word()
         kept = ctx.prepared
-        last = kept.last.get((name, id(out)))      # the objects of this array's last blocking repeat: no key
-        if last is not None and last[0] is root and last[1] is op and last[2] is algorithm and last[3] is timeout \
-                and last[4] == thread and async_op is False:
-            p = last[5]
-            done = p.fast.again(inp, out)
-            if done is out:
+        # this array's last blocking repeat: its C call checks the arrays, objects and thread (no key)
+        p = kept.last.get((name, id(out))) if async_op is False else None
+        if p is not None:
+            done = p.fast.again(inp, out, root, op, algorithm, timeout)
+            if done is True:
                 return out
             done = p.settle(inp, out, FULL_PATH, done)
             if done is not FULL_PATH:
                 return done
+        thread = ctx.thread_word()
         k = key(name, inp, out, root, op, algorithm, timeout, thread)
         try:
             p = kept.get(k)

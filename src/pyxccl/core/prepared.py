@@ -289,12 +289,13 @@ class PreparedCalls(dict):
     atomic; it raises TypeError for a key with an unhashable part, which is never kept); changes are
     made under a lock.
 
-    ``last``: per (call name, id of its output array), the last blocking repeat on numpy arrays that
-    ran in C, as (root, op, algorithm, timeout, thread, Prepared): a repeat with those very objects
-    (``is``) and the same thread needs no key: ``fast.again`` checks its arrays against the key's in
-    C (``remember``; an id is only where to look: another array there is checked the same way), and
-    returns the output when it ran, else ``Prepared.settle`` takes it (``FULL_PATH`` for its result:
-    the output, or the full path when the arrays are not the key's)."""
+    ``last``: per (call name, id of its output array, or of None where the rank has no output), the
+    Prepared of the last blocking repeat on numpy arrays that ran in C: a repeat with the very root, op,
+    algorithm and timeout objects (``is``) of its Prepared's latest remembered repeat, from a thread of
+    the same word, needs no key: ``fast.again`` checks those objects, the thread and the arrays against
+    the key's in C (``remember``: ``fast.expect``; an id is only where to look: another array there is
+    checked the same way), and returns True when it ran, else ``Prepared.settle`` takes it
+    (``FULL_PATH`` for its result: the output, or the full path when anything is not the key's)."""
 
     def __init__(self):
         super().__init__()
@@ -304,14 +305,20 @@ class PreparedCalls(dict):
     def remember(self, name: str, inp, out, root, op, algorithm, timeout, thread: int, p: Prepared) -> None:
         """Prepared call ``p`` just ran blocking on ``inp`` and ``out`` under its key: its repeats on
         arrays like these take ``last``."""
-        if p.fast is None or type(out) is not np.ndarray or (inp is not None and type(inp) is not np.ndarray):
+        if p.fast is None or (inp is not None and type(inp) is not np.ndarray):
             return
-        p.fast.expect(np.ndarray, None if inp is None else inp.dtype, 0 if inp is None else inp.nbytes, out.dtype,
-                      out.nbytes, inp is out, -1 if p.at is None else p.at, p.prim.gathers)
+        if out is None:         # a rank without output (a gather's non-root): unless it allocates one
+            if p.alloc is not None:
+                return
+        elif type(out) is not np.ndarray:
+            return
+        p.fast.expect(np.ndarray, None if inp is None else inp.dtype, 0 if inp is None else inp.nbytes,
+                      None if out is None else out.dtype, 0 if out is None else out.nbytes, inp is out,
+                      -1 if p.at is None else p.at, p.prim.gathers, root, op, algorithm, timeout, thread)
         last = self.last
         if len(last) >= _KEPT:
             self.last = last = {}
-        last[name, id(out)] = (root, op, algorithm, timeout, thread, p)
+        last[name, id(out)] = p
 
     def keep(self, k, p: Prepared) -> None:
         try:
