@@ -26,7 +26,7 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
-from . import bound, compact, fast, linkcache, symmetric
+from . import bound, compact, fast, linkcache, rooted, symmetric
 from .cost import Estimate, Machine, Net
 from .shared import SharedTable
 
@@ -54,6 +54,28 @@ def _no_collection():
     finally:
         if was:
             gc.enable()
+
+
+class _Ranks:
+    """``get(rank)``: a call's schedule of ``rank``, built once; ``get.arrays()``: every rank's as the C
+    core's arrays (``compact.Compact``, in the order written) made at once where ``rooted.py`` covers the
+    algorithm, else None."""
+
+    def __init__(self, algo: registry.Algorithm, nranks: int, hosts: list[int], window, args: dict):
+        self.algo, self.n, self.hosts, self.window, self.args = algo, nranks, hosts, window, args
+        self.built: dict[int, object] = {}
+
+    def __call__(self, r: int):
+        s = self.built.get(r)
+        if s is None:
+            s = self.built[r] = self.algo.schedule(r, self.n, hosts=self.hosts, window=self.window, **self.args)
+        return s
+
+    def arrays(self) -> compact.Compact | None:
+        a = self.algo
+        if a.segment or not rooted.covers(a.primitive, a.name):
+            return None
+        return rooted.arrays(a.primitive, a.name, self.n, self.hosts if a.wants_hosts else None, dict(self.args))
 
 
 class Tuner:
@@ -103,9 +125,9 @@ class Tuner:
                           mem=m.mem, cache=m.cache)
 
     def _classes(self, scheds, shape: fast.Shape) -> bool:
-        """Every pair that ``scheds`` (message schedules) send or receive between has the class the
-        shape says ("tcp" between hosts)."""
-        c = compact.convert(scheds, written=True)
+        """Every pair that ``scheds`` (message schedules, or their ``compact.Compact``) send or receive
+        between has the class the shape says ("tcp" between hosts)."""
+        c = scheds if isinstance(scheds, compact.Compact) else compact.convert(scheds, written=True)
         ops = np.diff(c.step_start[c.rank_start])
         rank = np.repeat(c.ranks, ops)
         msg = c.kind != compact.COPY
@@ -134,6 +156,10 @@ class Tuner:
                 return reps, net.folded(sym)
         if not every and self.n > FOLD_ABOVE:
             return None
+        # a rooted tree's every rank as the C core's arrays, made at once (rooted.py), not built one by one
+        arrays = get.arrays() if shape is not None and isinstance(get, _Ranks) and fast.available() else None
+        if arrays is not None and self._classes(arrays, shape):
+            return compact.walker_order(arrays), net
         with _no_collection():
             scheds = [get(r) for r in range(self.n)]
         if shape is not None and compact.message_schedules(scheds) and not self._classes(scheds, shape):
@@ -147,14 +173,7 @@ class Tuner:
             return None
         args = PRIMITIVES[primitive].sized(self.n, nbytes, itemsize)
         window = Window.of(self.segment[0], itemsize, self.segment[1]) if algo.segment else None
-        built: dict[int, object] = {}
-
-        def get(r: int):
-            s = built.get(r)
-            if s is None:
-                s = built[r] = algo.schedule(r, self.n, hosts=self.hosts, window=window, **args)
-            return s
-        return algo, get
+        return algo, _Ranks(algo, self.n, self.hosts, window, args)
 
     def model(self, primitive: str, name: str, nbytes: int, itemsize: int = 4) -> Estimate | None:
         """The model's estimate for ``name`` (None if the algorithm can't run this call here)."""
