@@ -24,8 +24,9 @@ from ..algorithms import hierarchical
 from ..schedule import split_counts
 from .compact import COPY, RECV, SEND, Compact
 
-#: step keys of the phases of one rank: a phase's steps are numbered from its base (below 2^40 steps)
-_PHASE = 1 << 40
+#: step keys of the phases of one rank: a phase's steps are numbered from its base (fewer than 2^20
+#: steps a phase, at most 4 phases: keys below ``_STEPS``)
+_PHASE, _STEPS = 1 << 20, 1 << 22
 #: a "lowest set bit" above any rank's: the root's (virtual rank 0) in a binomial tree
 _NO_BIT = 1 << 62
 #: bytes of the call's buffers a copy touches per byte (``compact``'s ``touch``): every copy here is
@@ -58,11 +59,13 @@ class _Ops:
             kind, red, touch, skip = np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, bool)
         keep = count > 0                # what Schedule.step and embed leave out (and steps left empty)
         order = np.flatnonzero(keep)
-        order = order[np.lexsort((step[order], rank[order]))]        # stable: a step's ops in the order added
-        rank, step = rank[order], step[order]
+        key = rank[order] * _STEPS + step[order]
+        by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
+        order, key = order[by], key[by]
+        rank = rank[order]
         m = len(order)
         new = np.ones(m, bool)
-        new[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
+        np.not_equal(key[1:], key[:-1], out=new[1:])
         starts = np.flatnonzero(new)
         step_start = np.append(starts, m).astype(np.int64)
         rank_start = np.zeros(n + 1, np.int64)
@@ -207,6 +210,8 @@ def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: st
     if even and count >= hierarchical.SHARD_MIN:
         # the root's host deals L shards (direct scatter), column j broadcasts shard j, ring allgather inside
         L = int(size[0])
+        if L >= _PHASE:             # (the ring's steps would not fit in a phase's keys)
+            return None
         shards = np.asarray(split_counts(count, L), np.int64)
         mine = shards[me]
         deal = host == root_host

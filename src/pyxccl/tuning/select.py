@@ -145,7 +145,8 @@ class Tuner:
 
     def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
         """(the schedules to walk, the net to walk them on): host 0's, folded, where the communicator
-        and the algorithm allow; else every rank's (in the C core where the hosts are alike), or, when
+        and the algorithm allow; else every rank's (in the C core where the hosts are alike: as arrays
+        made at once where ``rooted.py`` covers the algorithm), or, when they would be built one by one,
         not ``every`` and the communicator is above ``FOLD_ABOVE`` ranks, None.
         ``get(rank)``: the rank's schedule (built once)."""
         net = self.net()
@@ -154,12 +155,13 @@ class Tuner:
             sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
-        if not every and self.n > FOLD_ABOVE:
-            return None
-        # a rooted tree's every rank as the C core's arrays, made at once (rooted.py), not built one by one
+        # a rooted tree's every rank as the C core's arrays, made at once (rooted.py), not built one by one:
+        # about as cheap to walk as a fold
         arrays = get.arrays() if shape is not None and isinstance(get, _Ranks) and fast.available() else None
         if arrays is not None and self._classes(arrays, shape):
             return compact.walker_order(arrays), net
+        if not every and self.n > FOLD_ABOVE:
+            return None
         with _no_collection():
             scheds = [get(r) for r in range(self.n)]
         if shape is not None and compact.message_schedules(scheds) and not self._classes(scheds, shape):
@@ -225,7 +227,10 @@ class Tuner:
         return name
 
     def _priced(self, primitive: str, bucket: int, itemsize: int) -> str:
-        costs, skipped = self._argmin(primitive, bucket, itemsize)
+        # the collector paused for all of it, not only while every rank is built: the few ranks' schedules
+        # of the bounds make no cycles either, and are freed (by their counts) when _argmin returns
+        with _no_collection():
+            costs, skipped = self._argmin(primitive, bucket, itemsize)
         name = min(costs, key=lambda a: (costs[a].time, a))
         if log.isEnabledFor(logging.INFO):
             alts = ", ".join(f"{a} {c.time * 1e6:.1f}us" for a, c in sorted(costs.items(), key=lambda x: x[1].time))
@@ -238,7 +243,8 @@ class Tuner:
         (``bound.py``) is above the best estimate so far, so their estimate cannot be below it.
 
         First the algorithms that are cheap to walk (on a communicator above ``FOLD_ABOVE`` ranks: those
-        that fold), in the order of ``bound.local`` from rank 0's schedule; then the others (every rank
+        that fold, and the rooted trees whose every rank ``rooted.py`` makes at once), in the order of
+        ``bound.local`` from rank 0's schedule; then the others (every rank
         walked), in the order of the larger of that and ``bound.path`` (those with O(ranks) operations
         on every rank last: ``FIRST_LOOK_OPS``), each walked only if that is not above the best so far."""
         todo = []
