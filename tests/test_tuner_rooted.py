@@ -111,3 +111,34 @@ def test_tuner_estimates_and_choices_are_those_of_the_builds(hosts, per_host, pr
     built = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
               _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
     assert fast == built
+
+
+def test_a_pair_of_another_class_walks_the_builds(monkeypatch):
+    """Pairs between hosts whose class is not "tcp" (the C core's shape cannot say it): the arrays are
+    made, refused by the class check, and every rank is built and walked in Python, as without them."""
+    hosts, per_host = 40, 3
+    n = hosts * per_host
+    hl = [r // per_host for r in range(n)]
+    odd = ({0, 3}, {0, 4})              # binomial's and hierarchical's first message between hosts
+
+    def tuner():
+        t = _tuner(hosts, per_host)
+        t.klass = lambda a, b: ("self" if a == b else "shm" if hl[a] == hl[b] else
+                                "tcp_local" if {a, b} in odd else "tcp")
+        return t
+
+    classes = select.Tuner._classes
+    refused = []
+
+    def check(self, scheds, shape):
+        ok = classes(self, scheds, shape)
+        refused.append(isinstance(scheds, compact.Compact) and not ok)
+        return ok
+
+    monkeypatch.setattr(select.Tuner, "_classes", check)
+    fast = [({a: repr(e) for a, e in tuner().table(prim, 1 << 20).items()}, tuner().choose(prim, 1 << 20))
+            for prim in ("broadcast", "gather")]
+    assert any(refused)
+    monkeypatch.setattr(select._Ranks, "arrays", lambda self: None)
+    assert fast == [({a: repr(e) for a, e in tuner().table(prim, 1 << 20).items()}, tuner().choose(prim, 1 << 20))
+                    for prim in ("broadcast", "gather")]

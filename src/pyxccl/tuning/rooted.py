@@ -219,7 +219,8 @@ def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: st
         to = deal & ~at_root
         ops.add(host_order[at_root], 0, COPY, 0, shards[root_me], touch=_TOUCH)
         others = np.arange(L) != root_me
-        ops.add(np.full(L - 1, root), 0, SEND, host_order[start[root_host]:start[root_host] + L][others], shards[others])
+        local = host_order[start[root_host]:start[root_host] + L]
+        ops.add(np.full(L - 1, root), 0, SEND, local[others], shards[others])
         ops.add(host_order[to], 0, RECV, root, mine[to])
         grid = host_order.reshape(H, L).T.ravel()                      # column by column
         _bcast(ops, _Groups(grid, me * H, np.full(n, H, np.int64), host, root_host), mine, _PHASE)

@@ -64,6 +64,7 @@ class _Ranks:
     def __init__(self, algo: registry.Algorithm, nranks: int, hosts: list[int], window, args: dict):
         self.algo, self.n, self.hosts, self.window, self.args = algo, nranks, hosts, window, args
         self.built: dict[int, object] = {}
+        self._arrays: list = []             # [arrays or None] once made
 
     def __call__(self, r: int):
         s = self.built.get(r)
@@ -72,10 +73,12 @@ class _Ranks:
         return s
 
     def arrays(self) -> compact.Compact | None:
-        a = self.algo
-        if a.segment or not rooted.covers(a.primitive, a.name):
-            return None
-        return rooted.arrays(a.primitive, a.name, self.n, self.hosts if a.wants_hosts else None, dict(self.args))
+        if not self._arrays:
+            a = self.algo
+            self._arrays.append(None if a.segment or not rooted.covers(a.primitive, a.name) else
+                                rooted.arrays(a.primitive, a.name, self.n, self.hosts if a.wants_hosts else None,
+                                              dict(self.args)))
+        return self._arrays[0]
 
 
 class Tuner:
