@@ -17,11 +17,12 @@ from pyxccl.tuning import compact, rooted, select
 from test_tuner_bound import _tuner
 
 COVERED = [("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "binomial"), ("scatter", "binomial"),
-           ("broadcast", "hierarchical")]
+           ("broadcast", "hierarchical"), ("broadcast", "chain"), ("broadcast", "scatter_allgather"),
+           ("reduce", "reduce_scatter_gather")]
 SHAPES = [(1, 1), (1, 5), (2, 1), (2, 3), (3, 4), (4, 2), (5, 3), (8, 4), (7, 7), (3, 16), (33, 2)]
 KINDS = ["blocks", "strided", "uneven", "shuffled"]
 # elements of a float32 call: 0, a few, around SHARD_MIN (where hierarchical broadcast cuts shards), large
-SIZES = [0, 4, 12, 1000, 4 * (hierarchical.SHARD_MIN - 1), 4 * hierarchical.SHARD_MIN, 3 << 18]
+SIZES = [0, 4, 12, 1000, 4 * (hierarchical.SHARD_MIN - 1), 4 * hierarchical.SHARD_MIN, 3 << 18, 17 << 20]
 
 
 def _hosts(hosts: int, per_host: int, kind: str) -> list[int]:
@@ -83,10 +84,13 @@ def test_blocks_of_any_size_some_empty(prim, seed):
 
 def test_what_it_does_not_cover_is_none():
     n, hl = 8, [r // 4 for r in range(8)]
-    assert rooted.arrays("broadcast", "chain", n, hl, dict(count=10, root=0)) is None
     assert rooted.arrays("broadcast", "hierarchical", n, hl, dict(count=10, root=0, inner="chain")) is None
     assert rooted.arrays("broadcast", "binomial", n, None, dict(count=10, root=0, other=1)) is None
     assert not rooted.covers("gather", "direct") and rooted.covers("gather", "binomial")
+    assert rooted.cheap("gather", "binomial") and not rooted.cheap("broadcast", "scatter_allgather")
+    big = 1 + int((rooted.RING_OPS / 2) ** 0.5)                # its ring phases: more than RING_OPS operations
+    assert rooted.arrays("broadcast", "scatter_allgather", big, None, dict(count=10, root=0)) is None
+    assert rooted.arrays("reduce", "reduce_scatter_gather", big, None, dict(count=10, root=0)) is None
 
 
 @pytest.mark.parametrize("hosts,per_host", [(2, 4), (3, 5), (16, 4), (40, 3)])

@@ -6,8 +6,10 @@ thousands of ranks building those schedules as Python objects, converting them a
 collections they set off were most of pricing a size (issue 26: 4,096 hierarchical broadcasts, 0.2 s).
 
 This is a second implementation of the builders it covers: binomial broadcast, reduce, gather and
-scatter (``algorithms/tree.py``) and hierarchical broadcast with its default phases
-(``algorithms/hierarchical.py``). :func:`arrays` gives, bit for bit, what
+scatter (``algorithms/tree.py``), hierarchical broadcast with its default phases
+(``algorithms/hierarchical.py``), the chain broadcast, van de Geijn's broadcast and Rabenseifner's
+reduce (``algorithms/pipeline.py``; the last two: ring phases, O(ranks) steps a rank, up to
+``RING_OPS`` operations). :func:`arrays` gives, bit for bit, what
 ``compact.convert([every rank's schedule], written=True)`` gives (``tests/test_tuner_rooted.py``
 compares them over many layouts, roots and sizes), or None where it does not cover the call. The
 arrays hold no buffers or offsets, only what the walk reads: kind, peer, count, reduce flag, the
@@ -20,7 +22,7 @@ import inspect
 
 import numpy as np
 
-from ..algorithms import hierarchical
+from ..algorithms import hierarchical, pipeline
 from ..schedule import split_counts
 from .compact import COPY, RECV, SEND, Compact
 
@@ -241,9 +243,87 @@ def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: st
     return ops.compact()
 
 
-_FAST = {("broadcast", "binomial"): _binomial_broadcast, ("reduce", "binomial"): _binomial_reduce,
-         ("gather", "binomial"): _binomial_gather, ("scatter", "binomial"): _binomial_scatter,
-         ("broadcast", "hierarchical"): _hierarchical_broadcast}
+def _chain(nranks: int, hosts, count: int, root: int) -> Compact:
+    """pipeline.broadcast_chain: the rank at position i of the line from the root receives segment j from
+    the one before in step i - 1 + j and sends it on to the one after in step i + j."""
+    n = nranks
+    k = max(1, min(64, -(-count // pipeline.SEGMENT)))
+    seg = np.asarray(split_counts(count, k), np.int64)
+    ranks = np.arange(n, dtype=np.int64)
+    i = (ranks - root) % n
+    ops = _Ops(n)
+    recv, send = i >= 1, i < n - 1
+    for j in range(k):          # a step's receive first, then its send: all receives are added first
+        ops.add(ranks[recv], i[recv] - 1 + j, RECV, (ranks[recv] - 1) % n, seg[j])
+    for j in range(k):
+        ops.add(ranks[send], i[send] + j, SEND, (ranks[send] + 1) % n, seg[j])
+    return ops.compact()
+
+
+def _ring_steps(nranks: int) -> bool:
+    """Whether the arrays of a ring phase on every rank are small enough to make (else the builders run)."""
+    return 2 * nranks * (nranks - 1) <= RING_OPS
+
+
+def _scatter_allgather(nranks: int, hosts, count: int, root: int) -> Compact | None:
+    """pipeline.broadcast_scatter_allgather: a binomial scatter of the n pieces (top down), then the ring
+    allgather of the real ranks over the virtual pieces."""
+    n = nranks
+    if not _ring_steps(n):
+        return None
+    pieces = np.asarray(split_counts(count, n), np.int64)
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(pieces, out=off[1:])
+    ranks = np.arange(n, dtype=np.int64)
+    vr = (ranks - root) % n
+    ops = _Ops(n)
+    d, t = (1 << max(0, (n - 1).bit_length() - 1) if n > 1 else 0), 0
+    while d >= 1:
+        send = (vr % (2 * d) == 0) & (vr + d < n)
+        v = vr[send]
+        ops.add(ranks[send], t, SEND, (v + d + root) % n, off[np.minimum(v + 2 * d, n)] - off[v + d])
+        recv = vr % (2 * d) == d
+        v = vr[recv]
+        ops.add(ranks[recv], t, RECV, (v - d + root) % n, off[np.minimum(v + d, n)] - off[v])
+        d, t = d >> 1, t + 1
+    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
+    v = np.repeat(vr, n - 1)
+    ops.add(rank, _PHASE + k, SEND, (rank + 1) % n, pieces[(v - k) % n])
+    ops.add(rank, _PHASE + k, RECV, (rank - 1) % n, pieces[(v - k - 1) % n])
+    return ops.compact()
+
+
+def _reduce_scatter_gather(nranks: int, hosts, count: int, root: int) -> Compact | None:
+    """pipeline.reduce_rs_gather: the input copied to "tmp", the ring reduce-scatter (rank r ends with piece
+    r), every piece sent to the root."""
+    n = nranks
+    if not _ring_steps(n):
+        return None
+    pieces = np.asarray(split_counts(count, n), np.int64)
+    ranks = np.arange(n, dtype=np.int64)
+    ops = _Ops(n)
+    ops.add(ranks, 0, COPY, 0, count, touch=_TOUCH)
+    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
+    ops.add(rank, 1 + k, SEND, (rank + 1) % n, pieces[(rank - k - 1) % n])
+    ops.add(rank, 1 + k, RECV, (rank - 1) % n, pieces[(rank - k - 2) % n], red=1)
+    ops.add(ranks, _PHASE, COPY, 0, pieces, touch=_TOUCH)
+    other = ranks != root
+    ops.add(ranks[other], _PHASE + 1, SEND, root, pieces[other])
+    ops.add(np.full(n - 1, root), _PHASE + 1, RECV, ranks[other], pieces[other])
+    return ops.compact()
+
+
+#: the most operations of the ring phases :func:`arrays` makes for every rank (about 60 bytes each while
+#: made): 1,024 ranks; above, the builders run as before
+RING_OPS = 1 << 22
+
+# (primitive, name) -> (the arrays' maker, whether they are cheap: O(ranks log ranks) operations in all,
+# as cheap to walk as a fold; the ring-based ones hold O(ranks^2))
+_FAST = {("broadcast", "binomial"): (_binomial_broadcast, True), ("reduce", "binomial"): (_binomial_reduce, True),
+         ("gather", "binomial"): (_binomial_gather, True), ("scatter", "binomial"): (_binomial_scatter, True),
+         ("broadcast", "hierarchical"): (_hierarchical_broadcast, True),
+         ("broadcast", "chain"): (_chain, False), ("broadcast", "scatter_allgather"): (_scatter_allgather, False),
+         ("reduce", "reduce_scatter_gather"): (_reduce_scatter_gather, False)}
 
 
 def covers(primitive: str, name: str) -> bool:
@@ -251,11 +331,18 @@ def covers(primitive: str, name: str) -> bool:
     return (primitive, name) in _FAST
 
 
+def cheap(primitive: str, name: str) -> bool:
+    """Whether :func:`arrays` covers ``name`` with O(ranks log ranks) operations in all (a tree's): made and
+    walked about as fast as a folded walk, where the others (ring phases: O(ranks^2)) cost what walking
+    every rank does."""
+    return _FAST.get((primitive, name), (None, False))[1]
+
+
 def arrays(primitive: str, name: str, nranks: int, hosts, args: dict) -> Compact | None:
     """The arrays of every rank's schedule of ``name`` (``args``: its builder's arguments, ``hosts``: the
     hosts of a host-aware algorithm), in the order written, as ``compact.convert`` makes them from the
     schedules; None where this module does not cover the call."""
-    fast = _FAST.get((primitive, name))
+    fast = _FAST.get((primitive, name), (None,))[0]
     if fast is None or nranks < 1 or not set(args) <= _params(fast):
         return None
     return fast(nranks, hosts, **args)

@@ -151,8 +151,8 @@ class Tuner:
     def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
         """(the schedules to walk, the net to walk them on): host 0's, folded, where the communicator
         and the algorithm allow; else every rank's (in the C core where the hosts are alike: as arrays
-        made at once where ``rooted.py`` covers the algorithm), or, when they would be built one by one,
-        not ``every`` and the communicator is above ``FOLD_ABOVE`` ranks, None.
+        made at once where ``rooted.py`` covers the algorithm), or, when not ``every`` and the
+        communicator is above ``FOLD_ABOVE`` ranks, None (unless those arrays are cheap: ``rooted.cheap``).
         ``get(rank)``: the rank's schedule (built once)."""
         net = self.net()
         shape = net.shape()
@@ -160,12 +160,16 @@ class Tuner:
             sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
-        # a rooted tree's every rank as the C core's arrays, made at once (rooted.py), not built one by one:
-        # about as cheap to walk as a fold
-        arrays = get.arrays() if shape is not None and isinstance(get, _Ranks) and fast.available() else None
+        later = not every and self.n > FOLD_ABOVE         # every rank's only when asked
+        # a rooted algorithm's every rank as the C core's arrays, made at once (rooted.py), not built one by
+        # one: a tree's are about as cheap to walk as a fold, a ring's only cheaper than building them
+        arrays = None
+        if shape is not None and isinstance(get, _Ranks) and fast.available():
+            if not later or rooted.cheap(algo.primitive, algo.name):
+                arrays = get.arrays()
         if arrays is not None and self._classes(arrays, shape):
             return compact.walker_order(arrays), net
-        if not every and self.n > FOLD_ABOVE:
+        if later:
             return None
         with _no_collection():
             scheds = [get(r) for r in range(self.n)]
