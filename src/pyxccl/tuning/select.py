@@ -9,9 +9,9 @@ class inside a host, one stretch) every rank's message schedules are walked in t
 algorithm whose schedules are the same on every host moved (``symmetric.fold``: the move the
 algorithm declares, checked on three ranks of other hosts, else proven on four other hosts) is walked
 for host 0's ranks only, folded: ``pyxccl sim``'s symmetric mode, which costs what one host's ranks
-cost. Other algorithms (trees, rooted collectives) are walked for every rank: the rooted trees that
-``rooted.py`` covers as arrays of every rank made at once in numpy (as cheap as a fold: walked with
-those that fold), the others built rank by rank. Odd
+cost. Other algorithms (trees, rooted collectives) are walked for every rank: those that ``rooted.py``
+covers as arrays of every rank made at once in numpy (a tree's as cheap as a fold: walked with those
+that fold), the others built rank by rank. Odd
 layouts (hosts of different sizes, ranks not consecutive on their hosts, a host unlike the others)
 and the segment's schedules are walked in Python, as before."""
 from __future__ import annotations
@@ -148,8 +148,8 @@ class Tuner:
                 ok.add(key)
         return True
 
-    def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
-        """(the schedules to walk, the net to walk them on): host 0's, folded, where the communicator
+    def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list | compact.Compact, Net] | None:
+        """(the schedules to walk or their arrays, the net to walk them on): host 0's, folded, where the communicator
         and the algorithm allow; else every rank's (in the C core where the hosts are alike: as arrays
         made at once where ``rooted.py`` covers the algorithm), or, when not ``every`` and the
         communicator is above ``FOLD_ABOVE`` ranks, None (unless those arrays are cheap: ``rooted.cheap``).
