@@ -243,11 +243,13 @@ def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: st
     return ops.compact()
 
 
-def _chain(nranks: int, hosts, count: int, root: int) -> Compact:
+def _chain(nranks: int, hosts, count: int, root: int) -> Compact | None:
     """pipeline.broadcast_chain: the rank at position i of the line from the root receives segment j from
     the one before in step i - 1 + j and sends it on to the one after in step i + j."""
     n = nranks
     k = max(1, min(64, -(-count // pipeline.SEGMENT)))
+    if n + k >= _STEPS:         # (its steps would not fit in a rank's keys)
+        return None
     seg = np.asarray(split_counts(count, k), np.int64)
     ranks = np.arange(n, dtype=np.int64)
     i = (ranks - root) % n
