@@ -9,7 +9,9 @@ class inside a host, one stretch) every rank's message schedules are walked in t
 algorithm whose schedules are the same on every host moved (``symmetric.fold``: the move the
 algorithm declares, checked on three ranks of other hosts, else proven on four other hosts) is walked
 for host 0's ranks only, folded: ``pyxccl sim``'s symmetric mode, which costs what one host's ranks
-cost. Other algorithms (trees, rooted collectives) are walked for every rank. Odd
+cost. Other algorithms (trees, rooted collectives) are walked for every rank: those that ``rooted.py``
+covers as arrays of every rank made at once in numpy (a tree's as cheap as a fold: walked with those
+that fold), the others built rank by rank. Odd
 layouts (hosts of different sizes, ranks not consecutive on their hosts, a host unlike the others)
 and the segment's schedules are walked in Python, as before."""
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
-from . import bound, compact, fast, linkcache, symmetric
+from . import bound, compact, fast, linkcache, rooted, symmetric
 from .cost import Estimate, HostLinks, Machine, Net
 from .shared import SharedTable
 
@@ -55,6 +57,31 @@ def _no_collection():
     finally:
         if was:
             gc.enable()
+
+
+class _Ranks:
+    """``get(rank)``: a call's schedule of ``rank``, built once; ``get.arrays()``: every rank's as the C
+    core's arrays (``compact.Compact``, in the order written) made at once where ``rooted.py`` covers the
+    algorithm, else None."""
+
+    def __init__(self, algo: registry.Algorithm, nranks: int, hosts: list[int], window, args: dict):
+        self.algo, self.n, self.hosts, self.window, self.args = algo, nranks, hosts, window, args
+        self.built: dict[int, object] = {}
+        self._arrays: list = []             # [arrays or None] once made
+
+    def __call__(self, r: int):
+        s = self.built.get(r)
+        if s is None:
+            s = self.built[r] = self.algo.schedule(r, self.n, hosts=self.hosts, window=self.window, **self.args)
+        return s
+
+    def arrays(self) -> compact.Compact | None:
+        if not self._arrays:
+            a = self.algo
+            self._arrays.append(None if a.segment or not rooted.covers(a.primitive, a.name) else
+                                rooted.arrays(a.primitive, a.name, self.n, self.hosts if a.wants_hosts else None,
+                                              dict(self.args)))
+        return self._arrays[0]
 
 
 class Tuner:
@@ -111,11 +138,11 @@ class Tuner:
         return type(self.klass) is HostLinks and self.klass.hosts == self.hosts
 
     def _classes(self, scheds, shape: fast.Shape) -> bool:
-        """Every pair that ``scheds`` (message schedules) send or receive between has the class the
-        shape says ("tcp" between hosts)."""
+        """Every pair that ``scheds`` (message schedules, or their ``compact.Compact``) send or receive
+        between has the class the shape says ("tcp" between hosts)."""
         if self._by_rule():
             return True                 # "tcp" between hosts, by the rule
-        c = compact.convert(scheds, written=True)
+        c = scheds if isinstance(scheds, compact.Compact) else compact.convert(scheds, written=True)
         ops = np.diff(c.step_start[c.rank_start])
         rank = np.repeat(c.ranks, ops)
         msg = c.kind != compact.COPY
@@ -131,10 +158,11 @@ class Tuner:
                 ok.add(key)
         return True
 
-    def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list, Net] | None:
-        """(the schedules to walk, the net to walk them on): host 0's, folded, where the communicator
-        and the algorithm allow; else every rank's (in the C core where the hosts are alike), or, when
-        not ``every`` and the communicator is above ``FOLD_ABOVE`` ranks, None.
+    def _walked(self, algo: registry.Algorithm, get, every: bool = True) -> tuple[list | compact.Compact, Net] | None:
+        """(the schedules to walk or their arrays, the net to walk them on): host 0's, folded, where the communicator
+        and the algorithm allow; else every rank's (in the C core where the hosts are alike: as arrays
+        made at once where ``rooted.py`` covers the algorithm), or, when not ``every`` and the
+        communicator is above ``FOLD_ABOVE`` ranks, None (unless those arrays are cheap: ``rooted.cheap``).
         ``get(rank)``: the rank's schedule (built once)."""
         net = self.net()
         shape = net.shape()
@@ -142,7 +170,16 @@ class Tuner:
             sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
-        if not every and self.n > FOLD_ABOVE:
+        later = not every and self.n > FOLD_ABOVE         # every rank's only when asked
+        # a rooted algorithm's every rank as the C core's arrays, made at once (rooted.py), not built one by
+        # one: a tree's are about as cheap to walk as a fold, a ring's only cheaper than building them
+        arrays = None
+        if shape is not None and isinstance(get, _Ranks) and fast.available():
+            if not later or rooted.cheap(algo.primitive, algo.name):
+                arrays = get.arrays()
+        if arrays is not None and self._classes(arrays, shape):
+            return compact.walker_order(arrays), net
+        if later:
             return None
         with _no_collection():          # (``choose`` prices in one already; ``model`` does not)
             scheds = [get(r) for r in range(self.n)]
@@ -157,14 +194,7 @@ class Tuner:
             return None
         args = PRIMITIVES[primitive].sized(self.n, nbytes, itemsize)
         window = Window.of(self.segment[0], itemsize, self.segment[1]) if algo.segment else None
-        built: dict[int, object] = {}
-
-        def get(r: int):
-            s = built.get(r)
-            if s is None:
-                s = built[r] = algo.schedule(r, self.n, hosts=self.hosts, window=window, **args)
-            return s
-        return algo, get
+        return algo, _Ranks(algo, self.n, self.hosts, window, args)
 
     def model(self, primitive: str, name: str, nbytes: int, itemsize: int = 4) -> Estimate | None:
         """The model's estimate for ``name`` (None if the algorithm can't run this call here)."""
@@ -230,7 +260,8 @@ class Tuner:
         (``bound.py``) is above the best estimate so far, so their estimate cannot be below it.
 
         First the algorithms that are cheap to walk (on a communicator above ``FOLD_ABOVE`` ranks: those
-        that fold), in the order of ``bound.local`` from rank 0's schedule; then the others (every rank
+        that fold, and the rooted trees whose every rank ``rooted.py`` makes at once), in the order of
+        ``bound.local`` from rank 0's schedule; then the others (every rank
         walked), in the order of the larger of that and ``bound.path`` (those with O(ranks) operations
         on every rank last: ``FIRST_LOOK_OPS``), each walked only if that is not above the best so far."""
         todo = []

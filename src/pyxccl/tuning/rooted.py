@@ -1,0 +1,355 @@
+"""Every rank's schedule of a rooted tree algorithm as the C core's arrays (``compact.py``), made at once
+in numpy rather than rank by rank.
+
+Rooted collectives do not fold by host symmetry, so the tuner walks every rank's schedule of them; at
+thousands of ranks building those schedules as Python objects, converting them and the garbage
+collections they set off were most of pricing a size (issue 26: 4,096 hierarchical broadcasts, 0.2 s).
+
+This is a second implementation of the builders it covers: binomial broadcast, reduce, gather and
+scatter (``algorithms/tree.py``), hierarchical broadcast with its default phases
+(``algorithms/hierarchical.py``), the chain broadcast, van de Geijn's broadcast and Rabenseifner's
+reduce (``algorithms/pipeline.py``; the last two: ring phases, O(ranks) steps a rank, up to
+``RING_OPS`` operations). :func:`arrays` gives, bit for bit, what
+``compact.convert([every rank's schedule], written=True)`` gives (``tests/test_tuner_rooted.py``
+compares them over many layouts, roots and sizes), or None where it does not cover the call. The
+arrays hold no buffers or offsets, only what the walk reads: kind, peer, count, reduce flag, the
+bytes a copy touches and whether an in-place call leaves a copy out.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+import numpy as np
+
+from ..algorithms import hierarchical, pipeline
+from ..schedule import split_counts
+from .compact import COPY, RECV, SEND, Compact
+
+#: step keys of the phases of one rank: a phase's steps are numbered from its base (fewer than 2^20
+#: steps a phase, at most 4 phases: keys below ``_STEPS``)
+_PHASE, _STEPS = 1 << 20, 1 << 22
+#: a "lowest set bit" above any rank's: the root's (virtual rank 0) in a binomial tree
+_NO_BIT = 1 << 62
+#: bytes of the call's buffers a copy touches per byte (``compact``'s ``touch``): every copy here is
+#: between "in", "out" and "tmp", none reduces
+_TOUCH = 2
+
+
+class _Ops:
+    """The operations of many ranks, added in any rank order: each with its rank and a step key; a
+    rank's operations of one key form one of its steps (keys in increasing order), in the order added."""
+
+    def __init__(self, nranks: int):
+        self.n = nranks
+        self.parts: list[tuple] = []
+
+    def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False) -> None:
+        rank = np.asarray(rank, np.int64)
+        m = len(rank)
+        if m:
+            self.parts.append((rank, *(np.broadcast_to(np.asarray(x, t), (m,)) for x, t in (
+                (step, np.int64), (kind, np.int8), (peer, np.int64), (count, np.int64), (red, np.int8),
+                (touch, np.int8), (skip, bool)))))
+
+    def compact(self) -> Compact:
+        n = self.n
+        if self.parts:
+            rank, step, kind, peer, count, red, touch, skip = (np.concatenate(x) for x in zip(*self.parts))
+        else:
+            rank, step, peer, count = (np.zeros(0, np.int64) for _ in range(4))
+            kind, red, touch, skip = np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, bool)
+        keep = count > 0                # what Schedule.step and embed leave out (and steps left empty)
+        order = np.flatnonzero(keep)
+        key = rank[order] * _STEPS + step[order]
+        by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
+        order, key = order[by], key[by]
+        rank = rank[order]
+        m = len(order)
+        new = np.ones(m, bool)
+        np.not_equal(key[1:], key[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        step_start = np.append(starts, m).astype(np.int64)
+        rank_start = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(rank[starts], minlength=n), out=rank_start[1:])
+        skip = skip[order]
+        return Compact(kind[order], red[order], peer[order], count[order], step_start, rank_start,
+                       np.arange(n, dtype=np.int64), skip if skip.any() else None, touch[order])
+
+
+class _Groups:
+    """Members of groups of ranks (a phase embedded in each group): ``flat``, the groups' ranks one group
+    after another; per member, where its group starts in ``flat``, its size, the member's index there
+    and the index of the group's root."""
+
+    def __init__(self, flat, start, size, idx, root):
+        self.flat, self.start, self.size, self.idx = flat, start, size, idx
+        self.root = np.broadcast_to(root, idx.shape)
+        self.rank = flat[start + idx]
+
+    @classmethod
+    def one(cls, n: int, root: int) -> "_Groups":
+        """All ranks, one group."""
+        ar = np.arange(n, dtype=np.int64)
+        return cls(ar, np.zeros(n, np.int64), np.full(n, n, np.int64), ar, root)
+
+    def peer(self, j):
+        """The ranks at indices ``j`` (one per member) of the members' groups."""
+        return self.flat[self.start + j % self.size]
+
+
+def _rounds(g: _Groups) -> int:
+    return int(max(0, int(g.size.max()) - 1)).bit_length() if len(g.size) else 0
+
+
+def _pick(x, on):
+    return x[on] if np.ndim(x) else x
+
+
+def _bcast(ops: _Ops, g: _Groups, count, base: int) -> None:
+    """tree.broadcast in every group: in step k, virtual ranks below 2^k send to virtual rank + 2^k."""
+    vr = (g.idx - g.root) % g.size
+    for k in range(_rounds(g)):
+        bit = 1 << k
+        send = (vr < bit) & (vr + bit < g.size)
+        on = send | ((bit <= vr) & (vr < 2 * bit))
+        if on.any():
+            peer = g.peer(np.where(send, g.idx + bit, g.idx - bit))
+            ops.add(g.rank[on], base + k, np.where(send[on], SEND, RECV), peer[on], _pick(count, on))
+
+
+def _binomial_broadcast(nranks: int, hosts, count: int, root: int) -> Compact:
+    ops = _Ops(nranks)
+    _bcast(ops, _Groups.one(nranks, root), count, 0)
+    return ops.compact()
+
+
+def _binomial_reduce(nranks: int, hosts, count: int, root: int) -> Compact:
+    """tree.reduce: a copy into the accumulator ("out" at the root: left out in place), the children's sums
+    received and reduced, the sum sent to the parent."""
+    n, g, ops = nranks, _Groups.one(nranks, root), _Ops(nranks)
+    vr = (g.idx - root) % n
+    low = np.where(vr == 0, _NO_BIT, vr & -vr)
+    ops.add(g.rank, 0, COPY, 0, count, touch=_TOUCH, skip=g.rank == root)
+    for k in range(_rounds(g)):
+        bit = 1 << k
+        recv = (bit < low) & (vr + bit < n)
+        ops.add(g.rank[recv], 1 + k, RECV, (g.rank[recv] + bit) % n, count, red=1)
+        send = low == bit
+        ops.add(g.rank[send], 1 + k, SEND, (g.rank[send] - bit) % n, count)
+    return ops.compact()
+
+
+def _tree(nranks: int, counts, root: int):
+    """(ranks, virtual ranks, their lowest set bits, blocks in virtual-rank order, their offsets) of
+    tree.py's gather/scatter tree."""
+    n = nranks
+    ranks = np.arange(n, dtype=np.int64)
+    vr = (ranks - root) % n
+    c = np.asarray(counts, np.int64)
+    vcounts = np.concatenate((c[root:], c[:root]))
+    voff = np.zeros(n + 1, np.int64)
+    np.cumsum(vcounts, out=voff[1:])
+    return ranks, vr, np.where(vr == 0, _NO_BIT, vr & -vr), vcounts, voff
+
+
+def _children(ops: _Ops, n: int, root: int, ranks, vr, low, voff, kind: int, key) -> None:
+    """Each rank's messages with its children (nearest first; ``key(k)``: the step of the k-th), each of
+    the child's subtree's blocks."""
+    for k in range(max(0, n - 1).bit_length()):
+        bit = 1 << k
+        on = (bit < low) & (vr + bit < n)
+        child = vr[on] + bit
+        ops.add(ranks[on], key(k), kind, (child + root) % n, voff[np.minimum(child + bit, n)] - voff[child])
+
+
+def _binomial_gather(nranks: int, hosts, counts, root: int) -> Compact:
+    """tree.gather: own block into "tmp", the children's subtrees received, the subtree sent to the parent;
+    the root copies every block to its place in rank order."""
+    n, ops = nranks, _Ops(nranks)
+    ranks, vr, low, vcounts, voff = _tree(n, counts, root)
+    last = 1 + max(0, n - 1).bit_length()
+    ops.add(ranks, 0, COPY, 0, np.asarray(counts, np.int64), touch=_TOUCH)
+    _children(ops, n, root, ranks, vr, low, voff, RECV, lambda k: 1 + k)
+    up = vr != 0
+    ops.add(ranks[up], last, SEND, (vr[up] - low[up] + root) % n, voff[np.minimum(vr[up] + low[up], n)] - voff[vr[up]])
+    ops.add(np.full(n, root), last, COPY, 0, vcounts, touch=_TOUCH)
+    return ops.compact()
+
+
+def _binomial_scatter(nranks: int, hosts, counts, root: int) -> Compact:
+    """tree.scatter: the subtree's blocks received from the parent (the root copies them from "in" in
+    virtual-rank order), the children's subtrees sent farthest first, the rank's own block copied out."""
+    n, ops = nranks, _Ops(nranks)
+    ranks, vr, low, vcounts, voff = _tree(n, counts, root)
+    last = 1 + max(0, n - 1).bit_length()
+    up = vr != 0
+    ops.add(ranks[up], 0, RECV, (vr[up] - low[up] + root) % n, voff[np.minimum(vr[up] + low[up], n)] - voff[vr[up]])
+    ops.add(np.full(n, root), 0, COPY, 0, vcounts, touch=_TOUCH)
+    _children(ops, n, root, ranks, vr, low, voff, SEND, lambda k: last - k)
+    ops.add(ranks, last + 1, COPY, 0, np.asarray(counts, np.int64), touch=_TOUCH)
+    return ops.compact()
+
+
+def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: str = "binomial",
+                            outer: str = "binomial") -> Compact | None:
+    """hierarchical.broadcast with binomial phases (the tuner's: its defaults)."""
+    if inner != "binomial" or outer != "binomial":
+        return None
+    n = nranks
+    groups, even, where = hierarchical.host_groups(n, hosts)
+    H = len(groups)
+    if H == 1 or H == n:                    # flat: one host, or one rank a host
+        return _binomial_broadcast(n, None, count, root)
+    root_host, root_me = where[root]
+    size = np.fromiter(map(len, groups), np.int64, H)
+    start = np.zeros(H, np.int64)
+    np.cumsum(size[:-1], out=start[1:])
+    host_order = np.fromiter((r for g in groups for r in g), np.int64, n)
+    host = np.repeat(np.arange(H, dtype=np.int64), size)           # per member in host order
+    me = np.arange(n, dtype=np.int64) - start[host]
+    ops = _Ops(n)
+    if even and count >= hierarchical.SHARD_MIN:
+        # the root's host deals L shards (direct scatter), column j broadcasts shard j, ring allgather inside
+        L = int(size[0])
+        if L >= _PHASE:             # (the ring's steps would not fit in a phase's keys)
+            return None
+        shards = np.asarray(split_counts(count, L), np.int64)
+        mine = shards[me]
+        deal = host == root_host
+        at_root = deal & (me == root_me)
+        to = deal & ~at_root
+        ops.add(host_order[at_root], 0, COPY, 0, shards[root_me], touch=_TOUCH)
+        others = np.arange(L) != root_me
+        local = host_order[start[root_host]:start[root_host] + L]
+        ops.add(np.full(L - 1, root), 0, SEND, local[others], shards[others])
+        ops.add(host_order[to], 0, RECV, root, mine[to])
+        grid = host_order.reshape(H, L).T.ravel()                      # column by column
+        _bcast(ops, _Groups(grid, me * H, np.full(n, H, np.int64), host, root_host), mine, _PHASE)
+        ops.add(host_order, 2 * _PHASE, COPY, 0, mine, touch=_TOUCH)
+        k = np.arange(L - 1, dtype=np.int64)
+        rank, j, k = np.repeat(host_order, L - 1), np.repeat(me, L - 1), np.tile(k, n)
+        base = np.repeat(start[host], L - 1)
+        ops.add(rank, 2 * _PHASE + 1 + k, SEND, host_order[base + (j + 1) % L], shards[(j - k) % L])
+        ops.add(rank, 2 * _PHASE + 1 + k, RECV, host_order[base + (j - 1) % L], shards[(j - k - 1) % L])
+        return ops.compact()
+    # the leaders (the root on its host, every other host's first rank) broadcast, then each host inside
+    leaders = host_order[start]
+    leaders[root_host] = root
+    ar = np.arange(H, dtype=np.int64)
+    _bcast(ops, _Groups(leaders, np.zeros(H, np.int64), np.full(H, H, np.int64), ar, root_host), count, 0)
+    _bcast(ops, _Groups(host_order, start[host], size[host], me, np.where(host == root_host, root_me, 0)), count,
+           _PHASE)
+    return ops.compact()
+
+
+def _chain(nranks: int, hosts, count: int, root: int) -> Compact | None:
+    """pipeline.broadcast_chain: the rank at position i of the line from the root receives segment j from
+    the one before in step i - 1 + j and sends it on to the one after in step i + j."""
+    n = nranks
+    k = max(1, min(64, -(-count // pipeline.SEGMENT)))
+    if n + k >= _STEPS:         # (its steps would not fit in a rank's keys)
+        return None
+    seg = np.asarray(split_counts(count, k), np.int64)
+    ranks = np.arange(n, dtype=np.int64)
+    i = (ranks - root) % n
+    ops = _Ops(n)
+    recv, send = i >= 1, i < n - 1
+    for j in range(k):          # a step's receive first, then its send: all receives are added first
+        ops.add(ranks[recv], i[recv] - 1 + j, RECV, (ranks[recv] - 1) % n, seg[j])
+    for j in range(k):
+        ops.add(ranks[send], i[send] + j, SEND, (ranks[send] + 1) % n, seg[j])
+    return ops.compact()
+
+
+def _ring_steps(nranks: int) -> bool:
+    """Whether the arrays of a ring phase on every rank are small enough to make (else the builders run)."""
+    return 2 * nranks * (nranks - 1) <= RING_OPS
+
+
+def _scatter_allgather(nranks: int, hosts, count: int, root: int) -> Compact | None:
+    """pipeline.broadcast_scatter_allgather: a binomial scatter of the n pieces (top down), then the ring
+    allgather of the real ranks over the virtual pieces."""
+    n = nranks
+    if not _ring_steps(n):
+        return None
+    pieces = np.asarray(split_counts(count, n), np.int64)
+    off = np.zeros(n + 1, np.int64)
+    np.cumsum(pieces, out=off[1:])
+    ranks = np.arange(n, dtype=np.int64)
+    vr = (ranks - root) % n
+    ops = _Ops(n)
+    d, t = (1 << max(0, (n - 1).bit_length() - 1) if n > 1 else 0), 0
+    while d >= 1:
+        send = (vr % (2 * d) == 0) & (vr + d < n)
+        v = vr[send]
+        ops.add(ranks[send], t, SEND, (v + d + root) % n, off[np.minimum(v + 2 * d, n)] - off[v + d])
+        recv = vr % (2 * d) == d
+        v = vr[recv]
+        ops.add(ranks[recv], t, RECV, (v - d + root) % n, off[np.minimum(v + d, n)] - off[v])
+        d, t = d >> 1, t + 1
+    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
+    v = np.repeat(vr, n - 1)
+    ops.add(rank, _PHASE + k, SEND, (rank + 1) % n, pieces[(v - k) % n])
+    ops.add(rank, _PHASE + k, RECV, (rank - 1) % n, pieces[(v - k - 1) % n])
+    return ops.compact()
+
+
+def _reduce_scatter_gather(nranks: int, hosts, count: int, root: int) -> Compact | None:
+    """pipeline.reduce_rs_gather: the input copied to "tmp", the ring reduce-scatter (rank r ends with piece
+    r), every piece sent to the root."""
+    n = nranks
+    if not _ring_steps(n):
+        return None
+    pieces = np.asarray(split_counts(count, n), np.int64)
+    ranks = np.arange(n, dtype=np.int64)
+    ops = _Ops(n)
+    ops.add(ranks, 0, COPY, 0, count, touch=_TOUCH)
+    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
+    ops.add(rank, 1 + k, SEND, (rank + 1) % n, pieces[(rank - k - 1) % n])
+    ops.add(rank, 1 + k, RECV, (rank - 1) % n, pieces[(rank - k - 2) % n], red=1)
+    ops.add(ranks, _PHASE, COPY, 0, pieces, touch=_TOUCH)
+    other = ranks != root
+    ops.add(ranks[other], _PHASE + 1, SEND, root, pieces[other])
+    ops.add(np.full(n - 1, root), _PHASE + 1, RECV, ranks[other], pieces[other])
+    return ops.compact()
+
+
+#: the most operations of the ring phases :func:`arrays` makes for every rank (about 60 bytes each while
+#: made): 1,024 ranks; above, the builders run as before
+RING_OPS = 1 << 22
+
+# (primitive, name) -> (the arrays' maker, whether they are cheap: O(ranks log ranks) operations in all,
+# as cheap to walk as a fold; the ring-based ones hold O(ranks^2))
+_FAST = {("broadcast", "binomial"): (_binomial_broadcast, True), ("reduce", "binomial"): (_binomial_reduce, True),
+         ("gather", "binomial"): (_binomial_gather, True), ("scatter", "binomial"): (_binomial_scatter, True),
+         ("broadcast", "hierarchical"): (_hierarchical_broadcast, True),
+         ("broadcast", "chain"): (_chain, False), ("broadcast", "scatter_allgather"): (_scatter_allgather, False),
+         ("reduce", "reduce_scatter_gather"): (_reduce_scatter_gather, False)}
+
+
+def covers(primitive: str, name: str) -> bool:
+    """Whether :func:`arrays` may give ``name``'s arrays (it may still decline a call)."""
+    return (primitive, name) in _FAST
+
+
+def cheap(primitive: str, name: str) -> bool:
+    """Whether :func:`arrays` covers ``name`` with O(ranks log ranks) operations in all (a tree's): made and
+    walked about as fast as a folded walk, where the others (ring phases: O(ranks^2)) cost what walking
+    every rank does."""
+    return _FAST.get((primitive, name), (None, False))[1]
+
+
+def arrays(primitive: str, name: str, nranks: int, hosts, args: dict) -> Compact | None:
+    """The arrays of every rank's schedule of ``name`` (``args``: its builder's arguments, ``hosts``: the
+    hosts of a host-aware algorithm), in the order written, as ``compact.convert`` makes them from the
+    schedules; None where this module does not cover the call."""
+    fast = _FAST.get((primitive, name), (None,))[0]
+    if fast is None or nranks < 1 or not set(args) <= _params(fast):
+        return None
+    return fast(nranks, hosts, **args)
+
+
+@functools.lru_cache(maxsize=None)
+def _params(fast) -> frozenset:
+    return frozenset(inspect.signature(fast).parameters)

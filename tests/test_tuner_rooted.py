@@ -1,0 +1,148 @@
+"""The arrays of every rank of a rooted tree algorithm made at once in numpy (``tuning/rooted.py``), beside
+what they replace: the same arrays, bit for bit, as the schedules built rank by rank and converted
+(``compact.convert``), over layouts of hosts (blocks, strided, of different sizes, shuffled), sizes on
+both sides of the hierarchical broadcast's shard threshold, roots and counts with empty blocks; and the
+tuner's estimates and choices the same with them as without."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from pyxccl.algorithms import hierarchical, registry
+from pyxccl.primitives import PRIMITIVES
+from pyxccl.tuning import compact, rooted, select
+
+from test_tuner_bound import _tuner
+
+COVERED = [("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "binomial"), ("scatter", "binomial"),
+           ("broadcast", "hierarchical"), ("broadcast", "chain"), ("broadcast", "scatter_allgather"),
+           ("reduce", "reduce_scatter_gather")]
+SHAPES = [(1, 1), (1, 5), (2, 1), (2, 3), (3, 4), (4, 2), (5, 3), (8, 4), (7, 7), (3, 16), (33, 2)]
+KINDS = ["blocks", "strided", "uneven", "shuffled"]
+# elements of a float32 call: 0, a few, around SHARD_MIN (where hierarchical broadcast cuts shards), large
+SIZES = [0, 4, 12, 1000, 4 * (hierarchical.SHARD_MIN - 1), 4 * hierarchical.SHARD_MIN, 3 << 18, 17 << 20]
+
+
+def _hosts(hosts: int, per_host: int, kind: str) -> list[int]:
+    n = hosts * per_host
+    if kind == "strided":
+        return [r % hosts for r in range(n)]
+    if kind == "uneven":
+        return [min(r // 3, hosts - 1) for r in range(n)]
+    if kind == "shuffled":
+        hl = [r // per_host for r in range(n)]
+        random.Random(n).shuffle(hl)
+        return hl
+    return [r // per_host for r in range(n)]
+
+
+def _same(got: compact.Compact, want: compact.Compact) -> bool:
+    if not got.equal(want) or (got.skip is None) != (want.skip is None):
+        return False
+    if got.skip is not None and not np.array_equal(got.skip, want.skip):
+        return False
+    return all(getattr(got, f).dtype == getattr(want, f).dtype for f in ("kind", "red", "peer", "count", "touch"))
+
+
+def _built(prim: str, name: str, n: int, hl, args: dict) -> compact.Compact:
+    algo = registry.lookup(prim, name)
+    return compact.convert([algo.schedule(r, n, hosts=hl, **args) for r in range(n)], written=True)
+
+
+@pytest.mark.parametrize("prim,name", COVERED)
+def test_arrays_are_the_converted_builds(prim, name):
+    """Every layout, size and a few roots (first, last, middle, another): the arrays of the schedules."""
+    cases = 0
+    for h, p in SHAPES:
+        for kind in KINDS:
+            hl = _hosts(h, p, kind)
+            n = len(hl)
+            for nbytes in SIZES:
+                for root in sorted({0, n - 1, n // 2, 7 * n // 10}):
+                    args = PRIMITIVES[prim].sized(n, nbytes, 4, root)
+                    got = rooted.arrays(prim, name, n, hl, dict(args))
+                    assert got is not None
+                    assert _same(got, _built(prim, name, n, hl, args)), (h, p, kind, nbytes, root)
+                    cases += 1
+    assert cases > 1000
+
+
+@pytest.mark.parametrize("prim", ["gather", "scatter"])
+@pytest.mark.parametrize("seed", range(4))
+def test_blocks_of_any_size_some_empty(prim, seed):
+    """Blocks of different sizes, some empty (the ops and steps that move nothing are left out as the
+    builders leave them out): the arrays of the schedules."""
+    rng = random.Random(seed)
+    for n in (1, 2, 5, 8, 13, 32):
+        counts = [rng.choice((0, 0, 1, 3, 1000)) for _ in range(n)]
+        for root in {0, n - 1, rng.randrange(n)}:
+            args = dict(counts=counts, root=root)
+            assert _same(rooted.arrays(prim, "binomial", n, None, dict(args)), _built(prim, "binomial", n, None, args))
+
+
+def test_what_it_does_not_cover_is_none():
+    n, hl = 8, [r // 4 for r in range(8)]
+    assert rooted.arrays("broadcast", "hierarchical", n, hl, dict(count=10, root=0, inner="chain")) is None
+    assert rooted.arrays("broadcast", "binomial", n, None, dict(count=10, root=0, other=1)) is None
+    assert not rooted.covers("gather", "direct") and rooted.covers("gather", "binomial")
+    assert rooted.cheap("gather", "binomial") and not rooted.cheap("broadcast", "scatter_allgather")
+    big = 1 + int((rooted.RING_OPS / 2) ** 0.5)                # its ring phases: more than RING_OPS operations
+    assert rooted.arrays("broadcast", "scatter_allgather", big, None, dict(count=10, root=0)) is None
+    assert rooted.arrays("reduce", "reduce_scatter_gather", big, None, dict(count=10, root=0)) is None
+
+
+@pytest.mark.parametrize("hosts,per_host", [(2, 4), (3, 5), (16, 4), (40, 3)])
+@pytest.mark.parametrize("prim", ["broadcast", "reduce", "gather", "scatter"])
+def test_tuner_estimates_and_choices_are_those_of_the_builds(hosts, per_host, prim, monkeypatch):
+    """Every algorithm's estimate and the choice, at sizes on both sides of the shard threshold, with the
+    arrays and with every rank built (below and above ``FOLD_ABOVE``): equal, and the arrays were used."""
+    sizes = [8, 4096, 4 * hierarchical.SHARD_MIN, 1 << 20]
+    used = []
+    made = select._Ranks.arrays
+
+    def arrays(self):
+        got = made(self)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(select._Ranks, "arrays", arrays)
+    fast = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
+             _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
+    assert any(used)
+    monkeypatch.setattr(select._Ranks, "arrays", lambda self: None)
+    built = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
+              _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
+    assert fast == built
+
+
+def test_a_pair_of_another_class_walks_the_builds(monkeypatch):
+    """Pairs between hosts whose class is not "tcp" (the C core's shape cannot say it): the arrays are
+    made, refused by the class check, and every rank is built and walked in Python, as without them."""
+    hosts, per_host = 40, 3
+    n = hosts * per_host
+    hl = [r // per_host for r in range(n)]
+    odd = ({0, 3}, {0, 4})              # binomial's and hierarchical's first message between hosts
+
+    def tuner():
+        t = _tuner(hosts, per_host)
+        t.klass = lambda a, b: ("self" if a == b else "shm" if hl[a] == hl[b] else
+                                "tcp_local" if {a, b} in odd else "tcp")
+        return t
+
+    classes = select.Tuner._classes
+    refused = []
+
+    def check(self, scheds, shape):
+        ok = classes(self, scheds, shape)
+        refused.append(isinstance(scheds, compact.Compact) and not ok)
+        return ok
+
+    monkeypatch.setattr(select.Tuner, "_classes", check)
+    fast = [({a: repr(e) for a, e in tuner().table(prim, 1 << 20).items()}, tuner().choose(prim, 1 << 20))
+            for prim in ("broadcast", "gather")]
+    assert any(refused)
+    monkeypatch.setattr(select._Ranks, "arrays", lambda self: None)
+    assert fast == [({a: repr(e) for a, e in tuner().table(prim, 1 << 20).items()}, tuner().choose(prim, 1 << 20))
+                    for prim in ("broadcast", "gather")]
