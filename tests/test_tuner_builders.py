@@ -25,6 +25,10 @@ def _hosts(hosts: int, per_host: int, kind: str) -> list[int]:
         return [r % hosts for r in range(n)]
     if kind == "uneven":
         return [min(r // 3, hosts - 1) for r in range(n)]
+    if kind == "shuffled":
+        hl = [r // per_host for r in range(n)]
+        random.Random(n).shuffle(hl)
+        return hl
     return [r // per_host for r in range(n)]
 
 

@@ -15,6 +15,7 @@ from pyxccl.primitives import PRIMITIVES
 from pyxccl.tuning import compact, rooted, select
 
 from test_tuner_bound import _tuner
+from test_tuner_builders import _hosts
 
 COVERED = [("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "binomial"), ("scatter", "binomial"),
            ("broadcast", "hierarchical"), ("broadcast", "chain"), ("broadcast", "scatter_allgather"),
@@ -23,19 +24,6 @@ SHAPES = [(1, 1), (1, 5), (2, 1), (2, 3), (3, 4), (4, 2), (5, 3), (8, 4), (7, 7)
 KINDS = ["blocks", "strided", "uneven", "shuffled"]
 # elements of a float32 call: 0, a few, around SHARD_MIN (where hierarchical broadcast cuts shards), large
 SIZES = [0, 4, 12, 1000, 4 * (hierarchical.SHARD_MIN - 1), 4 * hierarchical.SHARD_MIN, 3 << 18, 17 << 20]
-
-
-def _hosts(hosts: int, per_host: int, kind: str) -> list[int]:
-    n = hosts * per_host
-    if kind == "strided":
-        return [r % hosts for r in range(n)]
-    if kind == "uneven":
-        return [min(r // 3, hosts - 1) for r in range(n)]
-    if kind == "shuffled":
-        hl = [r // per_host for r in range(n)]
-        random.Random(n).shuffle(hl)
-        return hl
-    return [r // per_host for r in range(n)]
 
 
 def _same(got: compact.Compact, want: compact.Compact) -> bool:
