@@ -430,3 +430,14 @@ def test_checker_takes_unequal_counts():
                        ("reduce_scatter", "segment"), ("allgather", "bruck")):
         for counts in ([3, 0, 5, 1], [0, 0, 0, 2], [7, 1, 1, 1]):
             check(prim, algo, 4, counts=counts, window=Window(elements=4, oneshot=2))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", (2, 3))
+def test_large_reductions_on_the_segment_give_the_rank_order_sum(pools, n):
+    """Real processes, the runtime's windows (2 MiB): shares past the single-copy threshold, past the
+    C executor's 256 KiB pieces and past a window, in place and not (shares read by single-copy reads,
+    when the kernel allows them; through the windows otherwise)."""
+    out = pools(n).run(rf.segment_large_reductions, (n * 70_001 + 1, 1_300_001), transport="shm", timeout=250)
+    fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:20])
