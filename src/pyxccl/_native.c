@@ -52,7 +52,6 @@
 #define NT_BYTES (4 << 20)
 #define NT_MIN_PIECE 4096
 
-#define CHUNK_BYTES (256 << 10)  /* reductions of large reads go by pieces of this size, in cache */
 #define WIDTH 9             /* int64 per instruction: opcode + 8 arguments */
 enum { I_BEGIN = 1, I_COPY, I_POST, I_PUBLISH, I_GET, I_SYNC };
 enum { B_IN, B_OUT, B_TMP, B_WIN };
@@ -235,18 +234,6 @@ static int agrees(Run *r, int64_t p) {
     return h[SEQ] == r->call[0] && h[W0] == r->call[1] && h[W1] == r->call[2];
 }
 
-/* `nbytes` at address `from` of process `pid` into `to`, by single-copy reads. */
-static int cma_read(Run *r, pid_t pid, uint64_t from, char *to, int64_t nbytes) {
-    for (int64_t done = 0; done < nbytes;) {
-        struct iovec local = {to + done, (size_t)(nbytes - done)};
-        struct iovec remote = {(void *)(uintptr_t)(from + (uint64_t)done), (size_t)(nbytes - done)};
-        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-        if (got <= 0) { r->err = got < 0 ? errno : EFAULT; return CMA_FAILED; }
-        done += got;
-    }
-    return DONE;
-}
-
 /* A Get: `nbytes` at `src_off` of p's window of `parity`, or of the buffer p posted. */
 static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_t nbytes, int64_t red, int nt) {
     if (p == r->me && r->posted && parity == r->parity)
@@ -259,24 +246,25 @@ static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_
         return move(r, dst, window(r, parity, p) + src_off, nbytes, red, nt);
     }
     if (src_off < 0 || src_off + nbytes > posted) { r->err = src_off + nbytes; return BOUNDS; }
+    char *to = dst;
+    if (red) {
+        if (r->scratch_bytes < nbytes) {
+            free(r->scratch);
+            r->scratch = malloc(nbytes);
+            r->scratch_bytes = r->scratch ? nbytes : 0;
+            if (!r->scratch) { r->err = ENOMEM; return CMA_FAILED; }
+        }
+        to = r->scratch;
+    }
     pid_t pid = (pid_t)((volatile uint64_t *)(r->base + r->pids_at))[PID_WORDS * p];
-    uint64_t from = h[ADDR] + (uint64_t)src_off;
-    if (!red) return cma_read(r, pid, from, dst, nbytes);
-    /* a piece at a time, reduced while it is in cache: a pass to memory less than reading it all first */
-    int64_t piece = nbytes < CHUNK_BYTES ? nbytes : CHUNK_BYTES;
-    if (r->scratch_bytes < piece) {
-        free(r->scratch);
-        r->scratch = malloc(piece);
-        r->scratch_bytes = r->scratch ? piece : 0;
-        if (!r->scratch) { r->err = ENOMEM; return CMA_FAILED; }
+    for (int64_t done = 0; done < nbytes;) {
+        struct iovec local = {to + done, (size_t)(nbytes - done)};
+        struct iovec remote = {(void *)(uintptr_t)(h[ADDR] + src_off + done), (size_t)(nbytes - done)};
+        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (got <= 0) { r->err = got < 0 ? errno : EFAULT; return CMA_FAILED; }
+        done += got;
     }
-    for (int64_t at = 0; at < nbytes; at += piece) {
-        int64_t k = nbytes - at < piece ? nbytes - at : piece;
-        int st = cma_read(r, pid, from + (uint64_t)at, r->scratch, k);
-        if (st == DONE) st = move(r, dst + at, r->scratch, k, 1, 0);
-        if (st != DONE) return st;
-    }
-    return DONE;
+    return red ? move(r, dst, to, nbytes, 1, 0) : DONE;
 }
 
 /* One instruction: i[0] the opcode, then (k: the round's index in the call, 0 in its first)
@@ -414,55 +402,12 @@ static int as_int(PyObject *o, int *v) {                    /* i */
     return 1;
 }
 
-/* How many instructions from `at` are Gets of this round into one range that a rank reduces from every
- * rank (the first copies, the others reduce): run together a piece at a time (fused). */
-static Py_ssize_t reduce_run(const int64_t *code, Py_ssize_t len, Py_ssize_t at) {
-    const int64_t *a = code + WIDTH * at;
-    if (a[0] != I_GET || a[7] || a[6] || a[5] <= CHUNK_BYTES) return 0;
-    Py_ssize_t k = at + 1;
-    for (const int64_t *i = a + WIDTH; k < len; k++, i += WIDTH)
-        if (i[0] != I_GET || i[7] || !i[6] || i[3] != a[3] || i[4] != a[4] || i[5] != a[5]) break;
-    return k - at;
-}
-
-/* The `m` Gets of a reduce_run: wait for (and compare with) every peer first, then per piece of the
- * range every Get in order, so what is reduced stays in cache from the first Get to the last; each
- * element is reduced in the same order as by the Gets one after another, so the same bits. A nap
- * returns before anything is read: resumed, the run starts again. */
-static int fused(Run *r, const int64_t *code, Py_ssize_t m) {
-    for (Py_ssize_t j = 0; j < m; j++) {
-        const int64_t *i = code + WIDTH * j;
-        int64_t p = i[1];
-        if (p == r->me) continue;
-        if (!wait_for(r, p, r->round)) { r->peer = p; return NAPPED; }
-        if (i[8] == 0 && !agrees(r, p)) { r->peer = p; return MISMATCH; }
-    }
-    char *dst = address(r, code[3], code[4]);
-    int64_t nbytes = code[5];
-    for (int64_t at = 0; at < nbytes; at += CHUNK_BYTES) {
-        int64_t k = nbytes - at < CHUNK_BYTES ? nbytes - at : CHUNK_BYTES;
-        for (Py_ssize_t j = 0; j < m; j++) {
-            const int64_t *i = code + WIDTH * j;
-            int st = get(r, i[1], r->parity, i[2] + at, dst + at, k, i[6], 0);
-            if (st != DONE) return st;
-        }
-    }
-    return DONE;
-}
-
 /* The program from instruction *pc on, without the GIL; returns the status (*pc: where it stopped). */
 static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) {
     int status = DONE;
     Py_ssize_t at = *pc;
     Py_BEGIN_ALLOW_THREADS
     for (; at < len; at++) {
-        Py_ssize_t m = reduce_run(code, len, at);
-        if (m > 1) {
-            status = fused(r, code + WIDTH * at, m);
-            if (status != DONE) break;
-            at += m - 1;
-            continue;
-        }
         status = step(r, code + WIDTH * at);
         if (status != DONE) break;
     }

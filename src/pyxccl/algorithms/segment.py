@@ -66,11 +66,8 @@ def _equal(counts: list[int]) -> int:
 
 
 def _reduction(rank, n, count, window, root):
-    reads = root is None or rank == root
-    if n > 1 and count > window.oneshot and window.copies_once(count // n):
-        return _reduction_once(rank, n, count, window, root, reads)
     s = _new(rank, n, window)
-    W = window.elements
+    W, reads = window.elements, root is None or rank == root
     for a in range(0, count, W):
         c = min(W, count - a)
         if c <= window.oneshot or n == 1:
@@ -86,25 +83,6 @@ def _reduction(rank, n, count, window, root):
                *(Get(p, 0, "out", a + off[p], shares[p]) for p in range(n) if reads))
     if not s.steps:
         _round(s)
-    return s
-
-
-def _reduction_once(rank, n, count, window, root, reads):
-    """Large shares by single-copy reads: three hand-offs in all instead of two per window-sized
-    piece, and no copy through the windows. Every rank posts its input and reduces its share from
-    every posted input, in rank order (its own straight from its input), into its scratch: one
-    rank reduces each share, so every rank gets the same bits. Then it posts that share and every
-    reader gets every share into out; a rank writes share p of out (in place: of its input) only
-    once p has published that second round, so after p read it. A last round keeps every owner from
-    returning while others still read its scratch."""
-    shares = split_counts(count, n)
-    off = offsets(shares)
-    mine = shares[rank]
-    s = Schedule(rank, n, segment=True, window=window.elements, scratch=mine)
-    _round(s, Post("in", 0, count), *(Get(p, off[rank], "tmp", 0, mine, reduce=p > 0) for p in range(n)))
-    _round(s, Post("tmp", 0, mine),
-           *(Get(p, 0, "out", off[p], shares[p]) for p in [rank] + [q for q in range(n) if q != rank] if reads))
-    _round(s, *(Sync(p) for p in range(n) if p != rank and (root is None or p == root)))
     return s
 
 
