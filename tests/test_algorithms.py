@@ -217,7 +217,6 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
             ("allreduce", unreduced, Window(64, 100), "contributions"),
             ("allgather", no_last_round, Window(64, 8, single_copy=1), "may return while rank"),
             ("allreduce", early_read, Window(64, 2), "writes its window after publishing"),
-            ("allreduce", early_read, Window(8, 2), "writes its window after publishing"),     # pieces in a pipeline
             ("reduce_scatter", one_round_less, Window(8, 2), "different numbers of rounds")):
         _broken(monkeypatch, prim, edit)
         with pytest.raises(CheckError, match=msg):

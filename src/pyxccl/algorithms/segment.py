@@ -4,7 +4,7 @@ Every rank of a one-host communicator owns a window (its area of the shared
 segment). A round: write my window, publish it, read the windows I need;
 numpy reduces straight on the shared windows, in rank order, so every rank
 gets bit-identical results. A message larger than a window goes in pieces,
-a round each (a large reduction: one a piece and one more, pipelined). From ``Window.single_copy``
+a round each (two for large reductions). From ``Window.single_copy``
 elements on, blocks move by single-copy reads of their owner's own buffer
 (``Post``, then ``Get``s through process_vm_readv; a rank's own block is a
 ``Get`` of its own posted buffer, so it is copied after publishing, while the
@@ -68,8 +68,6 @@ def _equal(counts: list[int]) -> int:
 def _reduction(rank, n, count, window, root):
     s = _new(rank, n, window)
     W, reads = window.elements, root is None or rank == root
-    if n > 1 and count > W >= n and window.oneshot < W:      # several pieces, each on the share path
-        return _pipelined(s, rank, n, count, W // n, reads)
     for a in range(0, count, W):
         c = min(W, count - a)
         if c <= window.oneshot or n == 1:
@@ -85,30 +83,6 @@ def _reduction(rank, n, count, window, root):
                *(Get(p, 0, "out", a + off[p], shares[p]) for p in range(n) if reads))
     if not s.steps:
         _round(s)
-    return s
-
-
-def _pipelined(s, rank, n, count, per, reads):
-    """A reduction of several window-sized pieces, one round a piece and one more (not two a piece):
-    round j copies the others' shares of piece j into their slots of my window (slot q at q * per),
-    reduces my share of piece j-1 from the windows of round j-1 (my own from my input) into my slot,
-    and, after publishing, reads every reduced share of piece j-1 into out. Half the hand-offs; every
-    byte moves as on the two-round path (one rank reduces a share, in rank order: the same bits)."""
-    P = per * n
-    pieces = [(a, split_counts(min(P, count - a), n)) for a in range(0, count, P)]
-    for j in range(len(pieces) + 1):
-        ops = []
-        if j < len(pieces):
-            a, shares = pieces[j]
-            off = offsets(shares)
-            ops += [Copy("in", a + off[q], "win", q * per, shares[q]) for q in range(n) if q != rank]
-        if j > 0:
-            a, shares = pieces[j - 1]
-            off, mine = offsets(shares), shares[rank]
-            ops += [Copy("in", a + off[rank], "win", rank * per, mine, reduce=p > 0) if p == rank else
-                    Get(p, rank * per, "win", rank * per, mine, reduce=p > 0, prev=True) for p in range(n)]
-            ops += [Get(p, p * per, "out", a + off[p], shares[p]) for p in range(n) if reads]
-        _round(s, *ops)
     return s
 
 
