@@ -1470,3 +1470,34 @@ def segment_alias(comm):
     else:
         fails.append("alltoallv ran algorithm='shm' (equal blocks only)")
     return fails
+
+
+def segment_large_reductions(comm, counts):
+    """Allreduces and reduces (to the last rank) of ``counts`` float32 and float64 elements on the segment,
+    in place and not, twice each (the second on new data): every result must be the rank-order sum's bits
+    (((x0 + x1) + x2) ...), the inputs of calls not in place untouched. Returns what failed."""
+    fails, n, r = [], comm.size, comm.rank
+    for dt in (np.float32, np.float64):
+        for count in counts:
+            for prim in ("allreduce", "reduce"):
+                for in_place in (True, False):
+                    for again in range(2):
+                        xs = [np.random.default_rng([count, p, again]).standard_normal(count).astype(dt)
+                              for p in range(n)]
+                        want = xs[0].copy()
+                        for x in xs[1:]:
+                            want += x
+                        x = xs[r].copy()
+                        out = None if in_place else np.full(count, np.nan, dt)
+                        if prim == "allreduce":
+                            comm.allreduce(x, out=out, algorithm="segment")
+                        else:
+                            comm.reduce(x, root=n - 1, out=out, algorithm="segment")
+                        got = x if in_place else out
+                        what = f"{prim} {np.dtype(dt)} count={count} in_place={in_place} call {again}"
+                        if (prim == "allreduce" or r == n - 1) and got.tobytes() != want.tobytes():
+                            fails.append(f"{what}: not the rank-order sum's bits "
+                                         f"({int((got != want).sum())} elements differ)")
+                        if not in_place and x.tobytes() != xs[r].tobytes():
+                            fails.append(f"{what}: the input was modified")
+    return fails

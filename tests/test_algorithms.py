@@ -429,3 +429,14 @@ def test_checker_takes_unequal_counts():
                        ("reduce_scatter", "segment"), ("allgather", "bruck")):
         for counts in ([3, 0, 5, 1], [0, 0, 0, 2], [7, 1, 1, 1]):
             check(prim, algo, 4, counts=counts, window=Window(elements=4, oneshot=2))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", (2, 3))
+def test_large_reductions_on_the_segment_give_the_rank_order_sum(pools, n):
+    """Real processes, the runtime's windows (2 MiB): one piece on the two-round path, and several
+    pieces with a short last one, float32 and float64, in place and not: the rank-order sum's bits.
+    (The large paths had no multi-process test; kept as a guard for whoever changes them next.)"""
+    out = pools(n).run(rf.segment_large_reductions, (n * 70_001 + 1, 1_300_001), transport="shm", timeout=250)
+    fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:20])
