@@ -1501,3 +1501,9 @@ def segment_large_reductions(comm, counts):
                         if not in_place and x.tobytes() != xs[r].tobytes():
                             fails.append(f"{what}: the input was modified")
     return fails
+
+
+def sleep_past_the_deadline(comm, seconds: float):
+    """Sleeps (a rank stuck in a call, for the pool's deadline)."""
+    import time
+    time.sleep(seconds)

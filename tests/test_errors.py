@@ -152,3 +152,16 @@ def test_a_read_of_a_buffer_its_owner_abandoned_names_the_lost_peer():
     other = ProtocolError("rank 6: reading past the end", rank=6, peer=3, op="alltoall")
     got = Context.failure(types.SimpleNamespace(error=lost, rank=6), other, "alltoall", 2, 2, list(entry))
     assert type(got) is ProtocolError and got.peer == 3, got
+
+
+def test_a_pool_call_past_its_deadline_shows_where_every_rank_is(capfd):
+    """A call that does not finish within its deadline kills the pool, and before that every rank writes its
+    threads' stacks to stderr (faulthandler): a hang in CI says where each rank was."""
+    pool = RankPool(2, transports=("tcp",))
+    try:
+        with pytest.raises(TimeoutError, match="stacks are on stderr"):
+            pool.run(rf.sleep_past_the_deadline, 30, timeout=2)
+    finally:
+        pool.close(kill=True)
+    err = capfd.readouterr().err
+    assert err.count("in sleep_past_the_deadline") == 2 and "--- rank 1's threads" in err, err[-2000:]

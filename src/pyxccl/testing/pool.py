@@ -12,8 +12,11 @@ be trusted to recover) and raises ``TimeoutError``.
 """
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
+import signal
+import sys
 import time
 import traceback
 
@@ -31,6 +34,8 @@ class RankError(AssertionError):
 
 def _worker(rank: int, size: int, port: int, transports, conn, env) -> None:
     os.environ.update(env, PYXCCL_POOL_STORE_PORT=str(port))
+    # where every thread is, on the pool's word (a call past its deadline): on this process's stderr
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     import pyxccl
     from pyxccl.rendezvous import PrefixStore, TCPStore
 
@@ -110,8 +115,10 @@ class RankPool:
         results, errors = [None] * self.size, {}
         for r, c in enumerate(self._conns):
             if not c.poll(max(0.0, deadline - time.monotonic())):
+                self._dump_stacks()
                 self.close(kill=True)
-                raise TimeoutError(f"rank {r} did not finish {what} within {timeout} s; pool killed")
+                raise TimeoutError(f"rank {r} did not finish {what} within {timeout} s; pool killed (every "
+                                   f"rank's threads' stacks are on stderr, above)")
             try:
                 kind, val = c.recv()
             except EOFError:
@@ -128,6 +135,18 @@ class RankPool:
                 self.close(kill=True)
             raise RankError(errors)
         return results
+
+    def _dump_stacks(self) -> None:
+        """Every live rank writes its threads' stacks to its stderr (faulthandler), one rank after the
+        other, before the kill."""
+        for r, p in enumerate(self.procs):
+            if p.is_alive():
+                print(f"--- rank {r}'s threads, past the pool's deadline ---", file=sys.stderr, flush=True)
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+                time.sleep(0.3)
 
     def close(self, kill: bool = False) -> None:
         if not self.alive:
