@@ -131,8 +131,6 @@ def _chains(scheds: list, shape, itemsize: int) -> tuple:
     s = [_per_step(x, c.step_start) for x in (copy, send, recv)]
     nsteps = len(c.step_start) - 1
     step_of = np.repeat(np.arange(nsteps, dtype=np.int64), np.diff(c.step_start))
-    pos = np.full(n, -1, np.int64)                  # a rank's place in the search's order
-    pos[c.ranks] = np.arange(len(c.ranks))
 
     def ordinal(key):
         """Each op's number among the ops of its key before it, in the order written."""
@@ -148,13 +146,15 @@ def _chains(scheds: list, shape, itemsize: int) -> tuple:
     skey = owner[sends] * n + c.peer[sends]          # sender -> receiver
     rkey = c.peer[recvs] * n + owner[recvs]
     sj, rj = ordinal(skey), ordinal(rkey)
+    # the j-th receive of r from q matches the j-th send of q to r (none: q was not looked at, or sent less)
     width = max(len(sends), len(recvs)) + 1
     sfull, rfull = skey * width + sj, rkey * width + rj
-    order = np.argsort(sfull, kind="stable")
-    at = np.searchsorted(sfull, rfull, sorter=order)
-    at = np.minimum(at, max(len(order) - 1, 0))
-    hit = (len(order) > 0) & (sfull[order[at]] == rfull) if len(order) else np.zeros(len(recvs), bool)
-    send_step = np.where(hit, step_of[sends][order[at]] if len(order) else 0, -1).astype(np.int64)
+    send_step = np.full(len(recvs), -1, np.int64)
+    if len(sends):
+        order = np.argsort(sfull, kind="stable")
+        match = order[np.minimum(np.searchsorted(sfull, rfull, sorter=order), len(order) - 1)]
+        hit = sfull[match] == rfull
+        send_step[hit] = step_of[sends][match[hit]]
     # (receives in the order written are in the order of their steps: recv_start cuts them)
     recv_start = np.zeros(nsteps + 1, np.int64)
     np.cumsum(np.bincount(step_of[recvs], minlength=nsteps), out=recv_start[1:])
