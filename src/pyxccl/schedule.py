@@ -33,7 +33,7 @@ once, in ``walk.py``, for the engine, the checker and the cost model alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Callable, NamedTuple
 
 
@@ -107,6 +107,13 @@ class Schedule:
                 break
         if ops:
             self.steps.append(ops)
+
+
+def copies(src: str, srcs, dst: str, dsts, counts) -> list[Copy]:
+    """``Copy(src, srcs[i], dst, dsts[i], counts[i])`` for each i (every count > 0, as ``Schedule.step``
+    keeps them), made in C: ``tuple.__new__`` over ``zip``, what ``Copy(...)`` makes without a frame per
+    operation (builders that make thousands a rank: Bruck's alltoall, the hierarchical regroupings)."""
+    return list(map(tuple.__new__, repeat(Copy), zip(repeat(src), srcs, repeat(dst), dsts, counts, repeat(False))))
 
 
 def split_counts(count: int, parts: int) -> list[int]:

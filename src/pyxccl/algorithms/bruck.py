@@ -21,7 +21,7 @@ from itertools import repeat
 
 import numpy as np
 
-from ..schedule import Copy, Recv, Schedule, Send, offsets
+from ..schedule import Copy, Recv, Schedule, Send, copies, offsets
 from .registry import SHIFT, register
 
 
@@ -41,12 +41,6 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
         d <<= 1
     s.step(Copy("tmp", 0, "tmp", total, total), Copy("tmp", slot_off[n - rank], "out", 0, total))
     return s
-
-
-def _copies(src: str, srcs, dst: str, dsts, counts) -> list:
-    """Copy(src, srcs[i], dst, dsts[i], counts[i]) for each i, made in C: tuple.__new__ over zip (what
-    Copy(...) makes, without a frame per operation; every count > 0, as Schedule.step would keep)."""
-    return list(map(tuple.__new__, repeat(Copy), zip(repeat(src), srcs, repeat(dst), dsts, counts, repeat(False))))
 
 
 def _runs(n: int, d: int, c: int, area: int) -> tuple[list, list, list]:
@@ -78,10 +72,10 @@ def _shared(n: int, c: int) -> tuple[int, int, int, list[tuple[int, tuple]]]:
     steps, before = [], []
     for d in ds:
         slots, packed, counts = _runs(n, d, c, pack)
-        ops = before + (_copies("tmp", slots, "tmp", packed, counts) if d > 1 else [])
+        ops = before + (copies("tmp", slots, "tmp", packed, counts) if d > 1 else [])
         steps.append((sum(counts), tuple(ops)))
         slots, packed, counts = _runs(n, d, c, inc)
-        before = _copies("tmp", packed, "tmp", slots, counts)
+        before = copies("tmp", packed, "tmp", slots, counts)
     if n > 1:
         before.append(Copy("tmp", 0, "tmp", n * c, (n - 1) * c))
     steps.append((0, tuple(before)))
@@ -114,9 +108,9 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
         return Schedule(rank, n)    # every operation would move nothing (Schedule.step leaves them out)
     pack, inc, scratch, shared = _shared(n, c)
     s = Schedule(rank, n, scratch=scratch)
-    first = _copies("in", ((np.arange(rank, rank + n, 2) % n) * c).tolist(), "tmp", range((n - 1) * c, -1, -2 * c),
+    first = copies("in", ((np.arange(rank, rank + n, 2) % n) * c).tolist(), "tmp", range((n - 1) * c, -1, -2 * c),
                     repeat(c))                                              # the even slots
-    first += _copies("in", ((np.arange(rank + 1, rank + n, 2) % n) * c).tolist(), "tmp",
+    first += copies("in", ((np.arange(rank + 1, rank + n, 2) % n) * c).tolist(), "tmp",
                      range(pack, pack + n // 2 * c, c), repeat(c))          # the odd ones, packed for step 1
     d = 1
     for size, ops in shared[:-1]:

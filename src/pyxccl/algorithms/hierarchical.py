@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedule import Copy, Schedule, embed, offsets, split_counts
+from ..schedule import Copy, Schedule, copies, embed, offsets, split_counts
 from .registry import SHIFT, lookup, register
 
 #: Elements from which an even-host broadcast is cut into one shard per local rank (64 KiB of
@@ -247,9 +247,8 @@ def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[
         start = np.flatnonzero(np.diff(pos) != 1) + 1          # a run of blocks adjacent on both sides ends
         start = np.concatenate(([0], start))
         blocks = np.diff(np.append(start, m))
-        a, d, k = ((pos[start] * c + src[1]).tolist(), (start * c + dst[1]).tolist(), (blocks * c).tolist())
-        sb, db, new = src[0], dst[0], tuple.__new__       # Copy(...) without the namedtuple __new__'s frame
-        step = tuple([new(Copy, (sb, x, db, y, z, False)) for x, y, z in zip(a, d, k)])
+        step = tuple(copies(src[0], (pos[start] * c + src[1]).tolist(), dst[0], (start * c + dst[1]).tolist(),
+                            (blocks * c).tolist()))
         if len(_MOVES) >= 16:
             _MOVES.clear()
         _MOVES[key] = step
