@@ -618,6 +618,7 @@ def point_to_point(comm) -> list:
         recv = cc.recv_init(rbuf, (r - 1) % n, tag=3)
         to0 = cc.send_init(sbuf, 0, tag=4) if r != 0 else None
         from_any = cc.recv_init(anyb, None, tag=4) if r == 0 else None
+        heard = []
         for k in range(STARTS):
             sbuf[:] = np.arange(6) * 100 + r * 10 + k
             recv.start()
@@ -633,9 +634,13 @@ def point_to_point(comm) -> list:
             if r != 0:
                 to0.run()
             else:
-                got = sorted(int(from_any.run()[0]) for _ in range(n - 1))
-                if got != sorted(p * 10 + k for p in range(1, n)):
-                    fails.append(f"recv from any source #{k}: {got}")
+                heard += [int(from_any.run()[0]) for _ in range(n - 1)]
+        # A sender may be a round ahead of another (its sends are buffered), and an any-source receive
+        # rightly takes what came first: what holds is every message once, each sender's in order.
+        if r == 0:
+            order = {p: [v % 10 for v in heard if v // 10 == p] for p in range(1, n)}
+            if order != {p: list(range(STARTS)) for p in range(1, n)} or len(heard) != (n - 1) * STARTS:
+                fails.append(f"recv from any source: {heard}")
         send.start()
         try:
             send.start()
