@@ -194,10 +194,24 @@ def test_operations_arrays_are_op_by_ops(seed, copies):
             flat.append(Send(rng.randrange(64), "tmp", rng.randrange(9), rng.randrange(1, 9)))
         else:
             flat.append(Recv(rng.randrange(64), "out", rng.randrange(9), rng.randrange(1, 9), rng.random() < 0.5))
-    got, want = compact._ops(flat), _ops_plain(flat)
-    for name, a, b in zip(("kind", "red", "peer", "count", "skip", "touch"), got, want):
-        assert (a is None) == (b is None), name
-        assert a is None or (np.array_equal(a, b) and a.dtype == b.dtype), name
+    want = _ops_plain(flat)
+    forms = [compact._ops_py] + ([compact._ops] if compact._simcore is not None else [])
+    for form in forms:
+        got = form(flat)
+        for name, a, b in zip(("kind", "red", "peer", "count", "skip", "touch"), got, want):
+            assert (a is None) == (b is None), (form.__name__, name)
+            assert a is None or (np.array_equal(a, b) and a.dtype == b.dtype), (form.__name__, name)
+
+
+def test_operations_arrays_refuse_what_a_message_schedule_cannot_hold():
+    """Both forms of ``_ops`` raise TypeError on a segment operation; the C one on an empty list gives
+    empty arrays."""
+    from pyxccl.schedule import Get
+    for form in [compact._ops_py] + ([compact._ops] if compact._simcore is not None else []):
+        with pytest.raises(TypeError, match="not a message schedule"):
+            form([Send(1, "in", 0, 4), Get(1, 0, "out", 0, 4)])
+        kind, red, peer, count, skip, touch = form([])
+        assert len(kind) == len(peer) == len(touch) == 0 and skip is None
 
 
 def _bruck_alltoall_plain(rank: int, n: int, c: int) -> Schedule:

@@ -542,9 +542,93 @@ fail:
     return NULL;
 }
 
+/* ops(flat, kind, red, peer, count, skip, touch, Copy, Send, Recv, call_buffers) -> copies of "in" onto "out"
+ * at the same offset (tuning/compact.py's _ops, which it must equal: the Python one is the reference).
+ *   flat: a list of Copy/Send/Recv tuples (exact types); the arrays (as many elements as flat, written):
+ *   kind int8, red int8, peer int64, count int64, skip bool, touch int8. Raises TypeError on another
+ *   operation, or a tuple of the wrong length. */
+static int in_calls(PyObject *name, PyObject *calls) {
+    Py_ssize_t k = PyTuple_GET_SIZE(calls);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *c = PyTuple_GET_ITEM(calls, i);
+        if (name == c) return 1;
+        int eq = PyUnicode_Check(name) ? PyUnicode_Compare(name, c) == 0 : 0;
+        if (eq) return 1;
+    }
+    return 0;
+}
+
+static PyObject *ops(PyObject *self, PyObject *args) {
+    PyObject *flat, *o[6], *tc, *ts, *tr, *calls;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOOO!", &PyList_Type, &flat, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &tc, &ts, &tr, &PyTuple_Type, &calls)) return NULL;
+    static const char *names[6] = {"kind", "red", "peer", "count", "skip", "touch"};
+    static const int sizes[6] = {1, 1, 8, 8, 1, 1};
+    Arr A[6];
+    int got = 0;
+    PyObject *result = NULL;
+    Py_ssize_t m = PyList_GET_SIZE(flat);
+    for (; got < 6; got++)
+        if (get_arr(o[got], &A[got], names[got], sizes[got]) < 0) goto done;
+    for (int k = 0; k < 6; k++)
+        if (A[k].b.len / sizes[k] != m || A[k].b.readonly) {
+            PyErr_Format(PyExc_ValueError, "ops: %s must be a writable array of %zd elements", names[k], m);
+            goto done;
+        }
+    int8_t *kind = A[0].b.buf, *red = A[1].b.buf, *touch = A[5].b.buf;
+    int64_t *peer = A[2].b.buf, *count = A[3].b.buf;
+    char *skip = A[4].b.buf;
+    PyObject *in = PyUnicode_InternFromString("in"), *out = PyUnicode_InternFromString("out");
+    if (!in || !out) { Py_XDECREF(in); Py_XDECREF(out); goto done; }
+    long long skips = 0;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *x = PyList_GET_ITEM(flat, j), *t = (PyObject *)Py_TYPE(x);
+        Py_ssize_t len = PyTuple_Check(x) ? PyTuple_GET_SIZE(x) : -1;
+        long long pe = 0, cn;
+        int rd = 0, tch = 0, sk = 0;
+        if (t == tc && len == 6) {
+            PyObject *src = PyTuple_GET_ITEM(x, 0), *dst = PyTuple_GET_ITEM(x, 2);
+            cn = PyLong_AsLongLong(PyTuple_GET_ITEM(x, 4));
+            rd = PyObject_IsTrue(PyTuple_GET_ITEM(x, 5));
+            if (rd < 0) goto fail;
+            tch = in_calls(src, calls) + in_calls(dst, calls) * (1 + rd);
+            if ((src == in || (PyUnicode_Check(src) && PyUnicode_Compare(src, in) == 0)) &&
+                (dst == out || (PyUnicode_Check(dst) && PyUnicode_Compare(dst, out) == 0))) {
+                int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(x, 1), PyTuple_GET_ITEM(x, 3), Py_EQ);
+                if (eq < 0) goto fail;
+                sk = eq;
+            }
+            kind[j] = 0;
+        } else if (t == ts && len == 4) {
+            pe = PyLong_AsLongLong(PyTuple_GET_ITEM(x, 0));
+            cn = PyLong_AsLongLong(PyTuple_GET_ITEM(x, 3));
+            kind[j] = 1;
+        } else if (t == tr && len == 5) {
+            pe = PyLong_AsLongLong(PyTuple_GET_ITEM(x, 0));
+            cn = PyLong_AsLongLong(PyTuple_GET_ITEM(x, 3));
+            rd = PyObject_IsTrue(PyTuple_GET_ITEM(x, 4));
+            if (rd < 0) goto fail;
+            kind[j] = 2;
+        } else {
+            PyErr_SetString(PyExc_TypeError, "not a message schedule (Get, Post or Sync)");
+            goto fail;
+        }
+        if (PyErr_Occurred()) goto fail;
+        red[j] = (int8_t)rd; peer[j] = pe; count[j] = cn; touch[j] = (int8_t)tch; skip[j] = (char)sk;
+        skips += sk;
+    }
+    result = PyLong_FromLongLong(skips);
+fail:
+    Py_DECREF(in); Py_DECREF(out);
+done:
+    for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "The timed walk of message schedules on a net of hosts alike (see tuning/fast.py)."},
     {"longest", longest, METH_VARARGS, "The path bound's relaxation over chains of steps (see tuning/bound.py)."},
+    {"ops", ops, METH_VARARGS, "Operations as the walk's arrays (see tuning/compact.py's _ops)."},
     {NULL, NULL, 0, NULL}
 };
 

@@ -33,7 +33,7 @@ from .fast import _simcore      # the C core, or None (then _longest, the refere
 
 #: how many ranks ``path`` looks at, in turn until its bound is high enough (a few first: often
 #: enough to leave an algorithm out), and the most operations: what keeps its cost O(1) in the job's size
-RANKS, OPS = (32, 128, 512), 20_000
+RANKS, OPS = (8, 32, 128, 512), 20_000
 #: the ranks of a first look, which orders algorithms before there is an estimate (``select._argmin``)
 FIRST = (128,)
 #: relaxation passes over the ranks looked at (each pass's values are bounds already)

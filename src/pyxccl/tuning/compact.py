@@ -22,6 +22,11 @@ import numpy as np
 from ..schedule import Copy, Recv, Schedule, Send
 from .cost import CALL_BUFFERS      # the call's buffers (in memory when the call is large)
 
+try:
+    from . import _simcore          # _ops in C (optional: the Python one is the reference)
+except ImportError:
+    _simcore = None
+
 COPY, SEND, RECV = 0, 1, 2
 _KIND = {Copy: COPY, Send: SEND, Recv: RECV}
 _FIRST, _THIRD, _FOURTH, _FIFTH, _LAST = itemgetter(0), itemgetter(2), itemgetter(3), itemgetter(4), itemgetter(-1)
@@ -215,7 +220,20 @@ def _convert(scheds: list[Schedule]) -> Compact:
 
 
 def _ops(flat: list) -> tuple:
-    """(kind, red, peer, count, skip, touch) of the operations ``flat``."""
+    """(kind, red, peer, count, skip, touch) of the operations ``flat`` (``skip`` None where no copy is
+    left out): in the C core, one pass over the operations, where it is built (``_ops_py`` otherwise,
+    the reference it equals)."""
+    if _simcore is None:
+        return _ops_py(flat)
+    m = len(flat)
+    kind, red, touch, skip = np.empty(m, np.int8), np.empty(m, np.int8), np.empty(m, np.int8), np.empty(m, bool)
+    peer, count = np.empty(m, np.int64), np.empty(m, np.int64)
+    skips = _simcore.ops(flat, kind, red, peer, count, skip, touch, Copy, Send, Recv, CALL_BUFFERS)
+    return kind, red, peer, count, skip if skips else None, touch
+
+
+def _ops_py(flat: list) -> tuple:
+    """``_ops`` in numpy and Python."""
     m = len(flat)
     try:
         kind = np.fromiter(map(_KIND.__getitem__, map(type, flat)), np.int8, m)
