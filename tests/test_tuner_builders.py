@@ -11,7 +11,7 @@ import pytest
 
 from pyxccl.algorithms import hierarchical, registry
 from pyxccl.primitives import PRIMITIVES
-from pyxccl.schedule import Copy, Recv, Schedule, Send
+from pyxccl.schedule import Copy, Recv, Schedule, Send, offsets, split_counts
 from pyxccl.tuning import compact
 
 PRIMS = ["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "gather", "scatter"]
@@ -367,3 +367,82 @@ def test_ring_phases_and_what_builds_on_them_are_their_plain_builds(n, count, mo
             for algo, plain in ((red, _reduce_rs_gather_plain), (bc, _broadcast_scatter_allgather_plain)):
                 got, want = algo.schedule(r, n, count=count, root=root), plain(r, n, count, root)
                 assert (repr(got.steps), got.scratch) == (repr(want.steps), want.scratch), (algo.name, n, count, root, r)
+
+
+def _direct_plain(prim: str, name: str, r: int, n: int, counts: list[int], cnt: int, root: int) -> Schedule:
+    """The one-step direct exchanges (``algorithms/direct.py``, ``trees.py``'s master and direct
+    allreduce) written op by op through ``Schedule.step`` (the reference for their ``many`` forms)."""
+    s, off, others = Schedule(r, n), offsets(counts), [p for p in range(n) if p != r]
+    if (prim, name) == ("gather", "direct"):
+        if r != root:
+            s.step(Send(root, "in", 0, counts[r]))
+        else:
+            s.step(Copy("in", 0, "out", off[root], counts[root]), *(Recv(p, "out", off[p], counts[p]) for p in others))
+    elif (prim, name) == ("scatter", "direct"):
+        if r != root:
+            s.step(Recv(root, "out", 0, counts[r]))
+        else:
+            s.step(Copy("in", off[root], "out", 0, counts[root]), *(Send(p, "in", off[p], counts[p]) for p in others))
+    elif prim == "alltoall":
+        rc = counts[::-1]
+        ro = offsets(rc)
+        if name == "pairwise":
+            s.step(Copy("in", off[r], "out", ro[r], counts[r]))
+            for k in range(1, n):
+                s.step(Send((r + k) % n, "in", off[(r + k) % n], counts[(r + k) % n]),
+                       Recv((r - k) % n, "out", ro[(r - k) % n], rc[(r - k) % n]))
+        else:
+            s.step(Copy("in", off[r], "out", ro[r], counts[r]), *(Send(p, "in", off[p], counts[p]) for p in others),
+                   *(Recv(p, "out", ro[p], rc[p]) for p in others))
+    elif prim == "allgather":
+        s.step(Copy("in", 0, "out", off[r], counts[r]), *(Send(p, "in", 0, counts[r]) for p in others),
+               *(Recv(p, "out", off[p], counts[p]) for p in others))
+    elif prim == "reduce_scatter":
+        mine = counts[r]
+        s.scratch = mine * n
+        s.step(Copy("in", off[r], "tmp", r * mine, mine), *(Send(p, "in", off[p], counts[p]) for p in others),
+               *(Recv(p, "tmp", p * mine, mine) for p in others))
+        s.step(Copy("tmp", 0, "out", 0, mine), *(Copy("tmp", p * mine, "out", 0, mine, True) for p in range(1, n)))
+    elif name == "reduce_broadcast":
+        s.scratch = cnt * n if r == 0 else 0
+        if r != 0:
+            s.step(Send(0, "in", 0, cnt))
+            s.step(Recv(0, "out", 0, cnt))
+        else:
+            s.step(Copy("in", 0, "tmp", 0, cnt), *(Recv(p, "tmp", p * cnt, cnt) for p in range(1, n)))
+            s.step(Copy("tmp", 0, "out", 0, cnt), *(Copy("tmp", p * cnt, "out", 0, cnt, True) for p in range(1, n)))
+            s.step(*(Send(p, "out", 0, cnt) for p in range(1, n)))
+    else:                   # allreduce direct
+        cs = split_counts(cnt, n)
+        co, mine = offsets(cs), cs[r]
+        s.scratch = mine * n
+        s.step(Copy("in", 0, "out", 0, cnt))
+        s.step(Copy("out", co[r], "tmp", r * mine, mine), *(Send(p, "out", co[p], cs[p]) for p in others),
+               *(Recv(p, "tmp", p * mine, mine) for p in others))
+        s.step(Copy("tmp", 0, "out", co[r], mine),
+               *(Copy("tmp", p * mine, "out", co[r], mine, True) for p in range(1, n)))
+        s.step(*(Send(p, "out", co[r], mine) for p in others), *(Recv(p, "out", co[p], cs[p]) for p in others))
+    return s
+
+
+@pytest.mark.parametrize("prim,name", [("gather", "direct"), ("scatter", "direct"), ("alltoall", "pairwise"),
+                                       ("alltoall", "direct"), ("allgather", "direct"), ("reduce_scatter", "direct"),
+                                       ("allreduce", "reduce_broadcast"), ("allreduce", "direct")])
+def test_direct_exchanges_made_at_once_are_the_plain_ones(prim, name):
+    """The direct exchanges' operations made with ``schedule.many`` (in C, zero counts left out) are
+    the plain build's, operation for operation and of the same types, with empty blocks and any root."""
+    algo = registry.lookup(prim, name)
+    for n in [*range(1, 10), 16, 33]:
+        rng = random.Random(n)
+        for _ in range(3):
+            counts = [rng.choice([0, 1, 2, 5]) for _ in range(n)]
+            cnt, root = rng.choice([0, 1, 3, n, 2 * n + 1]), rng.randrange(n)
+            args = {"count": cnt} if prim == "allreduce" else {"counts": counts}
+            if prim == "alltoall":
+                args = {"send_counts": counts, "recv_counts": counts[::-1]}
+            elif prim in ("gather", "scatter"):
+                args["root"] = root
+            for r in range(n):
+                got, want = algo.build(r, n, **args), _direct_plain(prim, name, r, n, counts, cnt, root)
+                assert got.steps == want.steps and got.scratch == want.scratch, (n, r, args)
+                assert [list(map(type, st)) for st in got.steps] == [list(map(type, st)) for st in want.steps]

@@ -33,7 +33,7 @@ once, in ``walk.py``, for the engine, the checker and the cost model alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
+from itertools import accumulate, compress, repeat
 from typing import Callable, NamedTuple
 
 
@@ -109,11 +109,25 @@ class Schedule:
             self.steps.append(ops)
 
 
+def many(op: type, *fields) -> list:
+    """``op(*row)`` for each row of ``fields`` (a list or range is a column, zipped; a str, int or bool
+    is the same in every row), leaving out the rows whose count is 0 (as ``Schedule.step`` does). Every field
+    is given, defaults included. Made in C (``tuple.__new__`` over ``zip``), without a frame per
+    operation: for builders that make thousands a rank (Bruck's alltoall, the hierarchical
+    regroupings, a direct exchange's n-1 messages)."""
+    k = 4 if op is Copy else 3
+    cols = [f if isinstance(f, (list, range)) else repeat(f) for f in fields]
+    rows = zip(*cols)
+    if isinstance(fields[k], (list, range)):
+        rows = compress(rows, fields[k])
+    elif fields[k] <= 0:
+        return []
+    return list(map(tuple.__new__, repeat(op), rows))
+
+
 def copies(src: str, srcs, dst: str, dsts, counts) -> list[Copy]:
-    """``Copy(src, srcs[i], dst, dsts[i], counts[i])`` for each i (every count > 0, as ``Schedule.step``
-    keeps them), made in C: ``tuple.__new__`` over ``zip``, what ``Copy(...)`` makes without a frame per
-    operation (builders that make thousands a rank: Bruck's alltoall, the hierarchical regroupings)."""
-    return list(map(tuple.__new__, repeat(Copy), zip(repeat(src), srcs, repeat(dst), dsts, counts, repeat(False))))
+    """``Copy(src, srcs[i], dst, dsts[i], counts[i])`` for each i with counts[i] > 0 (``many``)."""
+    return many(Copy, src, srcs, dst, dsts, counts, False)
 
 
 def split_counts(count: int, parts: int) -> list[int]:

@@ -17,7 +17,6 @@ rank's wrap point, whose sizes depend on the rank.
 from __future__ import annotations
 
 from functools import lru_cache
-from itertools import repeat
 
 import numpy as np
 
@@ -109,9 +108,9 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
     pack, inc, scratch, shared = _shared(n, c)
     s = Schedule(rank, n, scratch=scratch)
     first = copies("in", ((np.arange(rank, rank + n, 2) % n) * c).tolist(), "tmp", range((n - 1) * c, -1, -2 * c),
-                    repeat(c))                                              # the even slots
+                   c)                                                       # the even slots
     first += copies("in", ((np.arange(rank + 1, rank + n, 2) % n) * c).tolist(), "tmp",
-                     range(pack, pack + n // 2 * c, c), repeat(c))          # the odd ones, packed for step 1
+                    range(pack, pack + n // 2 * c, c), c)                   # the odd ones, packed for step 1
     d = 1
     for size, ops in shared[:-1]:
         if ops:             # the same tuple on every rank: the tuner converts it once (compact._STEPS)

@@ -3,8 +3,18 @@ step (gather, scatter) or in n-1 pairwise steps (alltoall: in step k rank r
 sends to r+k and receives from r-k, so each step is a perfect matching)."""
 from __future__ import annotations
 
-from ..schedule import Copy, Recv, Schedule, Send, offsets
+from ..schedule import Copy, Recv, Schedule, Send, many, offsets
 from .registry import SHIFT, register
+
+
+def _others(rank: int, n: int) -> list[int]:
+    """The ranks but ``rank``, in order."""
+    return [*range(rank), *range(rank + 1, n)]
+
+
+def _but(xs: list, rank: int, n: int) -> list:
+    """``xs[p]`` for the ranks p < n but ``rank``, in order."""
+    return xs[:rank] + xs[rank + 1:n]
 
 
 @register("gather", "direct", default=True, root_counts=True)
@@ -13,9 +23,9 @@ def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     if rank != root:
         s.step(Send(root, "in", 0, counts[rank]))
         return s
-    off = offsets(counts)
+    off, others = offsets(counts), _others(root, nranks)
     s.step(Copy("in", 0, "out", off[root], counts[root]),
-           *(Recv(p, "out", off[p], counts[p]) for p in range(nranks) if p != root))
+           *many(Recv, others, "out", _but(off, root, nranks), _but(counts, root, nranks), False))
     return s
 
 
@@ -27,7 +37,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
         return s
     off = offsets(counts)
     s.step(Copy("in", off[root], "out", 0, counts[root]),
-           *(Send(p, "in", off[p], counts[p]) for p in range(nranks) if p != root))
+           *many(Send, _others(root, nranks), "in", _but(off, root, nranks), _but(counts, root, nranks)))
     return s
 
 
@@ -36,10 +46,15 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
     s = Schedule(rank, nranks)
     soff, roff = offsets(send_counts), offsets(recv_counts)
     s.step(Copy("in", soff[rank], "out", roff[rank], send_counts[rank]))
-    for k in range(1, nranks):
-        dst, src = (rank + k) % nranks, (rank - k) % nranks
-        s.step(Send(dst, "in", soff[dst], send_counts[dst]),
-               Recv(src, "out", roff[src], recv_counts[src]))
+    n, new = nranks, tuple.__new__
+    for k in range(1, n):       # (Schedule.step's filter and the NamedTuples' frames, by hand: n-1 steps a rank)
+        dst, src = (rank + k) % n, (rank - k) % n
+        step = (new(Send, (dst, "in", soff[dst], send_counts[dst])),
+                new(Recv, (src, "out", roff[src], recv_counts[src], False)))
+        if send_counts[dst] <= 0 or recv_counts[src] <= 0:
+            step = tuple(o for o in step if o.count > 0)
+        if step:
+            s.steps.append(step)
     return s
 
 
@@ -59,9 +74,9 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Every rank sends its block to every other rank in one step: n-1 messages each."""
     off = offsets(counts)
     s = Schedule(rank, nranks)
-    s.step(Copy("in", 0, "out", off[rank], counts[rank]),
-           *(Send(p, "in", 0, counts[rank]) for p in range(nranks) if p != rank),
-           *(Recv(p, "out", off[p], counts[p]) for p in range(nranks) if p != rank))
+    others = _others(rank, nranks)
+    s.step(Copy("in", 0, "out", off[rank], counts[rank]), *many(Send, others, "in", 0, counts[rank]),
+           *many(Recv, others, "out", _but(off, rank, nranks), _but(counts, rank, nranks), False))
     return s
 
 
@@ -70,11 +85,12 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Block q of every input goes straight to rank q, which reduces them in rank order."""
     off, mine = offsets(counts), counts[rank]
     s = Schedule(rank, nranks, scratch=mine * nranks)
+    others = _others(rank, nranks)
     s.step(Copy("in", off[rank], "tmp", rank * mine, mine),
-           *(Send(p, "in", off[p], counts[p]) for p in range(nranks) if p != rank),
-           *(Recv(p, "tmp", p * mine, mine) for p in range(nranks) if p != rank))
+           *many(Send, others, "in", _but(off, rank, nranks), _but(counts, rank, nranks)),
+           *many(Recv, others, "tmp", [p * mine for p in others], mine, False))
     s.step(Copy("tmp", 0, "out", 0, mine),
-           *(Copy("tmp", p * mine, "out", 0, mine, reduce=True) for p in range(1, nranks)))
+           *many(Copy, "tmp", [p * mine for p in range(1, nranks)], "out", 0, mine, True))
     return s
 
 
@@ -83,7 +99,8 @@ def alltoall_direct(rank: int, nranks: int, send_counts: list[int], recv_counts:
     """Every block in flight at once: one step."""
     so, ro = offsets(send_counts), offsets(recv_counts)
     s = Schedule(rank, nranks)
+    others = _others(rank, nranks)
     s.step(Copy("in", so[rank], "out", ro[rank], send_counts[rank]),
-           *(Send(p, "in", so[p], send_counts[p]) for p in range(nranks) if p != rank),
-           *(Recv(p, "out", ro[p], recv_counts[p]) for p in range(nranks) if p != rank))
+           *many(Send, others, "in", _but(so, rank, nranks), _but(send_counts, rank, nranks)),
+           *many(Recv, others, "out", _but(ro, rank, nranks), _but(recv_counts, rank, nranks), False))
     return s
