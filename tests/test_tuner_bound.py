@@ -7,6 +7,7 @@ import pytest
 from pyxccl import algorithms
 from pyxccl.algorithms import registry, ring
 from pyxccl.primitives import PRIMITIVES
+from pyxccl.schedule import Send
 from pyxccl.tuning import Machine, Tuner, bound, select
 
 from test_tuner_fold import COPY, GAMMA, SHM, TCP
@@ -44,6 +45,10 @@ def test_bounds_are_never_above_the_estimate(hosts, per_host, cores, nbytes):
             local, path = t.bound(get(0), 4), t.path_bound(get, 4)
             assert local <= est.time, (prim, name)
             assert path <= est.time, (prim, name, path, est.time)
+            if algo.rotates:
+                host = t.host_bound(get, 4)
+                assert host <= est.time, (prim, name, host, est.time)
+                assert host > 0 or hosts == 1 or nbytes < 4096, (prim, name)
             above += path > local * 1.5
     if hosts >= 8:
         assert above
@@ -114,3 +119,42 @@ def test_path_bounds_chains_in_c_are_the_python_relaxation(hosts, per_host, nbyt
                     (prim, name, most)
                 cases += want > 0
     assert cases > 50
+
+
+def _rotating():
+    return [a for p in PRIMS for a in registry.records(p) if a.rotates]
+
+
+@pytest.mark.parametrize("n", [*range(1, 18), 24, 33, 64, 100])
+@pytest.mark.parametrize("nbytes", [8, 4096, 1 << 20])
+def test_what_rotates_sends_what_rank_0_sends_moved(n, nbytes):
+    """The claim ``Algorithm.rotates`` makes (what ``bound.host_link`` reads rank 0's schedule for), proven
+    on every rank: rank r's sends are rank 0's, the same counts to the peers moved by r."""
+    assert _rotating()
+    for algo in _rotating():
+        args = PRIMITIVES[algo.primitive].sized(n, nbytes, 4)
+        want = sorted((o.peer, o.count) for st in algo.build(0, n, **dict(args)).steps for o in st if type(o) is Send)
+        for r in range(1, n):
+            got = sorted(((o.peer - r) % n, o.count) for st in algo.build(r, n, **dict(args)).steps
+                         for o in st if type(o) is Send)
+            assert got == want, (algo.name, n, r)
+
+
+def test_the_host_link_bound_refuses_what_does_not_rotate():
+    """On an algorithm whose ranks send differently (the hierarchical alltoall: leaders' columns; the
+    binomial broadcast), the check on the spot rank gives 0 rather than a bound."""
+    t = _tuner(8, 4)
+    for prim, name in (("alltoall", "hierarchical"), ("broadcast", "binomial")):
+        algo, get = t._builder(prim, name, 1 << 20, 4)
+        assert t.host_bound(get, 4) == 0.0, (prim, name)
+
+
+def test_choose_leaves_out_bruck_by_its_hosts_link():
+    """At 128 hosts x 8, 1 MiB, Bruck's alltoall (each block crosses about log2(n)/2 links) is left out by
+    the host link bound: its estimate is above the winner's, which is the full table's argmin."""
+    t = _tuner(128, 8)
+    costs, skipped = t._argmin("alltoall", 1 << 20, 4)
+    assert "bruck" in skipped and "bruck" not in costs
+    full = t.table("alltoall", 1 << 20)
+    assert min(full, key=lambda a: (full[a].time, a)) == min(costs, key=lambda a: (costs[a].time, a))
+    assert full["bruck"].time >= skipped["bruck"]

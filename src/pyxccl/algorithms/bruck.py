@@ -81,7 +81,7 @@ def _shared(n: int, c: int) -> tuple[int, int, int, list[tuple[int, tuple]]]:
     return pack, inc, (2 * n - 1 + 2 * most) * c, steps
 
 
-@register("alltoall", "bruck", equal_blocks=True, symmetry=SHIFT)
+@register("alltoall", "bruck", equal_blocks=True, symmetry=SHIFT, rotates=True)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """Equal block sizes only (a block's size must be known to the ranks it passes through).
 

@@ -36,6 +36,10 @@ class Algorithm:
     # ("shift", "xor": tuning/symmetric.py), for the tuner's fold: a claim checked there on a few
     # ranks (and proven by tests/test_tuner_symmetry.py over many layouts), not an assumption
     symmetry: tuple[str, ...] = ()
+    # every rank r sends what rank 0 sends, the same counts, to the peers moved by r (mod n): a host's
+    # traffic to the others follows from rank 0's schedule alone (tuning/bound.py's host_link; checked on
+    # a rank there, proven by tests/test_tuner_bound.py)
+    rotates: bool = False
 
     def runs(self, nranks: int) -> bool:
         """Whether it can run on ``nranks`` ranks at all (its builder raises ValueError where not)."""
@@ -69,13 +73,14 @@ ALIASES = {"shm": "segment"}
 
 def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
              root_counts: bool = False, settles: bool = False, runs_on: Callable[[int], bool] | None = None,
-             symmetry: tuple[str, ...] = ()):
+             symmetry: tuple[str, ...] = (), rotates: bool = False):
     """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``, with the facts
     of :class:`Algorithm` (a builder that takes ``hosts`` is host-aware)."""
     def deco(builder: Builder) -> Builder:
         _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
                                                  "hosts" in inspect.signature(builder).parameters,
-                                                 equal_blocks, root_counts, settles, runs_on, tuple(symmetry))
+                                                 equal_blocks, root_counts, settles, runs_on, tuple(symmetry),
+                                                 rotates)
         _IDS.clear()
         if default:
             _DEFAULT[primitive] = name

@@ -4,6 +4,8 @@ estimate cannot be below it) and walks only the others.
 
 - :func:`local`: what one rank spends on its own processor (``cost.Timing``): in each step its
   copies, then the larger of its sends (one after the other) and its receives (handled one by one).
+- :func:`host_link`: host 0's link to other hosts, for an algorithm whose every rank sends what rank 0
+  sends (moved): the time of all its ranks' transfers between hosts, one after another.
 - :func:`path`: the longest chain of such steps and of the messages between them, among the ranks
   that a search from a few ranks (0, the last, the middle one: where a root's data ends up, or a
   chain ends) reaches through whom they receive from (``RANKS`` ranks in turn, at most
@@ -16,7 +18,7 @@ estimate cannot be below it) and walks only the others.
   is far above ``local``: what lets the tuner skip those algorithms at scale without walking every
   rank's schedule.
 
-Both hold on a communicator whose hosts are alike (``fast.Shape``) for message schedules whose
+All hold on a communicator whose hosts are alike (``fast.Shape``) for message schedules whose
 pairs have the shape's link classes (``classes_ok``); elsewhere they are 0.
 """
 from __future__ import annotations
@@ -78,6 +80,30 @@ def local(sched, shape, itemsize: int, classes_ok) -> float:
     copy, send, recv, _ = _terms(c, np.full(len(c.kind), sched.rank), shape, itemsize)
     s = [_per_step(x, c.step_start) for x in (copy, send, recv)]
     return float((s[0] + np.maximum(s[1], s[2])).sum()) * MARGIN
+
+
+def host_link(first, spot, shape, itemsize: int, classes_ok) -> float:
+    """Host 0's outgoing link, for an algorithm whose every rank r sends what rank 0 sends, to the
+    peers moved by r (``Algorithm.rotates``; ``first``: rank 0's schedule, ``spot``: another rank's, on
+    which that is checked: 0 where it does not hold). Every transfer between hosts holds its host's
+    link one after another for its bytes times the link's beta (``cost.Net.route``; folded, host 0's
+    link stands for every host's), and is received before the walk ends: the sum over host 0's ranks
+    of those times is a bound. Rank j of host 0 sends what rank 0 sends to peer d to j + d (mod n),
+    which leaves host 0 for the j in [p - d, n - d) (p ranks a host): rank 0's schedule is enough."""
+    if shape is None or shape.hosts < 2 or first.rank != 0 or not compact.message_schedules([first, spot]):
+        return 0.0
+    if not classes_ok([first, spot]):
+        return 0.0
+    c, o = compact.convert([first], written=True), compact.convert([spot], written=True)
+    n, p = shape.nranks, shape.per_host
+    mine, theirs = c.kind == compact.SEND, o.kind == compact.SEND
+    d, count = c.peer[mine], c.count[mine]
+    moved = (o.peer[theirs] - spot.rank) % n
+    if not np.array_equal(np.sort(d * (count.max(initial=0) + 1) + count),
+                          np.sort(moved * (count.max(initial=0) + 1) + o.count[theirs])):
+        return 0.0          # not what rank 0 sends, moved: the algorithm does not rotate here
+    leaving = np.maximum(0, np.minimum(p, n - d) - np.maximum(0, p - d))
+    return float((count.astype(float) * itemsize * leaving).sum() * shape.inter.beta) * MARGIN
 
 
 class _Rank:

@@ -217,6 +217,15 @@ class Tuner:
         shape = self.net().shape()
         return bound.local(sched, shape, itemsize, lambda s: self._classes(s, shape))
 
+    def host_bound(self, get, itemsize: int) -> float:
+        """``bound.host_link`` from rank 0's schedule, checked on the spot rank of the middle host
+        (``get(rank)``: a rank's schedule)."""
+        shape = self.net().shape()
+        if shape is None or shape.hosts < 2:
+            return 0.0
+        spot = symmetric.spot_ranks(shape.hosts, shape.per_host)[-1]
+        return bound.host_link(get(0), get(spot), shape, itemsize, lambda s: self._classes(s, shape))
+
     def path_bound(self, get, itemsize: int, enough: float = float("inf"), ranks=None) -> float:
         """``bound.path`` (``get(rank)``: a rank's schedule): a time the model's estimate cannot be
         below, looked for until it is above ``enough`` (searching ``ranks`` ranks in turn, by default
@@ -271,6 +280,8 @@ class Tuner:
                 continue
             try:
                 lb = 0.0 if got[0].segment else self.bound(got[1](0), itemsize)
+                if got[0].rotates:
+                    lb = max(lb, self.host_bound(got[1], itemsize))
             except ValueError:
                 continue                # cannot run this call here
             todo.append((lb, name, got))
