@@ -41,7 +41,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     return s
 
 
-@register("alltoall", "pairwise", default=True, symmetry=SHIFT)
+@register("alltoall", "pairwise", default=True, symmetry=SHIFT, rotates=True)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     s = Schedule(rank, nranks)
     soff, roff = offsets(send_counts), offsets(recv_counts)
@@ -69,7 +69,7 @@ def barrier(rank: int, nranks: int) -> Schedule:
     return s
 
 
-@register("allgather", "direct")
+@register("allgather", "direct", rotates=True)
 def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Every rank sends its block to every other rank in one step: n-1 messages each."""
     off = offsets(counts)
@@ -80,7 +80,7 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     return s
 
 
-@register("reduce_scatter", "direct")
+@register("reduce_scatter", "direct", rotates=True)
 def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Block q of every input goes straight to rank q, which reduces them in rank order."""
     off, mine = offsets(counts), counts[rank]
@@ -94,7 +94,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     return s
 
 
-@register("alltoall", "direct")
+@register("alltoall", "direct", rotates=True)
 def alltoall_direct(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """Every block in flight at once: one step."""
     so, ro = offsets(send_counts), offsets(recv_counts)

@@ -90,7 +90,7 @@ def allgather_phase(s: Schedule, counts, buf: str, have: int):
                Recv(left, buf, off[recv_c], counts[recv_c]))
 
 
-@register("allreduce", "ring", default=True, settles=True, symmetry=SHIFT)
+@register("allreduce", "ring", default=True, settles=True, symmetry=SHIFT, rotates=True)
 def allreduce(rank: int, nranks: int, count: int) -> Schedule:
     """Reduce-scatter then allgather around the ring: 2(n-1) steps, 2(n-1)/n of the data per rank."""
     s = Schedule(rank, nranks)
@@ -101,7 +101,7 @@ def allreduce(rank: int, nranks: int, count: int) -> Schedule:
     return s
 
 
-@register("reduce_scatter", "ring", default=True, settles=True, symmetry=SHIFT)
+@register("reduce_scatter", "ring", default=True, settles=True, symmetry=SHIFT, rotates=True)
 def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Rank r ends with chunk r of the reduction; works on a scratch copy of the input."""
     s = Schedule(rank, nranks, scratch=sum(counts))
@@ -112,7 +112,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     return s
 
 
-@register("allgather", "ring", default=True, settles=True, symmetry=SHIFT)
+@register("allgather", "ring", default=True, settles=True, symmetry=SHIFT, rotates=True)
 def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", offsets(counts)[rank], counts[rank]))

@@ -38,7 +38,7 @@ def allreduce_master(rank: int, nranks: int, count: int) -> Schedule:
     return s
 
 
-@register("allreduce", "direct")
+@register("allreduce", "direct", rotates=True)
 def allreduce_direct(rank: int, nranks: int, count: int) -> Schedule:
     """All pairs: rank j receives chunk j from everyone and reduces it (in rank order), then sends
     the reduced chunk to everyone: 2 steps, 2(n-1)/n of the data per rank, n-1 messages a step."""

@@ -84,26 +84,34 @@ def local(sched, shape, itemsize: int, classes_ok) -> float:
 
 def host_link(first, spot, shape, itemsize: int, classes_ok) -> float:
     """Host 0's outgoing link, for an algorithm whose every rank r sends what rank 0 sends, to the
-    peers moved by r (``Algorithm.rotates``; ``first``: rank 0's schedule, ``spot``: another rank's, on
-    which that is checked: 0 where it does not hold). Every transfer between hosts holds its host's
-    link one after another for its bytes times the link's beta (``cost.Net.route``; folded, host 0's
-    link stands for every host's), and is received before the walk ends: the sum over host 0's ranks
-    of those times is a bound. Rank j of host 0 sends what rank 0 sends to peer d to j + d (mod n),
-    which leaves host 0 for the j in [p - d, n - d) (p ranks a host): rank 0's schedule is enough."""
+    peers moved by r, within one element a message (``Algorithm.rotates``; ``first``: rank 0's schedule,
+    ``spot``: another rank's, on which that is checked: 0 where it does not hold). Every transfer between
+    hosts holds its host's link one after another for its bytes times the link's beta
+    (``cost.Net.route``; folded, host 0's link stands for every host's), and is received before the walk
+    ends: the sum over host 0's ranks of those times is a bound. Rank j of host 0 sends to j + d (mod n)
+    at least what rank 0 sends to d less an element a message, and j + d leaves host 0 for the j in
+    [p - d, n - d) (p ranks a host): rank 0's schedule is enough."""
     if shape is None or shape.hosts < 2 or first.rank != 0 or not compact.message_schedules([first, spot]):
         return 0.0
     if not classes_ok([first, spot]):
         return 0.0
-    c, o = compact.convert([first], written=True), compact.convert([spot], written=True)
     n, p = shape.nranks, shape.per_host
-    mine, theirs = c.kind == compact.SEND, o.kind == compact.SEND
-    d, count = c.peer[mine], c.count[mine]
-    moved = (o.peer[theirs] - spot.rank) % n
-    if not np.array_equal(np.sort(d * (count.max(initial=0) + 1) + count),
-                          np.sort(moved * (count.max(initial=0) + 1) + o.count[theirs])):
+    (total, msgs), (other, _) = (_sent(s, n) for s in (first, spot))
+    if (np.abs(other - total) > msgs).any():
         return 0.0          # not what rank 0 sends, moved: the algorithm does not rotate here
+    d = np.arange(n)
     leaving = np.maximum(0, np.minimum(p, n - d) - np.maximum(0, p - d))
-    return float((count.astype(float) * itemsize * leaving).sum() * shape.inter.beta) * MARGIN
+    least = np.maximum(total - msgs, 0).astype(float)
+    return float((least * itemsize * leaving).sum() * shape.inter.beta) * MARGIN
+
+
+def _sent(sched, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(elements, messages) ``sched`` sends to each rank moved back by its own: index d is rank + d (mod n)."""
+    c = compact.convert([sched], written=True)
+    mine = c.kind == compact.SEND
+    d = (c.peer[mine] - sched.rank) % n
+    return (np.bincount(d, weights=c.count[mine], minlength=n).astype(np.int64),
+            np.bincount(d, minlength=n).astype(np.int64))
 
 
 class _Rank:
