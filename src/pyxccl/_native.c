@@ -51,6 +51,7 @@
  * the next reader wants them in the cache. */
 #define NT_BYTES (4 << 20)
 #define NT_MIN_PIECE 4096
+#define FUSE_BYTES 4096     /* a move and a reduce into the same bytes from this size: one pass (fuse) */
 
 #define WIDTH 9             /* int64 per instruction: opcode + 8 arguments */
 enum { I_BEGIN = 1, I_COPY, I_POST, I_PUBLISH, I_GET, I_SYNC };
@@ -155,8 +156,13 @@ static int wait_for(Run *r, int64_t p, uint32_t target) {
  * in Python. */
 /* restrict: the two never overlap (a window and a user buffer, or two user buffers), so the
  * compiler may vectorize without run-time alias checks (-O3 in setup.py). */
+/* With `first` (not NULL, apart from dst): dst = first (op) src in one pass, the bits of a copy of first
+ * into dst and then the reduce (fuse()). */
 #define LOOP(T, EXPR) do { T *restrict d = (T *)dst; const T *restrict s = (const T *)src; \
-    int64_t k = nbytes / sizeof(T); for (int64_t i = 0; i < k; i++) { T a = d[i], b = s[i]; d[i] = (EXPR); } \
+    int64_t k = nbytes / sizeof(T); \
+    if (first) { const T *restrict f = (const T *)first; \
+                 for (int64_t i = 0; i < k; i++) { T a = f[i], b = s[i]; d[i] = (EXPR); } } \
+    else for (int64_t i = 0; i < k; i++) { T a = d[i], b = s[i]; d[i] = (EXPR); } \
     } while (0)
 /* dtype and op codes, in the order of these names (exported by tables()) */
 enum { D_F32, D_F64, D_I8, D_I16, D_I32, D_I64, D_U8, D_U16, D_U32, D_U64, N_DTYPES };
@@ -176,7 +182,7 @@ static const char *const OP_NAMES[N_OPS] = {"sum", "prod", "min", "max", "band",
     case O_LAND: LOOP(T, (T)(a && b)); return 1; case O_LOR: LOOP(T, (T)(a || b)); return 1; \
     default: return 0; }
 
-static int reduce(int dtype, int op, char *dst, const char *src, int64_t nbytes) {
+static int reduce3(int dtype, int op, char *dst, const char *first, const char *src, int64_t nbytes) {
     switch (dtype) {
     case D_F32: FLOAT_OPS(float)
     case D_F64: FLOAT_OPS(double)
@@ -190,6 +196,10 @@ static int reduce(int dtype, int op, char *dst, const char *src, int64_t nbytes)
     case D_U64: INT_OPS(uint64_t, uint64_t)
     }
     return 0;
+}
+
+static int reduce(int dtype, int op, char *dst, const char *src, int64_t nbytes) {
+    return reduce3(dtype, op, dst, NULL, src, nbytes);
 }
 
 static char *address(Run *r, int64_t buf, int64_t off) {
@@ -265,6 +275,33 @@ static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_
         done += got;
     }
     return red ? move(r, dst, to, nbytes, 1, 0) : DONE;
+}
+
+/* Where instruction i reads without waiting or a system call: a COPY's source, a GET's of the round
+ * before from the peer's window (in bounds); else NULL. */
+static const char *local_source(Run *r, const int64_t *i) {
+    if (i[0] == I_COPY) return address(r, i[1], i[2]);
+    if (i[0] != I_GET || !i[7]) return NULL;
+    int parity = r->parity ^ 1;
+    if (header(r, parity, i[1])[NBYTES] || i[2] < 0 || i[2] + i[5] > r->area) return NULL;
+    return window(r, parity, i[1]) + i[2];
+}
+
+static int apart(const char *a, const char *b, int64_t nbytes) { return a + nbytes <= b || b + nbytes <= a; }
+
+/* A plain move into D followed by a reduce into exactly D, neither waiting (COPY, or GET of the round
+ * before from a window: a large reduction's first two inputs, segment._reduction), as one pass: D = A (op) B,
+ * which is what the two in turn leave (a op b of the same a and b), read and written once less. 1 when
+ * done (both), 0 where it does not apply (then they run one by one). */
+static int fuse(Run *r, const int64_t *x, const int64_t *y) {
+    /* COPY and GET keep dst buffer, dst offset, bytes and reduce? at 3, 4, 5 and 6 */
+    if ((x[0] != I_COPY && x[0] != I_GET) || (y[0] != I_COPY && y[0] != I_GET) || x[6] || !y[6] ||
+        x[3] != y[3] || x[4] != y[4] || x[5] != y[5] || x[5] < FUSE_BYTES)
+        return 0;
+    const char *a = local_source(r, x), *b = local_source(r, y);
+    char *d = address(r, x[3], x[4]);
+    if (!a || !b || !apart(d, a, x[5]) || !apart(d, b, x[5])) return 0;
+    return reduce3(r->dtype, r->op, d, a, b, x[5]);
 }
 
 /* One instruction: i[0] the opcode, then (k: the round's index in the call, 0 in its first)
@@ -408,7 +445,12 @@ static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) 
     Py_ssize_t at = *pc;
     Py_BEGIN_ALLOW_THREADS
     for (; at < len; at++) {
-        status = step(r, code + WIDTH * at);
+        const int64_t *i = code + WIDTH * at;
+        if (at + 1 < len && fuse(r, i, i + WIDTH)) {
+            at++;
+            continue;
+        }
+        status = step(r, i);
         if (status != DONE) break;
     }
     Py_END_ALLOW_THREADS
