@@ -154,6 +154,9 @@ def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple
         raise ValueError("a segment schedule runs on its own rounds; it cannot be embedded")
 
     out, _new = into.steps, tuple.__new__
+    padded = len(out)
+    if at is not None and len(out) < at + len(sub.steps):     # the steps it joins, made at once
+        out.extend([()] * (at + len(sub.steps) - len(out)))
     for step in sub.steps:
         ops = []
         add = ops.append
@@ -178,9 +181,8 @@ def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple
             if ops:
                 out.append(tuple(ops))
             continue
-        while len(into.steps) <= at:
-            into.steps.append(())
-        into.steps[at] += tuple(ops)
+        if ops:
+            out[at] = out[at] + tuple(ops) if out[at] else tuple(ops)
         at += 1
-    if at is not None:
-        into.steps[:] = [st for st in into.steps if st]
+    if at is not None and () in out[padded:]:       # (steps before those it added are never empty)
+        out[:] = [st for st in out if st]
