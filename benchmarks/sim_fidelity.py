@@ -636,7 +636,8 @@ def published(fit: bool = False, json_path: str | None = None, file=None, net_la
         print("\n# fitted now (paste into pyxccl/sim/fitted.py FITTED):", file=file)
         for k, v in cal.items():
             print(f"    {k!r}: Params(intra_eff={v.intra_eff:.4f}, inter_eff={v.inter_eff:.4f}, "
-                  f"base_lat={v.base_lat:.4g}, launch_lat={v.launch_lat:.4g}),", file=file)
+                  f"base_lat={v.base_lat:.4g}, launch_lat={v.launch_lat:.4g}"
+                  + (f", net_step_lat={v.net_step_lat:.4g}" if v.net_step_lat else "") + "),", file=file)
     doc = {"rows": [dict(r.to_json(), calibrated=dict(predicted=a.pred, error=a.error, choice=a.choice))
                     for r, a in zip(before, after)],
            "summary": [dict(part=k[0], model=k[1], points=k[2], before=sb[k], after=sa[k]) for k in sb],

@@ -30,7 +30,7 @@ def _one(points, **kw):
 
 def test_loader_reads_every_point(points):
     raw = json.loads((resources.files("pyxccl.sim") / "data" / "nccl_published.json").read_text())
-    assert len(points) == len(raw) == 261
+    assert len(points) == len(raw) == 285
     for p, d in zip(points, raw):
         assert (p.id, p.part, p.suspect, p.source_id) == (d["id"], d["part"], d["suspect"], d["source_id"])
         assert (p.nodes, p.per_node, p.collective, p.size) == (d["nodes"], d["gpus_per_node"], d["collective"],
@@ -142,8 +142,40 @@ def test_fit_sees_calibrate_points_only(points, monkeypatch):
     # the table in fitted.py is what this fit gives (to its printed digits)
     assert set(cal) == set(fitted.FITTED)
     for k, v in fitted.FITTED.items():
-        for f in ("intra_eff", "inter_eff", "base_lat", "launch_lat"):
+        for f in ("intra_eff", "inter_eff", "base_lat", "launch_lat", "net_step_lat"):
             assert getattr(cal[k], f) == pytest.approx(getattr(v, f), rel=1e-3), (k, f)
+    # pyxccl's walk has no network steps of NCCL's model to price
+    assert all(v.net_step_lat == 0.0 for (m, _), v in fitted.FITTED.items() if m == "pyxccl")
+
+
+def test_net_step_latency(points):
+    """net_step_lat: added to each network step NCCL's latency model counts (tuning.cc), so NCCL's choice sees
+    it; fitted as the median (measured - predicted) / steps over the several-node calibrate points <= 64 KiB."""
+    ring, tree, nvlstree = N.NCCL_ALGO_RING, N.NCCL_ALGO_TREE, N.NCCL_ALGO_NVLS_TREE
+    ar, ag = N.ncclFuncAllReduce, N.ncclFuncAllGather
+    assert [calibrated.net_steps(n, ag, ring) for n in (1, 2, 4, 10)] == [0, 1, 3, 9]
+    assert [calibrated.net_steps(n, ar, ring) for n in (1, 2, 4, 10)] == [0, 2, 6, 18]
+    assert [calibrated.net_steps(n, ar, a) for n in (2, 4, 8, 10) for a in (tree, nvlstree)] == \
+        [2, 2, 4, 4, 6, 6, 6, 6]
+    model = N.tune_model(N.preset("dgx-h100", 4, 8))
+    c = fitted.Params(net_step_lat=5e-6)
+    lat = calibrated.scaled(model, c).latencies
+    assert lat[ag][ring][N.NCCL_PROTO_LL] == pytest.approx(model.latencies[ag][ring][N.NCCL_PROTO_LL] + 15.0)
+    assert lat[ar][nvlstree][N.NCCL_PROTO_SIMPLE] == pytest.approx(model.latencies[ar][nvlstree][N.NCCL_PROTO_SIMPLE]
+                                                                   + 20.0)
+    one = N.tune_model(N.preset("dgx-h100", 1, 8))
+    assert calibrated.scaled(one, c).latencies == one.latencies
+    # what the fit found: half of the several-node small points' residual per step lies on either side of it
+    # (predicted as the fit does at that step: base and launch latencies, before the efficiencies)
+    cal = fitted.FITTED[("nccl", "dgx-h100")]
+    small = [p for p in P.calibration_points(points) if p.preset == "dgx-h100" and p.nodes > 1 and p.size <= 64 << 10]
+    assert {p.source_id for p in small} == {"S18-vpbenchmarking-h100-4n"} and len(small) == 8
+    per = []
+    for p in small:
+        inp, _ = P.model_input(p)
+        t, choice = P.predict_nccl(p, inp, replace(cal, net_step_lat=0.0, intra_eff=1.0, inter_eff=1.0))
+        per.append((p.time - t) / P.net_steps(p, choice))
+    assert cal.net_step_lat == pytest.approx((sorted(per)[3] + sorted(per)[4]) / 2, rel=1e-3)
 
 
 def test_launch_term_fitted_from_the_paired_sweeps(points):

@@ -5,7 +5,8 @@ The fidelity table (``sim/published.py``), ``pyxccl sim`` (``sim/report.py``) an
 table validates (docs/sim.md, "What pyxccl sim answers on a DGX preset").
 
 - ``nccl``: every (algorithm, protocol) NCCL's model enables for a call, with NCCL's bandwidths times
-  the fitted efficiency (so NCCL's choice sees it) and the fitted base and launch latency added;
+  the fitted efficiency and its network steps' latency raised by the fitted ``net_step_lat`` (``scaled``:
+  so NCCL's choice sees both), and the fitted base and launch latency added;
 - ``alltoall_row`` / ``alltoall``: NCCL's alltoall (grouped point-to-point, ``sim/nccl_p2p.py``) the same way;
 - ``hardware``: a preset's links times the fitted efficiencies, for pyxccl's own walk;
 - ``time``: a model's time with the fitted latencies added;
@@ -91,11 +92,33 @@ def time(t: float, cal: fitted.Params | None, launch: str = "unknown") -> float:
     return max(t, cal.floor) + cal.base_lat + fitted.launch_term(cal, launch)
 
 
+def net_steps(nNodes: int, coll: int, algorithm: int) -> int:
+    """The network steps NCCL's latency model (tuning.cc, 2.23 on) charges ``algorithm`` for ``coll`` across
+    ``nNodes`` nodes, each at its network latency: a ring's nNodes - 1 (2 (nNodes - 1) for allreduce), a tree's
+    2 log2(nNodes) (Tree, NVLSTree), PAT's log2(nNodes), NVLS's and CollNet's one; none on one node."""
+    if nNodes <= 1:
+        return 0
+    if algorithm == N.NCCL_ALGO_RING:
+        return 2 * (nNodes - 1) if coll == N.ncclFuncAllReduce else nNodes - 1
+    if algorithm in (N.NCCL_ALGO_TREE, N.NCCL_ALGO_NVLS_TREE):
+        return 2 * N.log2i(nNodes)
+    if algorithm == N.NCCL_ALGO_PAT:
+        return N.log2i(nNodes)
+    return 1
+
+
 def scaled(model: N.Model, cal: fitted.Params) -> N.Model:
-    """NCCL's bandwidths times the fitted efficiency (inter-node one across nodes), so NCCL's choice sees it."""
-    eff = cal.inter_eff if model.comm.nNodes > 1 else cal.intra_eff
+    """NCCL's bandwidths times the fitted efficiency (inter-node one across nodes), and its latencies plus the
+    fitted ``net_step_lat`` for each network step (``net_steps``), so NCCL's choice sees both."""
+    n = model.comm.nNodes
+    eff = cal.inter_eff if n > 1 else cal.intra_eff
     bw = tuple(tuple(tuple(b * eff for b in pr) for pr in al) for al in model.bandwidths)
-    return replace(model, bandwidths=bw)
+    if n <= 1 or not cal.net_step_lat:
+        return replace(model, bandwidths=bw)
+    step = cal.net_step_lat * 1e6       # the model's latencies are in us
+    lat = tuple(tuple(tuple(t + step * net_steps(n, c, a) for t in pr) for a, pr in enumerate(al))
+                for c, al in enumerate(model.latencies))
+    return replace(model, bandwidths=bw, latencies=lat)
 
 
 def hardware(hw, cal: fitted.Params | None):

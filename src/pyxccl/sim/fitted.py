@@ -1,6 +1,6 @@
 """The GPU presets' fitted parameters: what published nccl-tests measurements add to the models.
 
-Four numbers per (model, preset), applied by ``sim.published`` (``cluster``, ``predict_*``):
+Four numbers per (model, preset), five for NCCL's model, applied by ``sim/calibrated.py``:
 
 - ``base_lat`` (s): added once per call: what nccl-tests times beyond the collective (the kernel
   launch and the stream synchronisation of every iteration) and what the models' step latencies miss;
@@ -10,16 +10,23 @@ Four numbers per (model, preset), applied by ``sim.published`` (``cluster``, ``p
 - ``launch_lat`` (s): what one nccl-tests process driving every GPU of its node (``-g 8``) pays per call
   over one process per GPU (it launches the node's kernels one after the other from one thread); a
   point whose source does not show its launch pays half of it (the midpoint: off by at most half
-  either way).
+  either way);
+- ``net_step_lat`` (s, NCCL's model only): added to each network step NCCL's latency model counts
+  (``calibrated.net_steps``: a ring's nNodes - 1, a tree's 2 log2 nNodes, ...): what several nodes cost at
+  small sizes beyond NCCL's network latency.
 
 How they are fitted (``fit``), on the calibrate part only, each in turn, by the median ratio:
 
 0. a default ``launch_lat``: the median of (single-process - per-GPU) time over the latency-bound sizes
    a source measured both ways on one machine (``launch_lat_of``);
-1. ``base_lat`` and ``launch_lat``: the median of (measured - predicted) over the latency-bound points
-   (<= 64 KiB) of each launch mode; ``base_lat`` is the per-GPU one, ``launch_lat`` the single-process
-   one's excess; a preset whose calibrate points ran one mode only takes step 0's figure for the other
-   (``_base_and_launch``);
+1. ``base_lat`` and ``launch_lat``: the median of (measured - predicted) over the one-node latency-bound
+   points (<= 64 KiB) of each launch mode; ``base_lat`` is the per-GPU one, ``launch_lat`` the
+   single-process one's excess; a preset whose calibrate points ran one mode only takes step 0's figure
+   for the other (``_base_and_launch``). One node: a per-call figure, which several nodes' small sizes
+   (4 x 8 in S18, 4-19 us over NCCL's model) would otherwise set for every call;
+1b. ``net_step_lat`` (NCCL's model): the median of (measured - predicted) / network steps of NCCL's choice
+   over the several-node latency-bound points (``_net_step``); pyxccl's several-node small sizes are fitted
+   by nothing;
 2. ``intra_eff``: the median of predicted / (measured - base_lat) transfer time over one-node points of
    64 MiB and more (bandwidth-bound), predicted with the step 1 figure;
 3. ``inter_eff``: the same over several-node points of 64 MiB and more, predicted with steps 1 and 2.
@@ -45,6 +52,7 @@ class Params:
     floor: float = 0.0             # seconds no call takes less than (form "floor")
     form: str = "add"              # "add": base_lat; "floor": floor
     launch_lat: float = 0.0        # seconds a single-process (-g 8) launch adds over one process per GPU
+    net_step_lat: float = 0.0      # seconds added to each network step NCCL's latency model counts (nccl only)
 
 
 def launch_term(cal: Params, launch: str) -> float:
@@ -66,10 +74,13 @@ def launch_lat_of(points) -> float:
 # Fitted by ``pyxccl.sim.published.fit(calibration_points(load()))`` on the calibrate part of
 # data/nccl_published.json (docs/sim-data.md): dgx-h100 from S01 (together-nccl-tests, 1 x 8, Ring),
 # S03 (NVIDIA/nccl-tests#309 gj-aion, 2/4/8 x 8) and S05 (NVIDIA/nccl-tests#290, 1 x 8, NVLS);
-# S17 (NVIDIA/exemplar-performance, 1 x 8, NVLS); dgx-a100 from S11 (oracle-quickstart/oci-hpc-oke,
-# 2 x 8 RoCE) and S15 (unresolved note, 1 x 8);
-# base_lat / launch_lat per launch mode: dgx-h100 from S01 (-g 8) and S17 (NVIDIA/exemplar-performance,
-# 1 x 8, one process per GPU), dgx-a100 from S15's -g 8 sweep and S15's mpirun sweep with S11.
+# S17 (NVIDIA/exemplar-performance, 1 x 8, NVLS), S18 (ZiyanIshani/vpbenchmarking, 4 x 8, allreduce and
+# allgather); dgx-a100 from S11 (oracle-quickstart/oci-hpc-oke, 2 x 8 RoCE) and S15 (unresolved note, 1 x 8);
+# base_lat / launch_lat per launch mode from one-node points: dgx-h100 from S01 (-g 8) and S17 (one process
+# per GPU), dgx-a100 from S15's -g 8 and mpirun sweeps; net_step_lat (nccl) from the several-node points
+# <= 64 KiB: S18 (dgx-h100), S11 (dgx-a100). Chosen by calibrate error only (docs/sim.md, "S18": with S18,
+# all small points in base_lat gave pyxccl 12.0%, nccl 7.2%; one-node ones 9.3%, 9.4%; one-node ones and
+# net_step_lat, nccl, 6.2%).
 # Each point priced with the NCCL release its source states (nccl.VERSIONS; unknown: 2.30.7).
 # Form "add" (base_lat) chosen over "floor" by calibrate-part error only (median |error| on the 108 clean
 # calibrate points, before the launch and release inputs: pyxccl 10.0% vs 14.0%, nccl 8.2% vs 8.7%); two
@@ -78,10 +89,12 @@ def launch_lat_of(points) -> float:
 # across hosts (NVLSTree, a tree whose two nodes exchange half of a ring's bytes).
 # Regenerate: python benchmarks/sim_fidelity.py --published --fit
 FITTED: dict = {
-    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8458, inter_eff=1.2190, base_lat=2.348e-05, launch_lat=9.46e-06),
-    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0569, inter_eff=1.1750, base_lat=1.1e-05, launch_lat=2.028e-05),
-    ("nccl", "dgx-a100"): Params(intra_eff=0.9143, inter_eff=1.1274, base_lat=1.609e-05, launch_lat=8.312e-06),
-    ("nccl", "dgx-h100"): Params(intra_eff=0.9907, inter_eff=0.8793, base_lat=2.727e-06, launch_lat=2.115e-05),
+    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8440, inter_eff=1.2163, base_lat=1.88e-05, launch_lat=1.414e-05),
+    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0569, inter_eff=1.1307, base_lat=1.1e-05, launch_lat=2.028e-05),
+    ("nccl", "dgx-a100"): Params(intra_eff=0.9120, inter_eff=1.1284, base_lat=1.052e-05, launch_lat=1.389e-05,
+                                 net_step_lat=3.642e-06),
+    ("nccl", "dgx-h100"): Params(intra_eff=0.9907, inter_eff=0.8645, base_lat=2.727e-06, launch_lat=2.115e-05,
+                                 net_step_lat=2.898e-06),
 }
 
 
@@ -105,18 +118,31 @@ def _base_and_launch(c: Params, residuals) -> Params:
     return replace(c, base_lat=max(0.0, statistics.median(unknown) - c.launch_lat / 2))
 
 
-def fit(points, evaluate, form: str = "add") -> dict:
+def _net_step(cal: dict, rows, steps) -> dict:
+    """``cal`` with NCCL's model's ``net_step_lat``: the median of (measured - predicted) / the network steps
+    of NCCL's chosen algorithm (``steps(point, "Algorithm/Protocol")``) over ``rows``."""
+    out = dict(cal)
+    for (m, h), c in cal.items():
+        per = [(r.point.time - r.pred[m]) / n for r in rows if m == "nccl" and r.point.preset == h
+               for n in [steps(r.point, r.choice[m])] if n > 0]
+        if per:
+            out[(m, h)] = replace(c, net_step_lat=max(0.0, statistics.median(per)))
+    return out
+
+
+def fit(points, evaluate, form: str = "add", steps=None) -> dict:
     """{(model, preset): Params} from ``points`` (calibrate points: ``published.fit`` checks) by the
     procedure of the module's docstring; ``evaluate(points, calibration)`` gives their rows. ``form``:
     "add" fits ``base_lat`` (step 1 as above), "floor" a ``floor`` instead: the median measured time of
-    the latency-bound points (back-to-back calls cost at least the host's time to launch one)."""
+    the latency-bound points (back-to-back calls cost at least the host's time to launch one). ``steps``
+    (point, choice) -> the network steps NCCL's model counts, for NCCL's ``net_step_lat`` (None: 0)."""
     if form not in FORMS:
         raise ValueError(f"fit form {form!r}: give one of {', '.join(FORMS)}")
     presets = sorted({p.preset for p in points})
     models = ("pyxccl", "nccl")
     launch = launch_lat_of(points)
     cal = {(m, h): Params(form=form, launch_lat=launch) for m in models for h in presets}
-    rows = evaluate([p for p in points if p.size <= LATENCY_MAX], cal)
+    rows = evaluate([p for p in points if p.size <= LATENCY_MAX and p.nodes == 1], cal)
     for m in models:
         for h in presets:
             small = [r for r in rows if r.point.preset == h]
@@ -130,6 +156,8 @@ def fit(points, evaluate, form: str = "add") -> dict:
                 c = cal[(m, h)]     # each point's time as a single-process launch would take it
                 cal[(m, h)] = replace(c, floor=statistics.median(
                     r.point.time + c.launch_lat - launch_term(c, r.point.launch) for r in small))
+    if steps is not None:
+        cal = _net_step(cal, evaluate([p for p in points if p.size <= LATENCY_MAX and p.nodes > 1], cal), steps)
     for key, one_node in (("intra_eff", True), ("inter_eff", False)):
         sel = [p for p in points if (p.nodes == 1) == one_node and p.size >= BANDWIDTH_MIN]
         rows = evaluate(sel, cal)

@@ -332,4 +332,12 @@ def fit(points: list[Point], form: str = "add") -> dict:
     if bad:
         raise InvalidArgumentError(f"fit: points {bad[:8]} are not in the calibrate part: fit on "
                                    "calibration_points(load()) only")
-    return fitted.fit(points, evaluate, form)
+    return fitted.fit(points, evaluate, form, steps=net_steps)
+
+
+def net_steps(p: Point, choice: str) -> int:
+    """The network steps NCCL's latency model counts for ``choice`` ("Algorithm/Protocol") at point ``p``
+    (alltoall, NCCL's grouped point-to-point, has none of its tuning model's: 0)."""
+    if p.collective == "alltoall":
+        return 0
+    return calibrated.net_steps(p.nodes, N.func(PRIMS[p.collective]), N.ncclAlgoStr.index(choice.split("/")[0]))
