@@ -6,8 +6,9 @@ thousands of ranks building those schedules as Python objects, converting them a
 collections they set off were most of pricing a size (issue 26: 4,096 hierarchical broadcasts, 0.2 s).
 
 This is a second implementation of the builders it covers: binomial broadcast, reduce, gather and
-scatter (``algorithms/tree.py``), hierarchical broadcast with its default phases
-(``algorithms/hierarchical.py``), the chain broadcast, van de Geijn's broadcast and Rabenseifner's
+scatter (``algorithms/tree.py``), direct gather and scatter (``algorithms/direct.py``), hierarchical
+broadcast, gather and scatter with their default phases (``algorithms/hierarchical.py``; gather and scatter
+on hosts of consecutive ranks), the chain broadcast, van de Geijn's broadcast and Rabenseifner's
 reduce (``algorithms/pipeline.py``; the last two: ring phases, O(ranks) steps a rank, up to
 ``RING_OPS`` operations). :func:`arrays` gives, bit for bit, what
 ``compact.convert([every rank's schedule], written=True)`` gives (``tests/test_tuner_rooted.py``
@@ -191,6 +192,102 @@ def _binomial_scatter(nranks: int, hosts, counts, root: int) -> Compact:
     return ops.compact()
 
 
+def _direct_gather(nranks: int, hosts, counts, root: int) -> Compact:
+    """direct.gather: every other rank sends its block to the root, which copies its own and receives theirs
+    in rank order."""
+    n, ops = nranks, _Ops(nranks)
+    c, ranks = np.asarray(counts, np.int64), np.arange(nranks, dtype=np.int64)
+    other = ranks != root
+    ops.add(ranks[other], 0, SEND, root, c[other])
+    ops.add([root], 0, COPY, 0, c[root], touch=_TOUCH, skip=int(c[:root].sum()) == 0)
+    ops.add(np.full(n - 1, root), 0, RECV, ranks[other], c[other])
+    return ops.compact()
+
+
+def _direct_scatter(nranks: int, hosts, counts, root: int) -> Compact:
+    """direct.scatter: the root copies its own block and sends every other rank its block in rank order."""
+    n, ops = nranks, _Ops(nranks)
+    c, ranks = np.asarray(counts, np.int64), np.arange(nranks, dtype=np.int64)
+    other = ranks != root
+    ops.add(ranks[other], 0, RECV, root, c[other])
+    ops.add([root], 0, COPY, 0, c[root], touch=_TOUCH, skip=int(c[:root].sum()) == 0)
+    ops.add(np.full(n - 1, root), 0, SEND, ranks[other], c[other])
+    return ops.compact()
+
+
+def _leaders(nranks: int, hosts, counts, root: int):
+    """hierarchical.gather/scatter's layout where its hosts are consecutive blocks of ranks (else None: the
+    root regroups the blocks, built rank by rank): (ranks, each rank's host, the hosts' leaders, the root's
+    host, the other hosts, the elements of each host, the blocks, whether each rank leads)."""
+    groups, _, where = hierarchical.host_groups(nranks, hosts)
+    size = np.fromiter(map(len, groups), np.int64, len(groups))
+    start = np.zeros(len(groups), np.int64)
+    np.cumsum(size[:-1], out=start[1:])
+    ranks = np.arange(nranks, dtype=np.int64)
+    if not all(g[0] == b and g[-1] == b + len(g) - 1 for g, b in zip(groups, start.tolist())):
+        return None
+    host = np.repeat(np.arange(len(groups), dtype=np.int64), size)
+    root_host = where[root][0]
+    leaders = start.copy()
+    leaders[root_host] = root
+    c = np.asarray(counts, np.int64)
+    host_size = np.add.reduceat(c, start) if nranks else c
+    leads = np.zeros(nranks, bool)
+    leads[leaders] = True
+    return ranks, host, leaders, root_host, np.arange(len(groups)) != root_host, host_size, c, leads
+
+
+def _hierarchical_gather(nranks: int, hosts, counts, root: int, inner: str = "direct",
+                         outer: str = "direct") -> Compact | None:
+    """hierarchical.gather with direct phases (its defaults) on hosts of consecutive ranks: each host's
+    members send their blocks to its leader (the root on its host, else its first rank), which copies its
+    own and receives theirs; the leaders send their hosts' blocks to the root, which copies its host's
+    onto itself and receives the others in host order."""
+    n = nranks
+    groups = hierarchical.host_groups(n, hosts)[0]
+    if inner != "direct" or outer != "direct":
+        return None
+    if len(groups) in (1, n):               # flat: the direct gather
+        return _direct_gather(n, None, counts, root)
+    got = _leaders(n, hosts, counts, root)
+    if got is None:
+        return None
+    ranks, host, leaders, root_host, others, host_size, c, leads = got
+    ops, mem = _Ops(n), ~leads
+    ops.add(ranks[mem], 0, SEND, leaders[host[mem]], c[mem])
+    ops.add(leaders, 0, COPY, 0, c[leaders], touch=_TOUCH, skip=(leaders == root) & (int(c[:root].sum()) == 0))
+    ops.add(leaders[host[mem]], 0, RECV, ranks[mem], c[mem])
+    ops.add(leaders[others], 1, SEND, root, host_size[others])
+    ops.add([root], 1, COPY, 0, host_size[root_host], touch=_TOUCH)
+    ops.add(np.full(int(others.sum()), root), 1, RECV, leaders[others], host_size[others])
+    return ops.compact()
+
+
+def _hierarchical_scatter(nranks: int, hosts, counts, root: int, inner: str = "direct",
+                          outer: str = "direct") -> Compact | None:
+    """hierarchical.scatter with direct phases on hosts of consecutive ranks: the root copies its host's
+    blocks and sends every other host's to its leader; each leader copies its own block out and sends
+    its members theirs."""
+    n = nranks
+    groups = hierarchical.host_groups(n, hosts)[0]
+    if inner != "direct" or outer != "direct":
+        return None
+    if len(groups) in (1, n):
+        return _direct_scatter(n, None, counts, root)
+    got = _leaders(n, hosts, counts, root)
+    if got is None:
+        return None
+    ranks, host, leaders, root_host, others, host_size, c, leads = got
+    ops, mem = _Ops(n), ~leads
+    ops.add([root], 0, COPY, 0, host_size[root_host], touch=_TOUCH)
+    ops.add(np.full(int(others.sum()), root), 0, SEND, leaders[others], host_size[others])
+    ops.add(leaders[others], 0, RECV, root, host_size[others])
+    ops.add(leaders, 1, COPY, 0, c[leaders], touch=_TOUCH)
+    ops.add(leaders[host[mem]], 1, SEND, ranks[mem], c[mem])
+    ops.add(ranks[mem], 1, RECV, leaders[host[mem]], c[mem])
+    return ops.compact()
+
+
 def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: str = "binomial",
                             outer: str = "binomial") -> Compact | None:
     """hierarchical.broadcast with binomial phases (the tuner's: its defaults)."""
@@ -324,6 +421,9 @@ RING_OPS = 1 << 22
 _FAST = {("broadcast", "binomial"): (_binomial_broadcast, True), ("reduce", "binomial"): (_binomial_reduce, True),
          ("gather", "binomial"): (_binomial_gather, True), ("scatter", "binomial"): (_binomial_scatter, True),
          ("broadcast", "hierarchical"): (_hierarchical_broadcast, True),
+         ("gather", "direct"): (_direct_gather, True), ("scatter", "direct"): (_direct_scatter, True),
+         ("gather", "hierarchical"): (_hierarchical_gather, True),
+         ("scatter", "hierarchical"): (_hierarchical_scatter, True),
          ("broadcast", "chain"): (_chain, False), ("broadcast", "scatter_allgather"): (_scatter_allgather, False),
          ("reduce", "reduce_scatter_gather"): (_reduce_scatter_gather, False)}
 
