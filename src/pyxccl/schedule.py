@@ -161,21 +161,27 @@ def embed(into: Schedule, sub: Schedule, group: list[int], bufs: dict[str, tuple
         ops = []
         add = ops.append
         for o in step:
-            if o.count <= 0:        # what Schedule.step leaves out
-                continue
+            # tuple.__new__(Op, fields) is Op(*fields) without the generated __new__'s frame, and the fields
+            # unpacked at once rather than read one by one (every rank of a large simulation is built);
+            # a count <= 0 is what Schedule.step leaves out
             t = type(o)
-            # tuple.__new__(Op, fields) is Op(*fields) without the generated __new__'s frame (every rank
-            # of a large simulation is built)
-            if t is Copy:
-                (sb, so), (db, do) = bufs[o.src], bufs[o.dst]
-                add(_new(Copy, (sb, so + o.src_off, db, do + o.dst_off, o.count, o.reduce)))
-                continue
-            b, base = bufs[o.buf]
-            if t is Send:       # o._replace(peer=..., buf=..., off=...), without its cost (large simulations)
-                add(_new(Send, (group[o.peer], b, base + o.off, o.count)))
+            if t is Send:
+                peer, buf, off, count = o
+                if count > 0:
+                    b, base = bufs[buf]
+                    add(_new(Send, (group[peer], b, base + off, count)))
             elif t is Recv:
-                add(_new(Recv, (group[o.peer], b, base + o.off, o.count, o.reduce)))
-            else:
+                peer, buf, off, count, red = o
+                if count > 0:
+                    b, base = bufs[buf]
+                    add(_new(Recv, (group[peer], b, base + off, count, red)))
+            elif t is Copy:
+                src, src_off, dst, dst_off, count, red = o
+                if count > 0:
+                    (sb, so), (db, do) = bufs[src], bufs[dst]
+                    add(_new(Copy, (sb, so + src_off, db, do + dst_off, count, red)))
+            elif o.count > 0:
+                b, base = bufs[o.buf]
                 add(o._replace(peer=group[o.peer], buf=b, off=base + o.off))
         if at is None:
             if ops:

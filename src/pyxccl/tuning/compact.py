@@ -175,6 +175,13 @@ _STEPS: dict[int, tuple] = {}
 _STEPS_OPS, _held = 1 << 18, [0]        # at most this many operations kept (a few tens of MB)
 
 
+def forget() -> None:
+    """Drop the large steps kept (``_STEPS``): what one pricing shared between its ranks; another size's
+    steps are other objects, and the ones kept would only be scanned by the next garbage collection."""
+    _STEPS.clear()
+    _held[0] = 0
+
+
 def _convert(scheds: list[Schedule]) -> Compact:
     """The arrays of ``scheds`` in the order written, with the in-place copies marked (``skip``)."""
     steps = [st for s in scheds for st in s.steps]

@@ -257,6 +257,7 @@ class Tuner:
     def _priced(self, primitive: str, bucket: int, itemsize: int) -> str:
         with _no_collection():
             costs, skipped = self._argmin(primitive, bucket, itemsize)
+            compact.forget()
         name = min(costs, key=lambda a: (costs[a].time, a))
         if log.isEnabledFor(logging.INFO):
             alts = ", ".join(f"{a} {c.time * 1e6:.1f}us" for a, c in sorted(costs.items(), key=lambda x: x[1].time))
