@@ -192,27 +192,24 @@ def _binomial_scatter(nranks: int, hosts, counts, root: int) -> Compact:
     return ops.compact()
 
 
-def _direct_gather(nranks: int, hosts, counts, root: int) -> Compact:
-    """direct.gather: every other rank sends its block to the root, which copies its own and receives theirs
-    in rank order."""
+def _direct(nranks: int, counts, root: int, gather: bool) -> Compact:
+    """direct.gather (every other rank sends its block to the root, which copies its own and receives theirs
+    in rank order) or direct.scatter (the root sends them)."""
     n, ops = nranks, _Ops(nranks)
     c, ranks = np.asarray(counts, np.int64), np.arange(nranks, dtype=np.int64)
     other = ranks != root
-    ops.add(ranks[other], 0, SEND, root, c[other])
+    ops.add(ranks[other], 0, SEND if gather else RECV, root, c[other])
     ops.add([root], 0, COPY, 0, c[root], touch=_TOUCH, skip=int(c[:root].sum()) == 0)
-    ops.add(np.full(n - 1, root), 0, RECV, ranks[other], c[other])
+    ops.add(np.full(n - 1, root), 0, RECV if gather else SEND, ranks[other], c[other])
     return ops.compact()
+
+
+def _direct_gather(nranks: int, hosts, counts, root: int) -> Compact:
+    return _direct(nranks, counts, root, True)
 
 
 def _direct_scatter(nranks: int, hosts, counts, root: int) -> Compact:
-    """direct.scatter: the root copies its own block and sends every other rank its block in rank order."""
-    n, ops = nranks, _Ops(nranks)
-    c, ranks = np.asarray(counts, np.int64), np.arange(nranks, dtype=np.int64)
-    other = ranks != root
-    ops.add(ranks[other], 0, RECV, root, c[other])
-    ops.add([root], 0, COPY, 0, c[root], touch=_TOUCH, skip=int(c[:root].sum()) == 0)
-    ops.add(np.full(n - 1, root), 0, SEND, ranks[other], c[other])
-    return ops.compact()
+    return _direct(nranks, counts, root, False)
 
 
 def _leaders(nranks: int, hosts, counts, root: int):
@@ -237,22 +234,27 @@ def _leaders(nranks: int, hosts, counts, root: int):
     return ranks, host, leaders, root_host, np.arange(len(groups)) != root_host, host_size, c, leads
 
 
-def _hierarchical_gather(nranks: int, hosts, counts, root: int, inner: str = "direct",
-                         outer: str = "direct") -> Compact | None:
-    """hierarchical.gather with direct phases (its defaults) on hosts of consecutive ranks: each host's
-    members send their blocks to its leader (the root on its host, else its first rank), which copies its
-    own and receives theirs; the leaders send their hosts' blocks to the root, which copies its host's
-    onto itself and receives the others in host order."""
-    n = nranks
-    groups = hierarchical.host_groups(n, hosts)[0]
-    if inner != "direct" or outer != "direct":
-        return None
-    if len(groups) in (1, n):               # flat: the direct gather
-        return _direct_gather(n, None, counts, root)
-    got = _leaders(n, hosts, counts, root)
-    if got is None:
-        return None
-    ranks, host, leaders, root_host, others, host_size, c, leads = got
+def _through_leaders(flat):
+    """hierarchical.gather/scatter with direct phases (their defaults): ``flat``'s arrays on one host or one
+    rank a host; on hosts of consecutive ranks, the decorated maker's, given ``_leaders``' layout; else None."""
+    def deco(make):
+        def fast(nranks: int, hosts, counts, root: int, inner: str = "direct", outer: str = "direct"):
+            if inner != "direct" or outer != "direct":
+                return None
+            if len(hierarchical.host_groups(nranks, hosts)[0]) in (1, nranks):
+                return flat(nranks, None, counts, root)
+            got = _leaders(nranks, hosts, counts, root)
+            return None if got is None else make(nranks, root, *got)
+        fast.__doc__ = make.__doc__         # (not functools.wraps: arrays() reads fast's own parameters)
+        return fast
+    return deco
+
+
+@_through_leaders(_direct_gather)
+def _hierarchical_gather(n, root, ranks, host, leaders, root_host, others, host_size, c, leads) -> Compact:
+    """Each host's members send their blocks to its leader (the root on its host, else its first rank),
+    which copies its own and receives theirs; the leaders send their hosts' blocks to the root, which
+    copies its host's onto itself and receives the others in host order."""
     ops, mem = _Ops(n), ~leads
     ops.add(ranks[mem], 0, SEND, leaders[host[mem]], c[mem])
     ops.add(leaders, 0, COPY, 0, c[leaders], touch=_TOUCH, skip=(leaders == root) & (int(c[:root].sum()) == 0))
@@ -263,21 +265,10 @@ def _hierarchical_gather(nranks: int, hosts, counts, root: int, inner: str = "di
     return ops.compact()
 
 
-def _hierarchical_scatter(nranks: int, hosts, counts, root: int, inner: str = "direct",
-                          outer: str = "direct") -> Compact | None:
-    """hierarchical.scatter with direct phases on hosts of consecutive ranks: the root copies its host's
-    blocks and sends every other host's to its leader; each leader copies its own block out and sends
-    its members theirs."""
-    n = nranks
-    groups = hierarchical.host_groups(n, hosts)[0]
-    if inner != "direct" or outer != "direct":
-        return None
-    if len(groups) in (1, n):
-        return _direct_scatter(n, None, counts, root)
-    got = _leaders(n, hosts, counts, root)
-    if got is None:
-        return None
-    ranks, host, leaders, root_host, others, host_size, c, leads = got
+@_through_leaders(_direct_scatter)
+def _hierarchical_scatter(n, root, ranks, host, leaders, root_host, others, host_size, c, leads) -> Compact:
+    """The root copies its host's blocks and sends every other host's to its leader; each leader copies
+    its own block out and sends its members theirs."""
     ops, mem = _Ops(n), ~leads
     ops.add([root], 0, COPY, 0, host_size[root_host], touch=_TOUCH)
     ops.add(np.full(int(others.sum()), root), 0, SEND, leaders[others], host_size[others])
