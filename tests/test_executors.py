@@ -280,14 +280,16 @@ def _features(cases: list[Case], n: int) -> set[str]:
                         seen.update({"Get prev"} if o.prev else set())
                         seen.update({"Get reduce"} if o.reduce else set())
                         seen.update({"Get own"} if o.peer == r else set())
+                    if name == "Put":
+                        seen.add("Put own" if o.peer == r else "Put other")
     return seen
 
 
 @pytest.mark.parametrize("n", range(1, 9))
 def test_every_schedule_runs_the_same_in_both_executors(n):
     cases = _structure_cases(n)
-    want = {"3+ rounds", "Copy", "Get", "Get own", "Sync", "Post"} | (
-        {"Get reduce", "Get prev"} if n > 1 else set())     # one rank: nothing to reduce, no shares
+    want = {"3+ rounds", "Copy", "Get", "Get own", "Sync", "Post", "Put own"} | (
+        {"Get reduce", "Get prev", "Put other"} if n > 1 else set())     # one rank: nothing to reduce, no shares
     assert want <= _features(cases, n)
     world = World(n, max(c.window.elements for c in cases) * 8)
     try:

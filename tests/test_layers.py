@@ -379,6 +379,56 @@ def test_native_single_copy_reads_stay_inside_what_the_owner_posted(two_segments
             assert not got.any()
 
 
+def test_single_copy_writes_stay_inside_what_the_owner_posted(two_segments):
+    """The mirror for writes (Put): a write into another rank's posted buffer never goes past the size
+    its owner declared, nor anywhere when it posted nothing, and a failing write is a ProtocolError
+    naming the owner."""
+    from pyxccl.transport.segment import ADDR, NBYTES
+    owner, writer = two_segments
+    target = np.zeros(16, np.int32)
+    with pytest.raises(pyxccl.ProtocolError, match="rank 0 did not post"):
+        writer.write(0, 0, np.ones(1, np.int32), 0)
+    owner.post(0, target)
+    writer.write(0, 0, np.arange(4, dtype=np.int32) + 1, 8)
+    assert target.tolist() == [0, 0, 1, 2, 3, 4] + [0] * 10
+    for src, offset in ((np.ones(17, np.int32), 0), (np.ones(4, np.int32), 60), (np.ones(1, np.int32), -4)):
+        with pytest.raises(pyxccl.ProtocolError, match="writing up to byte .* rank 0 posted"):
+            writer.write(0, 0, src, offset)
+    assert target.tolist() == [0, 0, 1, 2, 3, 4] + [0] * 10
+    owner.hdr[0, 0, ADDR], owner.hdr[0, 0, NBYTES] = 8, 64      # an address nobody can write
+    with pytest.raises(pyxccl.ProtocolError, match="writing the buffer rank 0 posted failed"):
+        writer.write(0, 0, np.ones(4, np.int32), 0)
+
+
+def test_native_single_copy_writes_stay_inside_what_the_owner_posted(two_segments):
+    """The same defense in the native executor: a Put past the end of the buffer the owner posted stops
+    with a ProtocolError naming the owner, before a byte is written."""
+    import types
+
+    from pyxccl.core import onehost
+    from pyxccl.schedule import Put, Schedule
+    if onehost._native is None:
+        pytest.skip("pyxccl._native is not built (PYXCCL_NATIVE=0 runs cover the Python executor)")
+    owner, writer = two_segments
+    target = np.zeros(16, np.int32)
+    words = (1, 2, 3)
+    parity = owner.begin()
+    owner.post(parity, target)
+    owner.publish(*words)
+    ctx = types.SimpleNamespace(segment=writer, rank=1)
+    for count, fits in ((17, False), (16, True)):
+        s = Schedule(1, 2, [(Put(0, 0, "in", 0, count),)], segment=True, window=16)
+        src = np.arange(count, dtype=np.int32) + 1
+        writer.round = 0
+        if fits:
+            onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), (0, 0, -1, -1), 1e18, "t")
+            assert (target == src).all()
+        else:
+            with pytest.raises(pyxccl.ProtocolError, match="writing up to byte 68 of the 64-byte buffer rank 0 posted"):
+                onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), (0, 0, -1, -1), 1e18, "t")
+            assert not target.any()
+
+
 def test_every_public_method_of_the_communicator_is_in_the_readme_api_table():
     import re
     text = (ROOT / "README.md").read_text()

@@ -9,7 +9,10 @@ elements on, blocks move by single-copy reads of their owner's own buffer
 (``Post``, then ``Get``s through process_vm_readv; a rank's own block is a
 ``Get`` of its own posted buffer, so it is copied after publishing, while the
 others read), and a last round keeps every owner from returning while others
-still read its buffer.
+still read its buffer. A gather goes the other way: the root posts its output
+and every rank writes its block into it (``Put``, through process_vm_writev),
+so that the ranks copy at once instead of the root copying every block; a
+last round keeps the root from returning before the writers are done.
 
 Every rank runs the same number of rounds (the round counters pair them), so
 a rank with nothing to do in a round still takes part (``Sync`` on itself).
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..schedule import Copy, Get, Post, Schedule, Sync, offsets, split_counts
+from ..schedule import Copy, Get, Post, Put, Schedule, Sync, offsets, split_counts
 from .registry import register
 
 ONESHOT_BYTES = 64 << 10   # up to this, every rank reduces everything: one round, least latency
@@ -114,6 +117,13 @@ def _gathering(rank, n, counts, window, root):
     """allgather, or gather to ``root``: every rank's block to every rank (the root)."""
     s, off = _new(rank, n, window), offsets(counts)
     reads = root is None or rank == root
+    if root is not None and window.copies_once(max(counts, default=0)):
+        # every rank writes its block into the root's output at once (the root its own, after publishing);
+        # the root then waits for each writer's next round, after which its write is done
+        _round(s, *((Post("out", 0, off[-1], writes=True),) if rank == root else ()),
+               Put(root, off[rank], "in", 0, counts[rank]))
+        _round(s, *(Sync(p) for p in range(n) if p != rank and rank == root and counts[p]))
+        return s
     if window.copies_once(max(counts, default=0)):      # my own block too, after publishing: others read meanwhile
         _round(s, Post("in", 0, counts[rank]),
                *(Get(p, 0, "out", off[p], counts[p]) for p in [rank] + [q for q in range(n) if q != rank] if reads))
