@@ -2,8 +2,9 @@
 
 Every segment schedule of every primitive (algorithm "segment"), 1-8 ranks, in place and not, with
 windows small enough to cut messages into several rounds (reductions on the one-round and the
-two-round path, blocks through the windows and by single-copy reads), runs through the Python
-executor (``onehost._Segment``), the C one (``pyxccl._native``) and both at once (even ranks in
+two-round path, blocks through the windows, by single-copy reads and by single-copy writes into
+a buffer the root posted: a gather's Puts), runs through the Python executor (``onehost._Segment``),
+the C one (``pyxccl._native``) and both at once (even ranks in
 C, odd ones in Python: the two speak one protocol); every buffer ends bit for bit the same, and
 the outputs are numpy's. A second sweep takes every (dtype, op) the C executor reduces. The ranks
 are threads of this process, each with its own ``HostSegment`` on one memfd (the C run releases
