@@ -12,7 +12,8 @@ defined here and nowhere else:
 3. receives are posted (``Recv``; data may land from now on), then sends go out;
 4. a segment schedule's round is published;
 5. incoming operations complete in the order written (``Recv``, ``Get``,
-   ``Put``, ``Sync``; a ``Put`` waits, as a ``Get`` does, for its peer's round): reductions in one order give the same bits on every rank;
+   ``Put``, ``Sync``; a ``Put`` waits, as a ``Get`` does, for its peer's
+   round): reductions in one order give the same bits on every rank;
 6. the step ends.
 
 :func:`walk` runs any number of ranks' schedules on one thread: each rank
