@@ -260,7 +260,12 @@ def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline:
     seg = ctx.segment
     if codes is None:
         seg.deadline, seg.op, seg.seq = deadline, op, seq       # its waits name the call (native: on a stop)
-        walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
+        try:
+            walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
+        except BaseException:
+            if any(type(o) is Post and o.writes for step in s.steps for o in step):
+                seg.revoke()    # what I posted goes back to my caller now: no peer may write into it
+            raise
         return
     native(ctx, program(s, dt.itemsize), (seq, *call), (bufs.get("in"), bufs.get("out"), bufs.get("tmp")),
            (*seg.waits, *codes), deadline, op)
@@ -278,6 +283,20 @@ def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadlin
     seg = ctx.segment
     if done is None:
         done = _native.run(prog, 0, seg.layout, seg.round, mine, where, settings)
+    if type(done) is not int:
+        try:
+            _stopped(ctx, seg, prog, mine, where, settings, deadline, op, done)
+        except BaseException:
+            code = np.frombuffer(prog, np.int64).reshape(-1, _WIDTH)
+            if ((code[:, 0] == _POST) & (code[:, 4] != 0)).any():
+                seg.revoke()    # what I posted goes back to my caller now: no peer may write into it
+            raise
+    else:
+        seg.round = done
+
+
+def _stopped(ctx, seg, prog, mine, where, settings, deadline, op, done) -> None:
+    """``native``'s run stopped (``done``: its status and where): wait on, or raise what stopped it."""
     while type(done) is not int:            # (status, pc, round, peer, err): it stopped
         status, pc, seg.round, peer, err = done
         seg.deadline, seg.op, seg.seq = deadline, op, mine[0]      # named in the errors below

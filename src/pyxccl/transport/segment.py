@@ -58,6 +58,7 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
 SEQ, W0, W1, ADDR, NBYTES = range(5)     # fields of a round header
+_NOWHERE = 1 << 63          # a posted address taken back (revoke): above every process's address space
 _CALL = struct.Struct("<QQQ")            # seq, w0, w1 at the start of a round header
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -225,6 +226,16 @@ class HostSegment:
         """Let the others read ``arr`` in this round straight from this process's memory."""
         h = self.hdr[parity, self.rank]
         h[ADDR], h[NBYTES] = arr.ctypes.data, arr.nbytes
+
+    def revoke(self) -> None:
+        """This rank leaves its call before its end (an error) in which it posted a buffer for the others to
+        write into (the executors call this then; a buffer posted only to be read is left: a late read
+        harms nobody): the addresses it posted are taken back, so that a peer still to write them fails
+        (its single copy faults on an address no process has: a ProtocolError saying the owner abandoned
+        it) instead of writing memory the caller has taken back. (A single copy already under way when
+        this runs still lands.)"""
+        if self.hdr is not None:
+            self.hdr[:, self.rank, ADDR] = _NOWHERE
 
     def posted(self, p: int, parity: int) -> int:
         """Bytes rank ``p`` posted in its round of ``parity`` (0: none; read its window)."""
