@@ -1402,6 +1402,42 @@ def segment_allreduce_traffic(comm, nbytes):
     return comm.flight_record()[-1]["algorithm"], after["sent"] - before["sent"], after["received"] - before["received"]
 
 
+def segment_gather_by_puts(comm, counts):
+    """Gathers on the segment of ``counts`` elements a rank (single-copy sizes: every rank writes its block
+    into the root's output), every root, in place and not, float32 and int8, each twice (the second runs
+    prepared). Returns (the failures, the algorithms that ran, per root: (sent, received) bytes the first
+    float32 call of the first count added to this rank's counters, whether single-copy moves work)."""
+    fails, n, r, algos, moved = [], comm.size, comm.rank, set(), []
+    for count in counts:
+        for dt in (np.float32, np.int8):
+            everyone = [data(p, count, dt) for p in range(n)]
+            for root in range(n):
+                for rep in range(2):
+                    before = comm.traffic().get("gather", dict(sent=0, received=0))
+                    g = comm.gather(everyone[r], np.full(count * n, 99, dt) if r == root else None, root,
+                                    algorithm="segment")
+                    after = comm.traffic()["gather"]
+                    algos.add(comm.flight_record()[-1]["algorithm"])
+                    if count == counts[0] and dt is np.float32 and rep == 0:
+                        moved.append((after["sent"] - before["sent"], after["received"] - before["received"]))
+                    if r == root:
+                        _cmp(fails, f"gather root={root} {np.dtype(dt)} n={count} #{rep}", g, np.concatenate(everyone))
+                    out = np.full(count * n, 99, dt)
+                    out[r * count:(r + 1) * count] = everyone[r]
+                    comm.gather(out[r * count:(r + 1) * count], out if r == root else None, root, algorithm="segment")
+                    if r == root:
+                        _cmp(fails, f"gather in place root={root} {np.dtype(dt)} n={count} #{rep}", out,
+                             np.concatenate(everyone))
+    import os
+
+    from pyxccl.transport.cma import works
+    mine = np.ones(1, np.int64)         # single-copy moves work as the communicator found: to the next rank
+    where = comm.allgather_object((os.getpid(), mine.ctypes.data))
+    cma = works(*where[(r + 1) % n])
+    comm.barrier()                      # (mine lives until every rank tried)
+    return fails, sorted(algos), moved, cma
+
+
 def small_calls_after_a_shrink(comm, victim: int, nbytes: int):
     """``victim`` SIGKILLs itself; the others' allreduce raises PeerLostError, they shrink and make an
     allreduce of ``nbytes``. Returns (the algorithm the world ran that call with, the new size, the

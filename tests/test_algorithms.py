@@ -13,7 +13,7 @@ from pyxccl.algorithms.segment import Window
 from pyxccl.checker import CheckError, check, simulate
 from pyxccl.ops import ReduceOp
 from pyxccl.primitives import PRIMITIVES
-from pyxccl.schedule import Copy, Get, Post, Recv, Schedule, Send
+from pyxccl.schedule import Copy, Get, Post, Put, Recv, Schedule, Send, Sync
 from pyxccl.testing import RankPool
 
 PRIMS = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter", "alltoall",
@@ -227,6 +227,79 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
         0, 3, window=Window(64, 8, single_copy=1), count=16, root=0).steps[0])
     with pytest.raises(CheckError, match="may return while rank"):
         check("broadcast", "t_broken", 3, 16, 0, window=Window(64, 8, single_copy=1))
+
+
+def test_checker_proves_the_gather_by_puts(monkeypatch):
+    """From single-copy sizes a gather writes every block into the root's output (Put): proven for 1..8
+    ranks, every root, and (through its builder, which the registered gather calls with equal blocks
+    only) uneven and zero blocks."""
+    from pyxccl.algorithms import segment
+    window = Window(64, 8, single_copy=2)
+    monkeypatch.setitem(registry._REGISTRY, ("gather", "t_uneven"), registry.Algorithm(
+        "gather", "t_uneven", lambda rank, nranks, counts, root, window: segment._gathering(
+            rank, nranks, counts, window, root), segment=True))
+    for n in range(1, 9):
+        for root in range(n):
+            for count in (0, 1, 2, 7):
+                scheds = check("gather", "segment", n, count, root, window=window)
+                assert any(type(o) is Put for o in scheds[root].steps[0]) == (count >= 2)
+            for counts in ([(p * 3 + root) % 5 for p in range(n)], [0] * (n - 1) + [9], [9] + [0] * (n - 1)):
+                scheds = check("gather", "t_uneven", n, root=root, window=window, counts=counts)
+                assert any(type(o) is Post and o.writes for o in scheds[root].steps[0]) == (max(counts) >= 2)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", (2, 3))
+def test_gather_by_puts_on_a_rank_pool(pools, n):
+    """Real processes on the segment, from single-copy sizes (every rank writes its block into the root's
+    output): every root, in place and not, a block of the threshold and a larger odd one, plain and
+    prepared: the concatenation, bit for bit."""
+    from pyxccl.algorithms.segment import CMA_BYTES
+    out = pools(n).run(rf.segment_gather_by_puts, (CMA_BYTES // 4, CMA_BYTES + 12_345), transport="shm", timeout=250)
+    fails = [f"rank {r}: {f}" for r, (fs, _, _, _) in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:20])
+    assert all(algos == ["segment"] for _, algos, _, _ in out), out
+    if not all(cma for *_, cma in out):
+        pytest.skip("single-copy moves are not allowed here (ptrace rules): the gathers above took the windows")
+
+
+def test_checker_catches_a_broken_put(monkeypatch):
+    """A gather from single-copy sizes writes every block into the root's posted output (Put): a Put
+    into a buffer not posted, or not posted for writing, or past its end, two Puts into one region, a
+    read of a region while it is written (by another rank, or by its owner before it heard from the
+    writer's next round), and the root returning before the writers are done are each reported."""
+    window, c = Window(64, 8, single_copy=1), 5
+
+    def edit_rank(which, fn):
+        return lambda rank, s: fn(s) if rank == which else None
+
+    def ops(s, k, keep=lambda o: True, add=()):
+        s.steps[k] = tuple(o for o in s.steps[k] if keep(o)) + tuple(add)
+
+    def needs_tmp(s):
+        s.scratch = c
+    no_post = edit_rank(0, lambda s: ops(s, 0, lambda o: type(o) is not Post))
+    read_only = edit_rank(0, lambda s: ops(s, 0, lambda o: type(o) is not Post, [Post("out", 0, 3 * c)]))
+    past_end = edit_rank(2, lambda s: s.steps.__setitem__(0, (Put(0, 2 * c + 1, "in", 0, c),)))
+    same_region = edit_rank(2, lambda s: s.steps.__setitem__(0, (Put(0, c, "in", 0, c),)))
+    read_meanwhile = edit_rank(2, lambda s: needs_tmp(s) or ops(s, 0, add=[Get(0, c, "tmp", 0, c)]))
+    owner_too_soon = edit_rank(0, lambda s: needs_tmp(s) or ops(s, 1, add=[Copy("out", c, "tmp", 0, c)]))
+    no_last_round = edit_rank(0, lambda s: ops(s, 1, lambda o: False, [Sync(0)]))
+    for edit, msg in ((no_post, "posted no buffer in round 0"), (read_only, "posted no buffer for writing"),
+                      (past_end, r"puts \[11:16\] into rank 0's posted buffer of 15"),
+                      (same_region, r"rank [12] round 0 writes out\[5:10\] of rank 0 while rank [12] may still put"),
+                      (read_meanwhile, r"rank 2 round 0 reads out\[5:10\] of rank 0 while rank 1 may still put"),
+                      (owner_too_soon, r"rank 0 round 1 reads out\[5:10\] of rank 0 while rank 1 may still put"),
+                      (no_last_round, "may return while rank 1 still puts")):
+        _broken(monkeypatch, "gather", edit)
+        with pytest.raises(CheckError, match=msg):
+            check("gather", "t_broken", 3, c, 0, window=window)
+
+    def owner_after(rank, s):       # the same read a round later, once it heard from every writer: right
+        needs_tmp(s)
+        s.steps.append((Copy("out", c, "tmp", 0, c),) if rank == 0 else (Sync(rank),))
+    _broken(monkeypatch, "gather", owner_after)
+    assert any(type(o) is Put for o in check("gather", "t_broken", 3, c, 0, window=window)[1].steps[0])
 
 
 def test_link_classes_follow_the_mesh(pools, transport):

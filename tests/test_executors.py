@@ -2,8 +2,9 @@
 
 Every segment schedule of every primitive (algorithm "segment"), 1-8 ranks, in place and not, with
 windows small enough to cut messages into several rounds (reductions on the one-round and the
-two-round path, blocks through the windows and by single-copy reads), runs through the Python
-executor (``onehost._Segment``), the C one (``pyxccl._native``) and both at once (even ranks in
+two-round path, blocks through the windows, by single-copy reads and by single-copy writes into
+a buffer the root posted: a gather's Puts), runs through the Python executor (``onehost._Segment``),
+the C one (``pyxccl._native``) and both at once (even ranks in
 C, odd ones in Python: the two speak one protocol); every buffer ends bit for bit the same, and
 the outputs are numpy's. A second sweep takes every (dtype, op) the C executor reduces. The ranks
 are threads of this process, each with its own ``HostSegment`` on one memfd (the C run releases
@@ -280,14 +281,16 @@ def _features(cases: list[Case], n: int) -> set[str]:
                         seen.update({"Get prev"} if o.prev else set())
                         seen.update({"Get reduce"} if o.reduce else set())
                         seen.update({"Get own"} if o.peer == r else set())
+                    if name == "Put":
+                        seen.add("Put own" if o.peer == r else "Put other")
     return seen
 
 
 @pytest.mark.parametrize("n", range(1, 9))
 def test_every_schedule_runs_the_same_in_both_executors(n):
     cases = _structure_cases(n)
-    want = {"3+ rounds", "Copy", "Get", "Get own", "Sync", "Post"} | (
-        {"Get reduce", "Get prev"} if n > 1 else set())     # one rank: nothing to reduce, no shares
+    want = {"3+ rounds", "Copy", "Get", "Get own", "Sync", "Post", "Put own"} | (
+        {"Get reduce", "Get prev", "Put other"} if n > 1 else set())     # one rank: nothing to reduce, no shares
     assert want <= _features(cases, n)
     world = World(n, max(c.window.elements for c in cases) * 8)
     try:

@@ -379,6 +379,94 @@ def test_native_single_copy_reads_stay_inside_what_the_owner_posted(two_segments
             assert not got.any()
 
 
+def test_single_copy_writes_stay_inside_what_the_owner_posted(two_segments):
+    """The mirror for writes (Put): a write into another rank's posted buffer never goes past the size
+    its owner declared, nor anywhere when it posted nothing, and a failing write is a ProtocolError
+    naming the owner."""
+    from pyxccl.transport.segment import ADDR, NBYTES
+    owner, writer = two_segments
+    target = np.zeros(16, np.int32)
+    with pytest.raises(pyxccl.ProtocolError, match="rank 0 did not post"):
+        writer.write(0, 0, np.ones(1, np.int32), 0)
+    owner.post(0, target)
+    writer.write(0, 0, np.arange(4, dtype=np.int32) + 1, 8)
+    assert target.tolist() == [0, 0, 1, 2, 3, 4] + [0] * 10
+    for src, offset in ((np.ones(17, np.int32), 0), (np.ones(4, np.int32), 60), (np.ones(1, np.int32), -4)):
+        with pytest.raises(pyxccl.ProtocolError, match="writing up to byte .* rank 0 posted"):
+            writer.write(0, 0, src, offset)
+    assert target.tolist() == [0, 0, 1, 2, 3, 4] + [0] * 10
+    owner.hdr[0, 0, ADDR], owner.hdr[0, 0, NBYTES] = 8, 64      # an address nobody can write
+    with pytest.raises(pyxccl.ProtocolError, match="writing the buffer rank 0 posted failed"):
+        writer.write(0, 0, np.ones(4, np.int32), 0)
+
+
+def test_a_buffer_revoked_by_its_owner_is_neither_written_nor_read(two_segments):
+    """An owner that leaves a call on an error takes back what it posted (revoke): a peer still to write
+    into it, or to read it, gets a ProtocolError naming the owner, and the memory is not touched."""
+    owner, peer = two_segments
+    target = np.zeros(16, np.int32)
+    owner.post(0, target)
+    owner.revoke()
+    with pytest.raises(pyxccl.ProtocolError, match="writing the buffer rank 0 posted failed") as e:
+        peer.write(0, 0, np.ones(4, np.int32), 0)
+    assert e.value.abandoned and not target.any()
+    with pytest.raises(pyxccl.ProtocolError, match="reading the buffer rank 0 posted failed"):
+        peer.read(0, 0, np.zeros(4, np.int32), 0)
+
+
+@pytest.mark.parametrize("native", (False, True))
+def test_a_rank_that_leaves_a_call_on_an_error_revokes_what_it_posted(two_segments, native):
+    """Both executors: a run that raises (here a Put into a rank that posted nothing) takes back what
+    this rank posted in the call before the error leaves it."""
+    import types
+
+    from pyxccl.core import onehost
+    from pyxccl.schedule import Post, Put, Schedule
+    from pyxccl.transport.segment import ADDR
+    if native and onehost._native is None:
+        pytest.skip("pyxccl._native is not built (PYXCCL_NATIVE=0 runs cover the Python executor)")
+    owner, writer = two_segments
+    words = (1, 2, 3)
+    owner.begin()
+    owner.publish(*words)
+    ctx = types.SimpleNamespace(segment=writer, rank=1, error=None)
+    out, src = np.zeros(8, np.int32), np.ones(4, np.int32)
+    s = Schedule(1, 2, [(Post("out", 0, 8, writes=True), Put(0, 0, "in", 0, 4))], segment=True, window=16)
+    with pytest.raises(pyxccl.ProtocolError, match="writing up to byte 16 of a buffer rank 0 did not post"):
+        onehost.run(ctx, s, {"in": src, "out": out, "tmp": None}, None, words[0], words[1:], "t", 1e18,
+                    np.dtype(np.int32), (-1, -1) if native else None)
+    assert (writer.hdr[:, 1, ADDR] == 1 << 63).all()
+
+
+def test_native_single_copy_writes_stay_inside_what_the_owner_posted(two_segments):
+    """The same defense in the native executor: a Put past the end of the buffer the owner posted stops
+    with a ProtocolError naming the owner, before a byte is written."""
+    import types
+
+    from pyxccl.core import onehost
+    from pyxccl.schedule import Put, Schedule
+    if onehost._native is None:
+        pytest.skip("pyxccl._native is not built (PYXCCL_NATIVE=0 runs cover the Python executor)")
+    owner, writer = two_segments
+    target = np.zeros(16, np.int32)
+    words = (1, 2, 3)
+    parity = owner.begin()
+    owner.post(parity, target)
+    owner.publish(*words)
+    ctx = types.SimpleNamespace(segment=writer, rank=1)
+    for count, fits in ((17, False), (16, True)):
+        s = Schedule(1, 2, [(Put(0, 0, "in", 0, count),)], segment=True, window=16)
+        src = np.arange(count, dtype=np.int32) + 1
+        writer.round = 0
+        if fits:
+            onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), (0, 0, -1, -1), 1e18, "t")
+            assert (target == src).all()
+        else:
+            with pytest.raises(pyxccl.ProtocolError, match="writing up to byte 68 of the 64-byte buffer rank 0 posted"):
+                onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), (0, 0, -1, -1), 1e18, "t")
+            assert not target.any()
+
+
 def test_every_public_method_of_the_communicator_is_in_the_readme_api_table():
     import re
     text = (ROOT / "README.md").read_text()

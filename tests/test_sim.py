@@ -262,3 +262,25 @@ def test_docstring_examples_run():
     for mod in (pyxccl.sim, pyxccl.sim.cluster, pyxccl.sim.simulate, pyxccl.plan):
         res = doctest.testmod(mod)
         assert res.failed == 0 and res.attempted > 0, mod.__name__
+
+
+def test_a_gather_by_puts_is_priced_on_the_writers_cores():
+    """A gather from single-copy sizes: each writer's core pays its Put (its block but the tail, at the
+    single-copy rate), the root's its own block (a copy) and the tails it reads, at once; the root ends
+    when the last writer's next round says its Put is done."""
+    from pyxccl.algorithms.segment import Window, _root_reads
+    from pyxccl.schedule import Put
+    from pyxccl.tuning.cost import Machine, Net
+    from pyxccl.tuning.cost import run as walk_cost
+    n, c, copy = 3, 1 << 20, 1e-10
+    window = Window(1 << 20, 8, single_copy=1)
+    scheds = [registry.lookup("gather", "segment").schedule(r, n, window=window, counts=[c] * n, root=0)
+              for r in range(n)]
+    assert all(any(type(o) is Put and o.peer == 0 for o in s.steps[0]) for s in scheds)
+    tail = _root_reads(c, n)
+    for beta in (copy, 1e-9):
+        m = Machine(links={"seg": Link(0.0, 0.0)}, copy=copy, cma=Link(0.0, beta))
+        est, stuck = walk_cost(scheds, 4, Net(m, lambda a, b: "shm", [1.0] * n))
+        root = 4 * c * copy + (n - 1) * 4 * tail * max(copy, beta)
+        writer = 4 * (c - tail) * max(copy, beta)
+        assert not stuck and est.time == pytest.approx(max(root, writer)), (beta, root, writer)

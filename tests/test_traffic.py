@@ -55,6 +55,37 @@ def test_the_segment_counts_what_a_rank_publishes_for_others_as_sent(pools):
         assert sent == received == 2 << 20, (sent, received)
 
 
+def test_the_segment_counts_a_gather_by_puts_as_the_writers_sending(pools):
+    """3 ranks, a gather on the segment from single-copy sizes: every rank writes its block into the root's
+    output (Put), so each writer counts its block as sent and the root the others' blocks as received."""
+    from pyxccl.algorithms.segment import CMA_BYTES
+    count = CMA_BYTES // 4
+    out = pools(3).run(rf.segment_gather_by_puts, (count,), transport="shm", timeout=200)
+    block = 4 * count
+    for r, (fails, algos, moved, _) in enumerate(out):
+        assert not fails and algos == ["segment"], (fails, algos)
+        assert moved == [(0, 2 * block) if root == r else (block, 0) for root in range(3)], (r, moved)
+
+
+def test_tallies_count_puts_when_read():
+    """A segment schedule with Puts: its ``sent`` (its own Puts into others, others' reads of it) and its
+    ``received`` (others' Puts into it) are both found when the counters are read."""
+    from pyxccl.core.counters import Traffic, schedule_io
+    from pyxccl.schedule import Post, Put, Schedule
+
+    def sched(rank, n=3, count=5):
+        s = Schedule(rank, n, segment=True)
+        s.step(*((Post("out", 0, n * count, writes=True),) if rank == 0 else ()), Put(0, rank * count, "in", 0, count))
+        s.peers = lambda q: sched(q, n, count)
+        return s
+    t = Traffic()
+    for r in range(3):
+        assert schedule_io(sched(r), 4) == (None, None)
+        t.tally(f"gather{r}", 60, None, None, sched(r), 4).count()
+    got = t.snapshot()
+    assert [(got[f"gather{r}"]["sent"], got[f"gather{r}"]["received"]) for r in range(3)] == [(0, 40), (20, 0), (20, 0)]
+
+
 def test_tallies_are_added_when_read_and_nothing_waits_without_bound():
     """A prepared call counts its calls in a Tally; they are added to the counters when the counters
     are read, a segment schedule's ``sent`` (its peers' reads of it: n schedules to build) found then;

@@ -54,7 +54,7 @@
 #define FUSE_BYTES 4096     /* a move and a reduce into the same bytes from this size: one pass (fuse) */
 
 #define WIDTH 9             /* int64 per instruction: opcode + 8 arguments */
-enum { I_BEGIN = 1, I_COPY, I_POST, I_PUBLISH, I_GET, I_SYNC };
+enum { I_BEGIN = 1, I_COPY, I_POST, I_PUBLISH, I_GET, I_SYNC, I_PUT };
 enum { B_IN, B_OUT, B_TMP, B_WIN };
 /* run()'s outcomes; BUFFER: a buffer the program uses is missing, read-only where it writes, or too
  * small (peer: the buffer id, err: the bytes it needs), found before anything runs */
@@ -81,6 +81,7 @@ typedef struct {
     int64_t spin_ns, yields;
     int dtype, op;
     char *posted;               /* what I posted this round (NULL: nothing) */
+    int posted_nt;              /* copies into it use non-temporal stores (its buffer's Run.nt) */
     int nt[4];                  /* per buffer id: copies into it use non-temporal stores (NT_BYTES) */
     char *scratch;              /* single-copy reads that are reduced land here first */
     int64_t scratch_bytes;
@@ -304,14 +305,33 @@ static int fuse(Run *r, const int64_t *x, const int64_t *y) {
     return reduce3(r->dtype, r->op, d, a, b, x[5]);
 }
 
+/* A Put: `nbytes` at `src` into the buffer p posted this round, `dst_off` bytes in (mine: a copy). */
+static int put_into(Run *r, int64_t p, int64_t dst_off, const char *src, int64_t nbytes) {
+    volatile uint64_t *h = header(r, r->parity, p);
+    int64_t posted = p == r->me && !r->posted ? 0 : (int64_t)h[NBYTES];
+    r->peer = p;
+    if (dst_off < 0 || dst_off + nbytes > posted) { r->err = dst_off + nbytes; return BOUNDS; }
+    if (p == r->me) return move(r, r->posted + dst_off, src, nbytes, 0, r->posted_nt);
+    pid_t pid = (pid_t)((volatile uint64_t *)(r->base + r->pids_at))[PID_WORDS * p];
+    for (int64_t done = 0; done < nbytes;) {
+        struct iovec local = {(void *)(src + done), (size_t)(nbytes - done)};
+        struct iovec remote = {(void *)(uintptr_t)(h[ADDR] + dst_off + done), (size_t)(nbytes - done)};
+        ssize_t got = process_vm_writev(pid, &local, 1, &remote, 1, 0);
+        if (got <= 0) { r->err = got < 0 ? errno : EFAULT; return CMA_FAILED; }
+        done += got;
+    }
+    return DONE;
+}
+
 /* One instruction: i[0] the opcode, then (k: the round's index in the call, 0 in its first)
  *   BEGIN
  *   COPY     src buffer, src offset, dst buffer, dst offset, bytes, reduce?
- *   POST     buffer, offset, bytes
+ *   POST     buffer, offset, bytes, written? (the others Put into it: it must be writable)
  *   PUBLISH  k
  *   GET      peer, offset in its window (or posted buffer), dst buffer, dst offset, bytes, reduce?,
  *            prev? (the round before, read before publishing), k
  *   SYNC     peer, k
+ *   PUT      peer, offset in the buffer it posted, src buffer, src offset, bytes, k
  * (offsets and sizes in bytes). */
 static int step(Run *r, const int64_t *i) {
     switch (i[0]) {
@@ -330,6 +350,7 @@ static int step(Run *r, const int64_t *i) {
     case I_POST: {
         volatile uint64_t *h = header(r, r->parity, r->me);
         r->posted = address(r, i[1], i[2]);
+        r->posted_nt = i[1] != B_WIN && r->nt[i[1]];
         h[ADDR] = (uint64_t)(uintptr_t)r->posted;
         h[NBYTES] = (uint64_t)i[3];
         return DONE;
@@ -364,6 +385,14 @@ static int step(Run *r, const int64_t *i) {
         }
         return i[0] == I_SYNC ? DONE : get(r, p, r->parity, i[2], address(r, i[3], i[4]), i[5], i[6], r->nt[i[3]]);
     }
+    case I_PUT: {       /* once p has published this round (its buffer is posted), as a GET waits */
+        int64_t p = i[1];
+        if (p != r->me) {
+            if (!wait_for(r, p, r->round)) { r->peer = p; return NAPPED; }
+            if (i[6] == 0 && !agrees(r, p)) { r->peer = p; return MISMATCH; }
+        }
+        return put_into(r, p, i[2], address(r, i[3], i[4]), i[5]);
+    }
     }
     return UNSUPPORTED;
 }
@@ -380,13 +409,14 @@ static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t
         case I_BEGIN: case I_PUBLISH: continue;
         case I_COPY: buf = i[1]; off = i[2]; buf2 = i[3]; off2 = i[4]; nbytes = i[5]; break;
         case I_POST: buf = i[1]; off = i[2]; nbytes = i[3]; break;
+        case I_PUT: peer = i[1]; buf = i[3]; off = i[4]; nbytes = i[5]; break;
         case I_GET: peer = i[1]; buf2 = i[3]; off2 = i[4]; nbytes = i[5]; break;
         case I_SYNC: peer = i[1]; break;
         default: return "an unknown opcode";
         }
-        if (i[0] == I_GET || i[0] == I_SYNC) {
+        if (i[0] == I_GET || i[0] == I_SYNC || i[0] == I_PUT) {
             if (peer < 0 || peer >= n) return "a peer outside the communicator";
-            if (i[0] == I_GET && i[2] < 0) return "a negative offset";
+            if ((i[0] == I_GET || i[0] == I_PUT) && i[2] < 0) return "a negative offset";
         }
         if (nbytes < 0 || off < 0 || off2 < 0) return "a negative size or offset";
         if (nbytes > INT64_MAX - off || nbytes > INT64_MAX - off2) return "an offset past any buffer";
@@ -394,6 +424,7 @@ static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t
             return "an unknown buffer";
         if (!nbytes) continue;
         if (buf >= 0 && need[buf] < off + nbytes) need[buf] = off + nbytes;
+        if (i[0] == I_POST && i[4]) writes[buf] |= 1;      /* the others write into it */
         if (buf2 >= 0) {
             if (need[buf2] < off2 + nbytes) need[buf2] = off2 + nbytes;
             writes[buf2] |= 1 | ((i[0] == I_COPY || i[0] == I_GET) && i[6] ? 2 : 0);     /* 2: reduces into it */
@@ -558,6 +589,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
         volatile uint64_t *h = header(r, r->parity, r->me);
         r->posted = h[NBYTES] ? (char *)(uintptr_t)h[ADDR] : NULL;
+        r->posted_nt = 0;       /* (which buffer it is in is not kept: plain stores, as correct) */
     }
     status = execute(r, code, len, &pc);
     for (int b = 0; b < 3; b++)
@@ -1088,8 +1120,9 @@ static PyObject *tables(PyObject *self, PyObject *unused) {
     for (int o = 0; o < N_OPS; o++)
         if (put(ops, OP_NAMES[o], PyLong_FromLong(o)) < 0) goto fail;
     if (put(d, "width", PyLong_FromLong(WIDTH)) < 0
-        || put(d, "opcodes", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i}", "BEGIN", I_BEGIN, "COPY", I_COPY, "POST", I_POST,
-                                           "PUBLISH", I_PUBLISH, "GET", I_GET, "SYNC", I_SYNC)) < 0
+        || put(d, "opcodes", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "BEGIN", I_BEGIN, "COPY", I_COPY,
+                                           "POST", I_POST, "PUBLISH", I_PUBLISH, "GET", I_GET, "SYNC", I_SYNC,
+                                           "PUT", I_PUT)) < 0
         || put(d, "status", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "DONE", DONE, "NAPPED", NAPPED,
                                           "MISMATCH", MISMATCH, "BOUNDS", BOUNDS, "CMA_FAILED", CMA_FAILED,
                                           "UNSUPPORTED", UNSUPPORTED, "BUFFER", BUFFER)) < 0

@@ -10,7 +10,11 @@ as on the real transports, and the windows of segment schedules are published
 round by round, as on the shared segment. A schedule that deadlocks, leaves
 messages unreceived, sizes a receive wrongly, races (a receive into memory its
 own step also reads or writes), reads outside a window or a posted buffer, or
-lets a rank return while another may still read its buffer is reported.
+lets a rank return while another may still read its buffer is reported; so is
+a ``Put`` into a buffer its owner did not post for writing that round, or past
+its end, and any access to a region a ``Put`` writes that may run at the same
+time as the write (another ``Put``, a read of it, the owner's own use of it
+before it has heard from the writer's next round, or the owner returning).
 
 Causality is tracked with vector clocks (what each rank can know of the
 others' progress), so the checks that depend on it (a barrier hears from
@@ -29,7 +33,7 @@ import numpy as np
 from .algorithms import registry
 from .algorithms.segment import Window
 from .primitives import PRIMITIVES
-from .schedule import Copy, Get, Post, Recv, Schedule, Send, offsets
+from .schedule import Copy, Get, Post, Put, Recv, Schedule, Send, offsets
 from .walk import Semantics, walk
 
 MIXED = -1      # an element combining different input indices: always wrong
@@ -95,11 +99,46 @@ class _Symbolic(Semantics):
         self.windows: dict[tuple[int, int], tuple] = {}     # (rank, round) -> (buf, first, elements)
         self.posts: dict[tuple[int, int], Post] = {}
         self.readers: dict[tuple[int, int], set] = {}        # (owner, round) -> ranks that read that window
+        # owner -> [(buffer name, first, end, writer, round)]: the regions of its posted buffers that Puts write,
+        # known from every schedule before the walk (an access races a Put the walk has not reached yet too)
+        self.written: dict[int, list] = {}
         for s in scheds:
             for k, step in enumerate(s.steps):
                 for o in step:
                     if type(o) is Get:
                         self.readers.setdefault((o.peer, k - o.prev), set()).add(s.rank)
+                    elif type(o) is Put:
+                        self._declare(s.rank, k, o)
+
+    def _declare(self, w, k, o: Put) -> None:
+        """Writer ``w``'s Put ``o`` of round ``k``: into what its owner posted for writing in that round."""
+        p = o.peer
+        if not 0 <= p < self.n:
+            self.fail(f"rank {w} round {k} puts into rank {p}")
+        step = self.scheds[p].steps[k] if k < len(self.scheds[p].steps) else ()
+        post = next((x for x in step if type(x) is Post), None)
+        if post is None or not post.writes:
+            self.fail(f"rank {w} round {k} puts into rank {p}, which posted no buffer "
+                      f"{'for writing ' if post else ''}in round {k}")
+        if o.dst_off < 0 or o.dst_off + o.count > post.count:
+            self.fail(f"rank {w} round {k} puts [{o.dst_off}:{o.dst_off + o.count}] into rank {p}'s posted "
+                      f"buffer of {post.count} elements")
+        at = post.off + o.dst_off
+        self.written.setdefault(p, []).append((post.buf, at, at + o.count, w, k))
+
+    def guard(self, a, k, late: bool, owner, buf: _Buf, lo: int, hi: int, what: str) -> None:
+        """Rank ``a`` in round ``k`` (``late``: after publishing it) touches ``[lo:hi)`` of ``buf``, a buffer of
+        rank ``owner``: fail unless every Put of another rank into that region ran before (``a`` knows the
+        writer's next round) or runs after (the owner posts it later; another rank's access is over
+        before the round before the Put's ends)."""
+        stage = 2 * k + late
+        for name, plo, phi, w, kw in self.written.get(owner, ()):
+            if w == a or plo >= hi or lo >= phi or self.bufs[owner].get(name) is not buf:
+                continue
+            if stage <= (2 * kw if a == owner else 2 * kw - 2) or self.vc[a][w] >= kw + 3:
+                continue
+            self.fail(f"rank {a} round {k} {what} {name}[{max(lo, plo)}:{min(hi, phi)}] of rank {owner} while rank "
+                      f"{w} may still put into it (round {kw}): it must wait for rank {w}'s next round")
 
     def fail(self, msg: str):
         raise CheckError(f"{self.name} n={self.n} count={self.count}: {msg}")
@@ -113,7 +152,8 @@ class _Symbolic(Semantics):
     def merge(self, r, clock) -> None:
         np.maximum(self.vc[r], clock, out=self.vc[r])
 
-    def read_window(self, r, k, o: Get) -> None:
+    def read_window(self, r, k, o: Get, at: int) -> None:
+        """Get ``o`` of rank ``r``'s round ``at`` reads the window (or posted buffer) of round ``k``."""
         if not 0 <= o.peer < self.n or k < 0:
             self.fail(f"rank {r} reads the window of rank {o.peer} of round {k}")
         buf, first, size = self.windows[(o.peer, k)]
@@ -123,6 +163,9 @@ class _Symbolic(Semantics):
                       f"{what} of {size} elements")
         src = slice(first + o.src_off, first + o.src_off + o.count)
         dst = self.region(r, o.buf, o.off, o.count)
+        late = not o.prev
+        self.guard(r, at, late, o.peer, buf, src.start, src.stop, "reads")
+        self.guard(r, at, late, r, dst, o.off, o.off + o.count, "writes")
         _apply(dst, o.off, buf.c[src].copy(), buf.i[src].copy(), o.reduce)
 
     # --- the walker's hooks ------------------------------------------------------
@@ -139,13 +182,15 @@ class _Symbolic(Semantics):
         if type(o) is Copy:
             src = self.region(r, o.src, o.src_off, o.count)
             dst = self.region(r, o.dst, o.dst_off, o.count)
+            self.guard(r, k, False, r, src, o.src_off, o.src_off + o.count, "reads")
+            self.guard(r, k, False, r, dst, o.dst_off, o.dst_off + o.count, "writes")
             sl = slice(o.src_off, o.src_off + o.count)
             _apply(dst, o.dst_off, src.c[sl].copy(), src.i[sl].copy(), o.reduce)
         elif type(o) is Post:
             self.region(r, o.buf, o.off, o.count)
             self.posts[(r, k)] = o
         else:                                      # Get(prev=True): the peer's window of the round before
-            self.read_window(r, k - 1, o)
+            self.read_window(r, k - 1, o, k)
 
     def send(self, r, k, o):
         if not 0 <= o.peer < self.n or o.peer == r:
@@ -181,9 +226,21 @@ class _Symbolic(Semantics):
         if self.published[o.peer] < k:
             return False
         if type(o) is Get:
-            self.read_window(r, k, o)
+            self.read_window(r, k, o, k)
+        elif type(o) is Put:
+            self.put(r, k, o)
         self.merge(r, self.pub_vc[(o.peer, k)])
         return True
+
+    def put(self, r, k, o: Put) -> None:
+        post = self.posts[(o.peer, k)]          # (its owner posted it for writing: _declare)
+        src = self.region(r, o.buf, o.off, o.count)
+        dst = self.region(o.peer, post.buf, post.off + o.dst_off, o.count)
+        at = post.off + o.dst_off
+        self.guard(r, k, True, r, src, o.off, o.off + o.count, "reads")
+        self.guard(r, k, True, o.peer, dst, at, at + o.count, "writes")
+        sl = slice(o.off, o.off + o.count)
+        _apply(dst, at, src.c[sl].copy(), src.i[sl].copy(), False)
 
     def end(self, r, k):
         if k != len(self.scheds[r].steps) - 1:
@@ -195,6 +252,10 @@ class _Symbolic(Semantics):
                 if q != r and self.vc[r][q] < j + 3:
                     self.fail(f"rank {r} may return while rank {q} still reads the {post.buf} buffer it "
                               f"posted in round {j}: it must wait for rank {q}'s next round")
+        for name, _, _, w, kw in self.written.get(r, ()):
+            if w != r and self.vc[r][w] < kw + 3:
+                self.fail(f"rank {r} may return while rank {w} still puts into the {name} buffer it posted in "
+                          f"round {kw}: it must wait for rank {w}'s next round")
 
 
 def _compact_windows(name: str, scheds: list[Schedule]) -> list[Schedule]:
@@ -213,6 +274,8 @@ def _compact_windows(name: str, scheds: list[Schedule]) -> list[Schedule]:
                         regions.append((s, k, o.off, o.count))
                     if (o.peer, k - o.prev) not in posted:
                         regions.append((s, k, o.src_off, o.count))
+                elif type(o) is Put and o.buf == "win":
+                    regions.append((s, k, o.off, o.count))
     for s, k, off, count in regions:
         if off < 0 or off + count > s.window:
             raise CheckError(f"{name}: rank {s.rank} round {k} touches a window at [{off}:{off + count}], "
@@ -240,6 +303,8 @@ def _compact_windows(name: str, scheds: list[Schedule]) -> list[Schedule]:
                 elif type(o) is Get:
                     o = o._replace(off=at(o.off)) if o.buf == "win" else o
                     o = o._replace(src_off=at(o.src_off)) if (o.peer, k - o.prev) not in posted else o
+                elif type(o) is Put and o.buf == "win":
+                    o = o._replace(off=at(o.off))
                 ops.append(o)
             steps.append(tuple(ops))
         out.append(Schedule(s.rank, s.nranks, steps, s.scratch, True, base[-1]))

@@ -19,9 +19,15 @@ writes its window, publishes it, then reads the windows of others:
 - ``Get(peer, src_off, buf, off, count, reduce, prev)``: read ``count`` elements of
   ``peer``'s window of this round (``prev``: of the round before, read before
   publishing) into ``buf``, copying or reducing; ``peer`` may be this rank;
-- ``Post(buf, off, count)``: in this round the others read ``buf[off:off+count]``
+- ``Put(peer, dst_off, buf, off, count)``: write ``count`` elements of my ``buf`` from
+  ``off`` into the buffer ``peer`` posted this round, at ``dst_off`` (a single copy,
+  through process_vm_writev; ``peer`` may be this rank: a plain copy). It waits, as a
+  ``Get`` does, until ``peer`` has published the round; the owner must not touch the
+  region, nor return, before it has heard from the writer's next round (a ``Sync``);
+- ``Post(buf, off, count, writes)``: in this round the others read ``buf[off:off+count]``
   of this rank in place (a single copy, through process_vm_readv) instead of its
-  area; its ``Get``s then read that region;
+  area; its ``Get``s then read that region; with ``writes``, the others ``Put`` into
+  it instead (the region must be writable);
 - ``Sync(peer)``: wait until ``peer`` has published this round (no data).
 
 Buffers are named: ``"in"`` (the user's input), ``"out"`` (the user's output:
@@ -71,10 +77,19 @@ class Get(NamedTuple):
     prev: bool = False
 
 
+class Put(NamedTuple):
+    peer: int
+    dst_off: int
+    buf: str
+    off: int
+    count: int
+
+
 class Post(NamedTuple):
     buf: str
     off: int
     count: int
+    writes: bool = False    # the others Put into it (else they Get from it)
 
 
 class Sync(NamedTuple):
@@ -82,7 +97,7 @@ class Sync(NamedTuple):
     count: int = 1          # never empty: a step of Syncs is a round of its own
 
 
-Op = Send | Recv | Copy | Get | Post | Sync
+Op = Send | Recv | Copy | Get | Put | Post | Sync
 
 
 @dataclass

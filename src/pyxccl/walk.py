@@ -12,7 +12,8 @@ defined here and nowhere else:
 3. receives are posted (``Recv``; data may land from now on), then sends go out;
 4. a segment schedule's round is published;
 5. incoming operations complete in the order written (``Recv``, ``Get``,
-   ``Sync``): reductions in one order give the same bits on every rank;
+   ``Put``, ``Sync``; a ``Put`` waits, as a ``Get`` does, for its peer's
+   round): reductions in one order give the same bits on every rank;
 6. the step ends.
 
 :func:`walk` runs any number of ranks' schedules on one thread: each rank
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 
-from .schedule import Copy, Get, Post, Recv, Schedule, Send, Sync
+from .schedule import Copy, Get, Post, Put, Recv, Schedule, Send, Sync
 
 
 class Semantics:
@@ -57,7 +58,7 @@ class Semantics:
     def publish(self, r: int, k: int) -> None:      # segment: round k's window is visible
         pass
 
-    def take(self, r: int, k: int, op) -> bool:     # Recv, Get, Sync: completes now?
+    def take(self, r: int, k: int, op) -> bool:     # Recv, Get, Put, Sync: completes now?
         return True
 
     def end(self, r: int, k: int) -> None:
@@ -72,7 +73,7 @@ def phases(s: Schedule) -> list[tuple[tuple, tuple, tuple]]:
         ph = []
         for step in s.steps:
             local = tuple(o for o in step if type(o) in (Copy, Post) or (type(o) is Get and o.prev))
-            incoming = tuple(o for o in step if type(o) in (Recv, Sync) or (type(o) is Get and not o.prev))
+            incoming = tuple(o for o in step if type(o) in (Recv, Sync, Put) or (type(o) is Get and not o.prev))
             outgoing = tuple(o for o in step if type(o) is Send)
             ph.append((local, incoming, outgoing))
         s.__dict__["_phases"] = ph

@@ -7,13 +7,15 @@ received, on every executor.
 
 - Message schedules: ``sent`` is the sum of this rank's ``Send`` ops, ``received`` of its ``Recv``
   ops (each Send has its Recv of the same size on the peer).
-- Segment schedules (one host's shared segment, where data moves by reads): ``received`` is the
-  sum of this rank's ``Get`` reads of another rank's window or posted buffer; ``sent`` is what this
-  rank publishes (its window, a ``Post``ed buffer) counted once per read another rank makes of it:
-  the sum of the other ranks' ``Get``s of this rank. Reading one's own window moves nothing.
-  Only the readers' schedules say who reads what, so a rank builds its peers' schedules of the
-  call (``Schedule.peers``): n schedules at n ranks, so not on the call but when the counters are
-  read (``Tally``; then kept with the schedule, which the plan keeps).
+- Segment schedules (one host's shared segment, where data moves by reads and writes): ``received``
+  is the sum of this rank's ``Get`` reads of another rank's window or posted buffer and of the
+  other ranks' ``Put`` writes into its posted buffer; ``sent`` is what this rank publishes (its
+  window, a ``Post``ed buffer) counted once per read another rank makes of it (the sum of the other
+  ranks' ``Get``s of this rank), and its own ``Put``s into other ranks' buffers. Reading one's own
+  window or writing one's own buffer moves nothing. Only the peers' schedules say who reads and
+  writes what, so a rank builds its peers' schedules of the call (``Schedule.peers``): n schedules
+  at n ranks, so not on the call but when the counters are read (``Tally``; then kept with the
+  schedule, which the plan keeps).
 
 A prepared call (core/prepared.py) counts its calls in its ``Tally``, one increment per call; what
 they add to the counters above is added when the counters are read.
@@ -26,7 +28,7 @@ schedules do, not what a formula says they should.
 from __future__ import annotations
 
 from .._errors import PyxcclError
-from ..schedule import Get, Recv, Send
+from ..schedule import Get, Post, Put, Recv, Send
 
 
 def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
@@ -47,7 +49,9 @@ def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
                     recv += size(o)
                 elif t is Get and o.peer != s.rank:
                     recv += o.count * itemsize
-        if s.segment:
+        if s.segment and _puts(s):
+            sent = recv = None  # the peers' reads of it and writes into it: counted when asked (Tally)
+        elif s.segment:
             sent = None         # what the peers read of it: counted when asked (Tally)
         io = kept[codec and codec.spec] = (sent, recv)
     return io
@@ -57,7 +61,8 @@ class Tally:
     """The calls one prepared call made since the counters were last read: each adds (1, ``nbytes``,
     ``sent``, ``received``) to its operation's counter, added when the counters are read (or when more
     than 256 tallies wait), so that a call costs one increment (``count``). A segment schedule's
-    ``sent`` (None: its peers' reads of it) is found at the first reading."""
+    ``sent`` (None: its peers' reads of it) and ``received`` (None: with its peers' writes into it,
+    where a rank of the call writes) are found at the first reading."""
     __slots__ = ("traffic", "counter", "nbytes", "sent", "received", "s", "itemsize", "calls")
 
     def __init__(self, traffic: "Traffic", counter: list[int], nbytes: int, sent: int | None, received: int, s,
@@ -74,8 +79,12 @@ class Tally:
 
     def settle(self) -> None:
         n, self.calls = self.calls, 0
+        if self.received is None:
+            self.received = (written_into(self.s) + sum(o.count for step in self.s.steps for o in step
+                                                        if type(o) is Get and o.peer != self.s.rank)) * self.itemsize
         if self.sent is None:
-            self.sent = read_of(self.s) * self.itemsize
+            self.sent = (read_of(self.s) + sum(o.count for step in self.s.steps for o in step
+                                               if type(o) is Put and o.peer != self.s.rank)) * self.itemsize
         c = self.counter
         c[0] += n
         c[1] += n * self.nbytes
@@ -83,13 +92,28 @@ class Tally:
         c[3] += n * self.received
 
 
-def read_of(s) -> int:
-    """Elements the other ranks' ``Get``s read of segment schedule ``s``'s rank in the same call."""
+def _peers(s):
+    """The schedules of the other ranks of segment schedule ``s``'s call."""
     if s.peers is None:
         raise PyxcclError(f"rank {s.rank}: a segment schedule that does not say how to build its peers' (a bug: "
                           f"make it through its algorithm record, registry.Algorithm.schedule)", rank=s.rank)
-    return sum(o.count for q in range(s.nranks) if q != s.rank
-               for step in s.peers(q).steps for o in step if type(o) is Get and o.peer == s.rank)
+    return [s.peers(q) for q in range(s.nranks) if q != s.rank]
+
+
+def read_of(s) -> int:
+    """Elements the other ranks' ``Get``s read of segment schedule ``s``'s rank in the same call."""
+    return sum(o.count for t in _peers(s) for step in t.steps for o in step if type(o) is Get and o.peer == s.rank)
+
+
+def _puts(s) -> bool:
+    """Does any rank of segment schedule ``s``'s call write with ``Put``? (Only a posting rank is written
+    into, and a rank that posts for writing says so in its own schedule; a writer has Puts of its own.)"""
+    return any(type(o) is Put or (type(o) is Post and o.writes) for step in s.steps for o in step)
+
+
+def written_into(s) -> int:
+    """Elements the other ranks' ``Put``s write into segment schedule ``s``'s rank in the same call."""
+    return sum(o.count for t in _peers(s) for step in t.steps for o in step if type(o) is Put and o.peer == s.rank)
 
 
 class Traffic:

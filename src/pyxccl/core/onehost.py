@@ -32,7 +32,7 @@ import numpy as np
 
 from .._errors import ProtocolError
 from ..ops import ReduceOp
-from ..schedule import Copy, Get, Post, Schedule, Sync
+from ..schedule import Copy, Get, Post, Put, Schedule, Sync
 from ..transport import segment as _layout
 from ..walk import Semantics, walk
 from .messages import copy
@@ -44,7 +44,7 @@ except ImportError:         # not built (no C compiler at install): the Python e
 
 # What this module and _native.c must agree on (see tables() there)
 _WIDTH = 9                  # int64 per instruction: the opcode and 8 arguments
-_OPCODES = {"BEGIN": 1, "COPY": 2, "POST": 3, "PUBLISH": 4, "GET": 5, "SYNC": 6}
+_OPCODES = {"BEGIN": 1, "COPY": 2, "POST": 3, "PUBLISH": 4, "GET": 5, "SYNC": 6, "PUT": 7}
 _STATUS = {"DONE": 0, "NAPPED": 1, "MISMATCH": 2, "BOUNDS": 3, "CMA_FAILED": 4, "UNSUPPORTED": 5, "BUFFER": 6}
 _BUFS = {"in": 0, "out": 1, "tmp": 2, "win": 3}
 _DTYPE_NAMES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -52,7 +52,8 @@ _DTYPES = {np.dtype(t): i for i, t in enumerate(_DTYPE_NAMES)}
 _OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3, ReduceOp.BAND: 4,
         ReduceOp.BOR: 5, ReduceOp.BXOR: 6, ReduceOp.LAND: 7, ReduceOp.LOR: 8}     # AVG: a SUM, divided after
 _UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
-_BEGIN, _COPY, _POST, _PUBLISH, _GET, _SYNC = (_OPCODES[k] for k in ("BEGIN", "COPY", "POST", "PUBLISH", "GET", "SYNC"))
+_BEGIN, _COPY, _POST, _PUBLISH, _GET, _SYNC, _PUT = (_OPCODES[k] for k in ("BEGIN", "COPY", "POST", "PUBLISH", "GET",
+                                                                         "SYNC", "PUT"))
 _DONE, _NAPPED, _MISMATCH, _BOUNDS, _CMA_FAILED, _UNSUPPORTED, _BUFFER = _STATUS.values()
 
 
@@ -168,9 +169,22 @@ class _Segment(Semantics):
             self.seg.wait(o.peer)
             if k == 0:
                 self._agree(o.peer)             # before a byte of its window is read
-        if type(o) is Get:
+        t = type(o)
+        if t is Get:
             self._get(o, self.parity)
+        elif t is Put:
+            self._put(o)
         return True
+
+    def _put(self, o: Put) -> None:
+        src = self.bufs[o.buf][o.off:o.off + o.count]
+        if o.peer != self.me:
+            self.seg.write(o.peer, self.parity, src, o.dst_off * src.itemsize)
+            return
+        posted = self.posted        # into my own posted buffer: a plain copy
+        if posted is None or o.dst_off < 0 or o.dst_off + o.count > len(posted):
+            raise self.seg.read_error(self.me, self.parity, (o.dst_off + o.count) * src.itemsize, writing=True)
+        np.copyto(posted[o.dst_off:o.dst_off + o.count], src)
 
     def _get(self, o: Get, parity: int) -> None:
         dst = self.bufs[o.buf][o.off:o.off + o.count]
@@ -210,7 +224,7 @@ class _Compile(Semantics):
         if t is Copy:
             self._add(_COPY, _BUFS[o.src], o.src_off * b, _BUFS[o.dst], o.dst_off * b, o.count * b, o.reduce)
         elif t is Post:
-            self._add(_POST, _BUFS[o.buf], o.off * b, o.count * b)
+            self._add(_POST, _BUFS[o.buf], o.off * b, o.count * b, o.writes)
         else:
             self.take(r, k, o)
 
@@ -218,8 +232,12 @@ class _Compile(Semantics):
         self._add(_PUBLISH, k)
 
     def take(self, r, k, o):
-        if type(o) is Sync:
+        t = type(o)
+        if t is Sync:
             self._add(_SYNC, o.peer, k)
+        elif t is Put:
+            b = self.b
+            self._add(_PUT, o.peer, o.dst_off * b, _BUFS[o.buf], o.off * b, o.count * b, k)
         else:
             b = self.b
             self._add(_GET, o.peer, o.src_off * b, _BUFS[o.buf], o.off * b, o.count * b, o.reduce, o.prev, k)
@@ -242,7 +260,12 @@ def run(ctx, s: Schedule, bufs: dict, reduce, seq: int, call, op: str, deadline:
     seg = ctx.segment
     if codes is None:
         seg.deadline, seg.op, seg.seq = deadline, op, seq       # its waits name the call (native: on a stop)
-        walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
+        try:
+            walk([s], _Segment(ctx, bufs, reduce, (seq, *call), dt))
+        except BaseException:
+            if any(type(o) is Post and o.writes for step in s.steps for o in step):
+                seg.revoke()    # what I posted goes back to my caller now: no peer may write into it
+            raise
         return
     native(ctx, program(s, dt.itemsize), (seq, *call), (bufs.get("in"), bufs.get("out"), bufs.get("tmp")),
            (*seg.waits, *codes), deadline, op)
@@ -260,6 +283,20 @@ def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadlin
     seg = ctx.segment
     if done is None:
         done = _native.run(prog, 0, seg.layout, seg.round, mine, where, settings)
+    if type(done) is not int:
+        try:
+            _stopped(ctx, seg, prog, mine, where, settings, deadline, op, done)
+        except BaseException:
+            code = np.frombuffer(prog, np.int64).reshape(-1, _WIDTH)
+            if ((code[:, 0] == _POST) & (code[:, 4] != 0)).any():
+                seg.revoke()    # what I posted goes back to my caller now: no peer may write into it
+            raise
+    else:
+        seg.round = done
+
+
+def _stopped(ctx, seg, prog, mine, where, settings, deadline, op, done) -> None:
+    """``native``'s run stopped (``done``: its status and where): wait on, or raise what stopped it."""
     while type(done) is not int:            # (status, pc, round, peer, err): it stopped
         status, pc, seg.round, peer, err = done
         seg.deadline, seg.op, seg.seq = deadline, op, mine[0]      # named in the errors below
@@ -272,8 +309,9 @@ def native(ctx, prog: bytes, mine: tuple, where: tuple, settings: tuple, deadlin
             theirs = seg.call_of(peer, seg.round & 1)
             raise ctx.mismatch(peer, mine[0], theirs[1:], their_seq=theirs[0])
         elif status in (_BOUNDS, _CMA_FAILED):
+            writing = int(np.frombuffer(prog, np.int64, 1, pc * _WIDTH * 8)[0]) == _PUT
             raise seg.read_error(peer, seg.round & 1, err, OSError(err, os.strerror(err))
-                                 if status == _CMA_FAILED else None)
+                                 if status == _CMA_FAILED else None, writing=writing)
         elif status == _BUFFER:     # found before anything ran (peer: the buffer, err: the bytes it needs)
             raise buffer_error(ctx.rank, op, mine[0], peer, err, where, seg.area)
         else:

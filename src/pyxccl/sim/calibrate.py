@@ -7,8 +7,8 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
   rank taking part (with more ranks than cores it is several times the fastest batch: 54 against
   13 us for 4 ranks on 2 cores here);
 - a single-copy read of another process's buffer (process_vm_readv, the engine's ``Get`` of a
-  posted buffer): alpha and beta fitted through reads of 64 KiB and 1 MiB, every rank reading its
-  next rank's buffer at once (about 10 GB/s here, against 45 GB/s for a copy in cache);
+  posted buffer; its ``Put``, process_vm_writev, is priced at the same figures): alpha and beta
+  fitted through reads of 64 KiB and 1 MiB, every rank reading its next rank's buffer at once (about 10 GB/s here, against 45 GB/s for a copy in cache);
 - windows as rounds use them: the lines of a window live in the cache of the core that last used
   them, so writing one's window after the others read it (their cores hold its lines) runs at about
   9 GB/s here up to 256 KiB, against 40 GB/s for a window nobody else touched, and reading a window

@@ -1,9 +1,10 @@
-"""Single-copy reads from another process's memory (Linux cross-memory attach,
-process_vm_readv), as MPICH and Open MPI use on one host. Allowed between
+"""Single-copy reads from and writes to another process's memory (Linux cross-memory
+attach, process_vm_readv and process_vm_writev), as MPICH and Open MPI use on one host. Allowed between
 processes of one user unless ptrace rules forbid it; ``works()`` tells."""
 from __future__ import annotations
 
 import ctypes
+import errno
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -18,20 +19,36 @@ if _readv is not None:
                        ctypes.c_ulong, ctypes.c_ulong]
     _readv.restype = ctypes.c_ssize_t
 
+_writev = getattr(_libc, "process_vm_writev", None)
+if _writev is not None:
+    _writev.argtypes = _readv.argtypes
+    _writev.restype = ctypes.c_ssize_t
+
 _CHUNK = 1 << 30
+
+
+def _move(call, name: str, pid: int, local_addr: int, remote_addr: int, nbytes: int) -> None:
+    done = 0
+    while done < nbytes:
+        want = min(_CHUNK, nbytes - done)
+        local = _Iovec(local_addr + done, want)
+        remote = _Iovec(remote_addr + done, want)
+        got = call(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if got <= 0:
+            raise OSError(ctypes.get_errno() or errno.EFAULT, f"{name} with pid {pid} failed")
+        done += got
 
 
 def read(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
     """Copy ``nbytes`` at ``src_addr`` in process ``pid`` to ``dst_addr`` here."""
-    done = 0
-    while done < nbytes:
-        want = min(_CHUNK, nbytes - done)
-        local = _Iovec(dst_addr + done, want)
-        remote = _Iovec(src_addr + done, want)
-        got = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if got <= 0:
-            raise OSError(ctypes.get_errno(), f"process_vm_readv from pid {pid} failed")
-        done += got
+    _move(_readv, "process_vm_readv", pid, dst_addr, src_addr, nbytes)
+
+
+def write(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``src_addr`` here to ``dst_addr`` in process ``pid``."""
+    if _writev is None:
+        raise OSError(errno.ENOSYS, "process_vm_writev is not available")
+    _move(_writev, "process_vm_writev", pid, src_addr, dst_addr, nbytes)
 
 
 def works(pid: int, addr: int) -> bool:

@@ -58,6 +58,7 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _libc = ctypes.CDLL(None, use_errno=True)
 SEQ, W0, W1, ADDR, NBYTES = range(5)     # fields of a round header
+_NOWHERE = 1 << 63          # a posted address taken back (revoke): above every process's address space
 _CALL = struct.Struct("<QQQ")            # seq, w0, w1 at the start of a round header
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -226,6 +227,16 @@ class HostSegment:
         h = self.hdr[parity, self.rank]
         h[ADDR], h[NBYTES] = arr.ctypes.data, arr.nbytes
 
+    def revoke(self) -> None:
+        """This rank leaves its call before its end (an error) in which it posted a buffer for the others to
+        write into (the executors call this then; a buffer posted only to be read is left: a late read
+        harms nobody): the addresses it posted are taken back, so that a peer still to write them fails
+        (its single copy faults on an address no process has: a ProtocolError saying the owner abandoned
+        it) instead of writing memory the caller has taken back. (A single copy already under way when
+        this runs still lands.)"""
+        if self.hdr is not None:
+            self.hdr[:, self.rank, ADDR] = _NOWHERE
+
     def posted(self, p: int, parity: int) -> int:
         """Bytes rank ``p`` posted in its round of ``parity`` (0: none; read its window)."""
         return _U64.unpack_from(self._map, self._hdr_at + (parity * self.n + p) * _LINE + 8 * NBYTES)[0]
@@ -242,20 +253,38 @@ class HostSegment:
         except OSError as e:
             raise self.read_error(p, parity, 0, e) from None
 
-    def read_error(self, p: int, parity: int, end: int, err: OSError | None = None) -> ProtocolError:
-        """The error of a single-copy read of rank ``p``'s posted buffer: past its end, or failed."""
+    def write(self, p: int, parity: int, src: np.ndarray, offset: int) -> None:
+        """Copy ``src`` into the buffer rank ``p`` posted, ``offset`` bytes in (single copy), never
+        outside what ``p`` declared."""
+        h = self.hdr[parity, p]
+        if offset < 0 or offset + src.nbytes > int(h[NBYTES]):
+            raise self.read_error(p, parity, offset + src.nbytes, writing=True)
+        from .cma import write
+        try:
+            write(int(self.pids[p, 0]), int(h[ADDR]) + offset, src.ctypes.data, src.nbytes)
+        except OSError as e:
+            raise self.read_error(p, parity, 0, e, writing=True) from None
+
+    def read_error(self, p: int, parity: int, end: int, err: OSError | None = None,
+                   writing: bool = False) -> ProtocolError:
+        """The error of a single-copy read of (``writing``: write into) rank ``p``'s posted buffer: past
+        its end, or failed."""
         posted = int(self.hdr[parity, p, NBYTES])
-        if err is None and not posted:      # (the native executor's window reads are checked too)
+        verb = "writing" if writing else "reading"
+        if err is None and not posted and writing:
+            why = (f"writing up to byte {end} of a buffer rank {p} did not post: the ranks disagree on the "
+                   f"algorithm or sizes")
+        elif err is None and not posted:      # (the native executor's window reads are checked too)
             why = (f"reading up to byte {end} of the {self.area}-byte window of rank {p}: the ranks disagree on "
                    f"sizes or windows")
         elif err is None:
-            why = f"reading up to byte {end} of the {posted}-byte buffer rank {p} posted: the ranks disagree on sizes"
+            why = f"{verb} up to byte {end} of the {posted}-byte buffer rank {p} posted: the ranks disagree on sizes"
         elif err.errno == errno.ESRCH:      # its process is gone: a lost rank, not a protocol error
             e = lost_error(self.rank, p, f"its process exited or was killed during {self._who()}")
             e.op, e.seq = self.op, self.seq
             return e
         else:
-            why = f"reading the buffer rank {p} posted failed ({err}); that rank freed or changed it during the call"
+            why = f"{verb} the buffer rank {p} posted failed ({err}); that rank freed or changed it during the call"
         e = ProtocolError(f"rank {self.rank}: {self._who()}: {why}", rank=self.rank, peer=p, op=self.op,
                           seq=self.seq)
         e.abandoned = err is not None      # the owner left the call: perhaps for a cause this rank learns next

@@ -245,7 +245,7 @@ def _ops_py(flat: list) -> tuple:
     try:
         kind = np.fromiter(map(_KIND.__getitem__, map(type, flat)), np.int8, m)
     except KeyError:
-        raise TypeError("not a message schedule (Get, Post or Sync)") from None
+        raise TypeError("not a message schedule (Get, Put, Post or Sync)") from None
     # Send(peer, buf, off, count); Recv(peer, buf, off, count, reduce); Copy(src, so, dst, do, count, reduce)
     count = np.fromiter(map(_FOURTH, flat), np.int64, m)      # Copy: dst_off, fixed below
     red = np.fromiter(map(_LAST, flat), np.int64, m)          # Send: count, fixed below

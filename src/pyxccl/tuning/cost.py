@@ -45,7 +45,7 @@ from collections import Counter, deque
 from copy import copy as shallow_copy
 from dataclasses import dataclass, field
 
-from ..schedule import Copy, Get, Post, Recv, Schedule
+from ..schedule import Copy, Get, Post, Put, Recv, Schedule
 from ..walk import Semantics, walk
 
 
@@ -264,6 +264,15 @@ class Timing(Semantics):
             return nbytes * cpu
         return nbytes * (cpu * (1 - self.memshare) + self.memshare * max(cpu, touches * self.membyte[i]))
 
+    def _put(self, i, o: Put) -> float:
+        """A Put: the writer's core copies its block into the posted buffer (user buffers both), by a single
+        copy into another process (priced at the single-copy read's figures) unless it is its own."""
+        touches = (o.buf in CALL_BUFFERS) + 1
+        nbytes = o.count * self.itemsize
+        if o.peer != self.rank_of[i] and self.cma is not None:
+            return self.cma.alpha * self.stretch[i] + self._cost(i, nbytes, max(self.net.copy, self.cma.beta), touches)
+        return self._cost(i, nbytes, self.net.copy, touches)
+
     def _work(self, i, k, o, src_user: bool) -> float:
         """A local copy or reduction, or a Get (``src_user``: of a buffer its owner posted, read in place
         by a single copy from another process when it is not this rank's), in round ``k``."""
@@ -300,7 +309,8 @@ class Timing(Semantics):
     def local(self, r, k, o):
         i = self.index[r]
         if type(o) is Post:
-            self.sent[i] += o.count * self.itemsize
+            if not o.writes:        # (a buffer the others write into: they send)
+                self.sent[i] += o.count * self.itemsize
             self.posted.add((r, k))
             return
         if self.inplace and type(o) is Copy and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
@@ -376,6 +386,10 @@ class Timing(Semantics):
             self.clock[i] = max(self.clock[i], self.visible[(p, k)])
         if type(o) is Get:
             self.clock[i] += self._work(i, k, o, (o.peer, k) in self.posted)
+        elif type(o) is Put:
+            self.clock[i] += self._put(i, o)
+            if p != i:
+                self.sent[i] += o.count * self.itemsize
         return True
 
     def end(self, r, k):

@@ -24,7 +24,7 @@ symmetry (trees, rooted collectives) runs at message level only.
 """
 from __future__ import annotations
 
-from ..schedule import Copy, Get, Post, Schedule, Sync
+from ..schedule import Copy, Get, Post, Put, Schedule, Sync
 
 
 class Shift:
@@ -79,7 +79,7 @@ def _same(s: Schedule, t: Schedule, move) -> bool:
         if len(a) != len(b):
             return False
         for x, y in zip(a, b):
-            if type(x) is not type(y) or type(x) in (Get, Post, Sync) or not _close(x.count, y.count):
+            if type(x) is not type(y) or type(x) in (Get, Put, Post, Sync) or not _close(x.count, y.count):
                 return False
             if type(x) is Copy:
                 if x.reduce != y.reduce:
@@ -123,7 +123,7 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     from . import compact
     try:
         base = compact.convert(reps, written=True)
-    except TypeError:       # Get, Post or Sync in a message schedule: _same says no
+    except TypeError:       # Get, Put, Post or Sync in a message schedule: _same says no
         return None, _NOT_SAME
     # one sample host at a time, the kinds still standing checked on it: a schedule that is not the same
     # on the next host (a rooted collective's) costs one more host's schedules, not all the samples'
@@ -172,7 +172,7 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
         if any(s.segment for s in reps):
             return None
         compact.convert(reps, written=True)     # kept on the schedules: what the walk converts again
-    except TypeError:       # Get, Post or Sync in a message schedule: not foldable
+    except TypeError:       # Get, Put, Post or Sync in a message schedule: not foldable
         return None
     return kinds[0](n, per_host), reps
 
