@@ -1438,6 +1438,23 @@ def segment_gather_by_puts(comm, counts):
     return fails, sorted(algos), moved, cma
 
 
+def segment_broadcast_by_puts(comm, counts):
+    """Broadcasts on the segment of ``counts`` elements (from BROADCAST_CMA_BYTES: the root writes the head
+    of its buffer into every other rank's while they read the rest), every root, float32 and int8, each
+    twice (the second runs prepared). Returns (the failures, the algorithms that ran)."""
+    fails, n, r, algos = [], comm.size, comm.rank, set()
+    for count in counts:
+        for dt in (np.float32, np.int8):
+            for root in range(n):
+                want = data(root + 11, count, dt)
+                for rep in range(2):
+                    x = want.copy() if r == root else np.full(count, 99, dt)
+                    comm.broadcast(x, root, algorithm="segment")
+                    algos.add(comm.flight_record()[-1]["algorithm"])
+                    _cmp(fails, f"broadcast root={root} {np.dtype(dt)} n={count} #{rep}", x, want)
+    return fails, sorted(algos)
+
+
 def small_calls_after_a_shrink(comm, victim: int, nbytes: int):
     """``victim`` SIGKILLs itself; the others' allreduce raises PeerLostError, they shrink and make an
     allreduce of ``nbytes``. Returns (the algorithm the world ran that call with, the new size, the

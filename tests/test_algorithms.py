@@ -263,6 +263,20 @@ def test_gather_by_puts_on_a_rank_pool(pools, n):
         pytest.skip("single-copy moves are not allowed here (ptrace rules): the gathers above took the windows")
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", (2, 3))
+def test_broadcast_by_puts_on_a_rank_pool(pools, n):
+    """Real processes on the segment, from BROADCAST_CMA_BYTES (the root writes the head of its buffer into
+    every other rank's while they read the rest): every root, a count of the threshold and a larger odd
+    one, plain and prepared: the root's buffer, bit for bit."""
+    from pyxccl.algorithms.segment import BROADCAST_CMA_BYTES
+    out = pools(n).run(rf.segment_broadcast_by_puts, (BROADCAST_CMA_BYTES // 4, BROADCAST_CMA_BYTES // 4 + 12_345),
+                       transport="shm", timeout=250)
+    fails = [f"rank {r}: {f}" for r, (fs, _) in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:20])
+    assert all(algos == ["segment"] for _, algos in out), out
+
+
 def test_checker_catches_a_broken_put(monkeypatch):
     """A gather from single-copy sizes writes every block into the root's posted output (Put): a Put
     into a buffer not posted, or not posted for writing, or past its end, two Puts into one region, a
