@@ -17,6 +17,7 @@ and the segment's schedules are walked in Python, as before."""
 from __future__ import annotations
 
 import gc
+import heapq
 import logging
 import os
 from collections import Counter
@@ -271,7 +272,8 @@ class Tuner:
 
         First the algorithms that are cheap to walk (on a communicator above ``FOLD_ABOVE`` ranks: those
         that fold, and the rooted trees whose every rank ``rooted.py`` makes at once), in the order of
-        ``bound.local`` from rank 0's schedule; then the others (every rank
+        ``bound.local`` from rank 0's schedule (raised by ``bound.host_link`` for one that rotates, when it
+        comes first); then the others (every rank
         walked), in the order of the larger of that and ``bound.path`` (those with O(ranks) operations
         on every rank last: ``FIRST_LOOK_OPS``), each walked only if that is not above the best so far."""
         todo = []
@@ -281,12 +283,11 @@ class Tuner:
                 continue
             try:
                 lb = 0.0 if got[0].segment else self.bound(got[1](0), itemsize)
-                if got[0].rotates:
-                    lb = max(lb, self.host_bound(got[1], itemsize))
             except ValueError:
                 continue                # cannot run this call here
-            todo.append((lb, name, got))
-        todo.sort(key=lambda x: (x[0], x[1]))
+            # (the host link bound of one that rotates is looked for when it comes first: most never do)
+            todo.append((lb, name, not got[0].rotates, got))
+        heapq.heapify(todo)
         costs: dict[str, Estimate] = {}
         skipped: dict[str, float] = {}
         best = float("inf")
@@ -299,9 +300,13 @@ class Tuner:
                 best = min(best, est.time)
 
         every = []
-        for lb, name, (algo, get) in todo:
+        while todo:
+            lb, name, host_done, (algo, get) = heapq.heappop(todo)
             if lb > best:
                 skipped[name] = lb
+                continue
+            if not host_done:       # back in its place by the larger bound
+                heapq.heappush(todo, (max(lb, self.host_bound(get, itemsize)), name, True, (algo, get)))
                 continue
             try:
                 walked = self._walked(algo, get, every=False)
