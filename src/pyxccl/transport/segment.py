@@ -144,10 +144,13 @@ class HostSegment:
         self._typed: dict = {}
         oversubscribed = nranks > job_cpus()
         self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 1000)) * 1e-6
-        # yields before sleeping, oversubscribed: a sleep costs a wake-up (30-100 us here), and 20 yields ran
-        # out before a peer on the other core published: 4 ranks on 2 cores, 8 B allreduce, 25-160 us with
-        # 20 (a median of 77 over 7 quiet runs), 21-35 with 200 and 2,000 (medians 27, 28)
-        self.yields = int(os.environ.get("PYXCCL_YIELDS", 200)) if oversubscribed else 0
+        # yields before sleeping, oversubscribed. Up to 2 ranks a core, the rank a wait needs is likely its
+        # core-mate, and a sleep costs a wake-up (30-100 us here): 4 ranks on 2 cores, 8 B allreduce, 25-160 us
+        # with 20 yields (a median of 77 over 7 quiet runs), 21-35 with 200 (median 27). With many ranks a
+        # core a yield hands the core to another waiter: 64 ranks on 2, issue 26's job 7.5 s with 20 and
+        # 9.1 s with 200, its steady 8 B calls 12 and 24 ms
+        few = nranks <= 2 * job_cpus()
+        self.yields = int(os.environ.get("PYXCCL_YIELDS", 200 if few else 20)) if oversubscribed else 0
         self.waits = (int(self.spin * 1e9), self.yields)       # the native executor's wait settings
         self.deadline = 0.0
         self.op, self.seq = "fast path", 0     # the call running on the segment, named in errors
