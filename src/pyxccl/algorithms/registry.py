@@ -38,8 +38,8 @@ class Algorithm:
     symmetry: tuple[str, ...] = ()
     # every rank r sends to r + d (mod n) what rank 0 sends to d, within one element a message of rank 0's
     # (the calls the tuner prices: blocks of one size, chunks of split_counts, empty ones left out): a
-    # host's traffic to the others follows from rank 0's schedule alone (tuning/bound.py's host_link; checked on a rank
-    # there, proven by tests/test_tuner_bound.py)
+    # host's traffic to the others follows from rank 0's schedule alone (tuning/bound.py's host_link;
+    # checked on a rank there, proven by tests/test_tuner_bound.py)
     rotates: bool = False
 
     def runs(self, nranks: int) -> bool:
