@@ -56,9 +56,8 @@ def torch_pools(pools):
     """The pools of 1 to 4 ranks with torch.distributed initialized (backend pyxccl, plus a Gloo group)."""
     pytest.importorskip("torch")
     import torchfns
-    from pyxccl.launcher import free_port
     for n in (1, 2, 3, 4):
-        assert pools(n).run(torchfns.init_torch, free_port(), timeout=120) == [("pyxccl", n)] * n
+        assert pools(n).run(torchfns.init_torch, timeout=120) == [("pyxccl", n)] * n
     return pools
 
 

@@ -548,11 +548,19 @@ def idle_cpu_in_collective(comm, sleep_s: float):
     return time.process_time() - cpu, comm.algorithm_for("allreduce", 16)
 
 
-def init_with_secrets(comm, port: int, secrets: list[str]):
+def fresh_port(comm) -> int:
+    """A port free a moment ago on rank 0, told to every rank: picked just before a second job's store
+    binds it (a port picked by the test's process, long before, may be taken by then)."""
+    from pyxccl.launcher import free_port
+    return comm.broadcast_object(free_port() if comm.rank == 0 else None, 0)
+
+
+def init_with_secrets(comm, secrets: list[str]):
     """A second job on this pool, each rank with its own PYXCCL_SECRET: what does init raise?"""
     import os
 
     import pyxccl
+    port = fresh_port(comm)
     os.environ["PYXCCL_SECRET"] = secrets[comm.rank]
     try:
         pyxccl.init(comm.rank, comm.size, init_method=f"tcp://127.0.0.1:{port}", timeout=8).close()
@@ -563,12 +571,13 @@ def init_with_secrets(comm, port: int, secrets: list[str]):
         del os.environ["PYXCCL_SECRET"]
 
 
-def on_new_comm(comm, port: int, env: dict, checks: list):
+def on_new_comm(comm, env: dict, checks: list):
     """Make a second world communicator with ``env`` set (e.g. PYXCCL_NSOCKS), run
     ``[(check_fn, args), ...]`` on it, close it; return the failures."""
     import os
 
     import pyxccl
+    port = fresh_port(comm)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -62,9 +62,8 @@ def test_objects_and_split(pools, transport, n):
 def test_several_connections_per_peer(pools, n):
     """PYXCCL_NSOCKS=3: large messages striped over three connections per peer pair, received in
     any order of stripes, reduced or copied, matched in the order they were sent."""
-    from pyxccl.launcher import free_port
     env = {"PYXCCL_NSOCKS": "3", "PYXCCL_STRIPE_BYTES": "4096", "PYXCCL_TRANSPORT": "tcp"}
     pairs = rf.valid_pairs((np.float32, np.int64), (ReduceOp.SUM, ReduceOp.MAX))
     checks = [("check_p2p", (COUNTS + (rf.BIG,),)), ("check_allreduce", ((1000, rf.BIG), pairs)),
               ("check_movement", ((5000, rf.BIG // n), (np.float32, np.int8)))]
-    _ok(pools(n).run(rf.on_new_comm, free_port(), env, checks, timeout=120))
+    _ok(pools(n).run(rf.on_new_comm, env, checks, timeout=120))

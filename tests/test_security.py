@@ -170,7 +170,7 @@ def test_handshake_with_a_wrong_secret_fails_on_both_sides():
 
 def test_ranks_with_different_secrets_cannot_form_a_job(pools):
     """PYXCCL_SECRET differs between ranks: set-up fails on both with an error that names the fix."""
-    out = pools(2).run(rf.init_with_secrets, free_port(), ["one", "two"], timeout=60)
+    out = pools(2).run(rf.init_with_secrets, ["one", "two"], timeout=60)
     for r, msg in enumerate(out):
         assert msg.startswith("RendezvousError"), (r, msg)
     assert "PYXCCL_SECRET" in out[1], out[1]

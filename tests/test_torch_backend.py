@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 import torchfns as tf
-from pyxccl.launcher import free_port
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(300)
@@ -58,7 +57,7 @@ def test_fsdp_matches_unsharded_and_checkpoint_round_trips(torch_pools, tmp_path
 def test_errors_surface_from_wait_naming_the_peer():
     from pyxccl.testing import RankPool
     with RankPool(2, transports=("tcp",)) as pool:
-        out = pool.run(tf.torch_timeout_names_peer, free_port(), transport="tcp", timeout=60)
+        out = pool.run(tf.torch_timeout_names_peer, transport="tcp", timeout=60)
     name, peer, msg = out[0]
     assert name == "CommTimeoutError" and peer == 1 and "rank 1" in msg, out[0]
     assert msg.startswith("Timed out"), msg     # as Gloo's: torch's tests and users' code match it

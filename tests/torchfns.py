@@ -8,7 +8,20 @@ import numpy as np
 _INIT = {}
 
 
-def init_torch(comm, port: int):
+def torch_store(comm, timeout: float = 300.0):
+    """A torch TCPStore for ``comm``'s ranks: rank 0 binds a port the kernel picks and tells the others
+    through ``comm`` (a port picked earlier by another process may be taken by then: CI once failed on
+    EADDRINUSE that way)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    wait = timedelta(seconds=timeout)
+    store = dist.TCPStore("127.0.0.1", 0, comm.size, True, wait, wait_for_workers=False) if comm.rank == 0 else None
+    port = comm.broadcast_object(store.port if store is not None else None, 0)
+    return store if store is not None else dist.TCPStore("127.0.0.1", port, comm.size, False, wait)
+
+
+def init_torch(comm):
     """torch.distributed with backend pyxccl as the default group, plus a Gloo group to compare with."""
     import torch
     import torch.distributed as dist
@@ -17,8 +30,7 @@ def init_torch(comm, port: int):
     if not dist.is_initialized():
         torch.set_num_threads(1)
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-        dist.init_process_group("pyxccl", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                                world_size=comm.size)
+        dist.init_process_group("pyxccl", store=torch_store(comm), rank=comm.rank, world_size=comm.size)
         _INIT["gloo"] = dist.new_group(backend="gloo")
     return dist.get_backend(), dist.get_world_size()
 
@@ -315,7 +327,7 @@ def fsdp_and_checkpoint(comm, path: str):
     return err, same
 
 
-def torch_timeout_names_peer(comm, port: int):
+def torch_timeout_names_peer(comm):
     """A collective only rank 0 enters: its wait() raises pyxccl's CommTimeoutError naming rank 1."""
     from datetime import timedelta
 
@@ -324,8 +336,8 @@ def torch_timeout_names_peer(comm, port: int):
 
     import pyxccl
     import pyxccl.torch  # noqa: F401
-    dist.init_process_group("pyxccl", init_method=f"tcp://127.0.0.1:{port}", rank=comm.rank,
-                            world_size=comm.size, timeout=timedelta(seconds=2))
+    dist.init_process_group("pyxccl", store=torch_store(comm, 60), rank=comm.rank, world_size=comm.size,
+                            timeout=timedelta(seconds=2))
     if comm.rank != 0:
         return None
     try:
