@@ -306,7 +306,10 @@ class Tuner:
                 skipped[name] = lb
                 continue
             if not host_done:       # back in its place by the larger bound
-                heapq.heappush(todo, (max(lb, self.host_bound(get, itemsize)), name, True, (algo, get)))
+                try:
+                    heapq.heappush(todo, (max(lb, self.host_bound(get, itemsize)), name, True, (algo, get)))
+                except ValueError:
+                    pass            # cannot run this call here
                 continue
             try:
                 walked = self._walked(algo, get, every=False)
