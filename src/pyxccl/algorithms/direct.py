@@ -7,12 +7,12 @@ from ..schedule import Copy, Recv, Schedule, Send, many, offsets
 from .registry import SHIFT, register
 
 
-def _others(rank: int, n: int) -> list[int]:
+def others(rank: int, n: int) -> list[int]:
     """The ranks but ``rank``, in order."""
     return [*range(rank), *range(rank + 1, n)]
 
 
-def _but(xs: list, rank: int, n: int) -> list:
+def but(xs: list, rank: int, n: int) -> list:
     """``xs[p]`` for the ranks p < n but ``rank``, in order."""
     return xs[:rank] + xs[rank + 1:n]
 
@@ -23,9 +23,9 @@ def gather(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
     if rank != root:
         s.step(Send(root, "in", 0, counts[rank]))
         return s
-    off, others = offsets(counts), _others(root, nranks)
+    off, peers = offsets(counts), others(root, nranks)
     s.step(Copy("in", 0, "out", off[root], counts[root]),
-           *many(Recv, others, "out", _but(off, root, nranks), _but(counts, root, nranks), False))
+           *many(Recv, peers, "out", but(off, root, nranks), but(counts, root, nranks), False))
     return s
 
 
@@ -37,7 +37,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int) -> Schedule:
         return s
     off = offsets(counts)
     s.step(Copy("in", off[root], "out", 0, counts[root]),
-           *many(Send, _others(root, nranks), "in", _but(off, root, nranks), _but(counts, root, nranks)))
+           *many(Send, others(root, nranks), "in", but(off, root, nranks), but(counts, root, nranks)))
     return s
 
 
@@ -74,9 +74,9 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Every rank sends its block to every other rank in one step: n-1 messages each."""
     off = offsets(counts)
     s = Schedule(rank, nranks)
-    others = _others(rank, nranks)
-    s.step(Copy("in", 0, "out", off[rank], counts[rank]), *many(Send, others, "in", 0, counts[rank]),
-           *many(Recv, others, "out", _but(off, rank, nranks), _but(counts, rank, nranks), False))
+    peers = others(rank, nranks)
+    s.step(Copy("in", 0, "out", off[rank], counts[rank]), *many(Send, peers, "in", 0, counts[rank]),
+           *many(Recv, peers, "out", but(off, rank, nranks), but(counts, rank, nranks), False))
     return s
 
 
@@ -85,10 +85,10 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Block q of every input goes straight to rank q, which reduces them in rank order."""
     off, mine = offsets(counts), counts[rank]
     s = Schedule(rank, nranks, scratch=mine * nranks)
-    others = _others(rank, nranks)
+    peers = others(rank, nranks)
     s.step(Copy("in", off[rank], "tmp", rank * mine, mine),
-           *many(Send, others, "in", _but(off, rank, nranks), _but(counts, rank, nranks)),
-           *many(Recv, others, "tmp", [p * mine for p in others], mine, False))
+           *many(Send, peers, "in", but(off, rank, nranks), but(counts, rank, nranks)),
+           *many(Recv, peers, "tmp", [p * mine for p in peers], mine, False))
     s.step(Copy("tmp", 0, "out", 0, mine),
            *many(Copy, "tmp", [p * mine for p in range(1, nranks)], "out", 0, mine, True))
     return s
@@ -99,8 +99,8 @@ def alltoall_direct(rank: int, nranks: int, send_counts: list[int], recv_counts:
     """Every block in flight at once: one step."""
     so, ro = offsets(send_counts), offsets(recv_counts)
     s = Schedule(rank, nranks)
-    others = _others(rank, nranks)
+    peers = others(rank, nranks)
     s.step(Copy("in", so[rank], "out", ro[rank], send_counts[rank]),
-           *many(Send, others, "in", _but(so, rank, nranks), _but(send_counts, rank, nranks)),
-           *many(Recv, others, "out", _but(ro, rank, nranks), _but(recv_counts, rank, nranks), False))
+           *many(Send, peers, "in", but(so, rank, nranks), but(send_counts, rank, nranks)),
+           *many(Recv, peers, "out", but(ro, rank, nranks), but(recv_counts, rank, nranks), False))
     return s

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 from ..schedule import Copy, Recv, Schedule, Send, embed, many, offsets, split_counts
+from .direct import but, others
 from .registry import lookup, register
 
 
@@ -31,10 +32,10 @@ def allreduce_master(rank: int, nranks: int, count: int) -> Schedule:
         s.step(Send(0, "in", 0, count))
         s.step(Recv(0, "out", 0, count))
         return s
-    others, at = range(1, nranks), [p * count for p in range(1, nranks)]
-    s.step(Copy("in", 0, "tmp", 0, count), *many(Recv, others, "tmp", at, count, False))
+    peers, at = range(1, nranks), [p * count for p in range(1, nranks)]
+    s.step(Copy("in", 0, "tmp", 0, count), *many(Recv, peers, "tmp", at, count, False))
     s.step(Copy("tmp", 0, "out", 0, count), *many(Copy, "tmp", at, "out", 0, count, True))
-    s.step(*many(Send, others, "out", 0, count))
+    s.step(*many(Send, peers, "out", 0, count))
     return s
 
 
@@ -47,13 +48,13 @@ def allreduce_direct(rank: int, nranks: int, count: int) -> Schedule:
     mine = counts[rank]
     s = Schedule(rank, nranks, scratch=mine * nranks)
     s.step(Copy("in", 0, "out", 0, count))
-    others = [*range(rank), *range(rank + 1, nranks)]
-    their_off, their_counts = off[:rank] + off[rank + 1:nranks], counts[:rank] + counts[rank + 1:]
-    s.step(Copy("out", off[rank], "tmp", rank * mine, mine), *many(Send, others, "out", their_off, their_counts),
-           *many(Recv, others, "tmp", [p * mine for p in others], mine, False))
+    peers = others(rank, nranks)
+    their_off, their_counts = but(off, rank, nranks), but(counts, rank, nranks)
+    s.step(Copy("out", off[rank], "tmp", rank * mine, mine), *many(Send, peers, "out", their_off, their_counts),
+           *many(Recv, peers, "tmp", [p * mine for p in peers], mine, False))
     s.step(Copy("tmp", 0, "out", off[rank], mine),
            *many(Copy, "tmp", [p * mine for p in range(1, nranks)], "out", off[rank], mine, True))
-    s.step(*many(Send, others, "out", off[rank], mine), *many(Recv, others, "out", their_off, their_counts, False))
+    s.step(*many(Send, peers, "out", off[rank], mine), *many(Recv, peers, "out", their_off, their_counts, False))
     return s
 
 
