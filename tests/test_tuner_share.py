@@ -66,3 +66,33 @@ def test_tuner_with_a_shared_table_chooses_what_it_prices(tmp_path, monkeypatch)
     for prim in ("allreduce", "allgather", "broadcast", "alltoall"):
         for size in (8, 1 << 16, 1 << 22):
             assert second.choose(prim, size) == plain.choose(prim, size)
+
+
+def test_waiting_on_another_key_prices_its_own_once(tmp_path):
+    """While one opener holds the table pricing key "a", openers of key "b" wait sharing the lock;
+    finding no "b" when it is released, exactly one of them prices "b" and the others read it."""
+    first = SharedTable.open(str(tmp_path), ("inputs", 1), 3600)
+    holding, release = threading.Event(), threading.Event()
+    calls, got = [], []
+
+    def slow_a():
+        holding.set()
+        release.wait(10)
+        return "ring"
+
+    def compute_b():
+        calls.append(1)
+        return "tree"
+
+    a = threading.Thread(target=lambda: got.append(first.choice("a", slow_a)))
+    a.start()
+    holding.wait(10)
+    others = [threading.Thread(target=lambda: got.append(SharedTable(first.path).choice("b", compute_b)))
+              for _ in range(4)]
+    for t in others:
+        t.start()
+    release.set()
+    for t in [a, *others]:
+        t.join(10)
+    assert sorted(got) == ["ring"] + ["tree"] * 4 and len(calls) == 1
+    assert SharedTable(first.path).choice("a", lambda: "never") == "ring"

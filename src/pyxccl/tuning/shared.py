@@ -73,24 +73,28 @@ class SharedTable:
         return cls(os.path.join(directory, f"tuner-{digest}.json"))
 
     def choice(self, key: str, compute) -> str:
-        """The choice under ``key``: read from the table, else ``compute()``d here and written."""
+        """The choice under ``key``: read from the table, else ``compute()``d here and written.
+
+        The first process takes the table's lock alone and prices; the others wait sharing the lock,
+        so that when it is written they all read at once. Taking it alone one after another, 63
+        readers of a 64-rank job on 2 cores took 90-110 ms after the pricer's 60 ms."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError:
             return compute()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            raw = b""
-            while chunk := os.read(fd, 1 << 16):
-                raw += chunk
             try:
-                table = json.loads(raw) if raw else {}
-            except ValueError:      # a torn or foreign file: priced anew and rewritten
-                table = {}
-            name = table.get(key) if isinstance(table, dict) else None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:          # being priced (or read) by another process: wait, read
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                name = _read(fd).get(key)
+                if isinstance(name, str):
+                    return name
+                fcntl.flock(fd, fcntl.LOCK_EX)       # another key was priced: price this one (read anew)
+            table = _read(fd)
+            name = table.get(key)
             if not isinstance(name, str):
                 name = compute()
-                table = table if isinstance(table, dict) else {}
                 table[key] = name
                 data = json.dumps(table).encode()
                 os.ftruncate(fd, 0)
@@ -98,6 +102,19 @@ class SharedTable:
             return name
         finally:
             os.close(fd)            # releases the lock
+
+
+def _read(fd: int) -> dict:
+    """The table in ``fd`` from its start; empty where torn or foreign (priced anew and rewritten)."""
+    raw, at = b"", 0
+    while chunk := os.pread(fd, 1 << 16, at):
+        raw += chunk
+        at += len(chunk)
+    try:
+        table = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return table if isinstance(table, dict) else {}
 
 
 def _prune(directory: str, max_age: float) -> None:
