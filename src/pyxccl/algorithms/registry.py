@@ -41,6 +41,10 @@ class Algorithm:
     # host's traffic to the others follows from rank 0's schedule alone (tuning/bound.py's host_link;
     # checked on a rank there, proven by tests/test_tuner_bound.py)
     rotates: bool = False
+    # a segment schedule whose ranks are alike: every rank's rounds are rank 0's with the windows moved by
+    # its rank, within one element a block (a rooted one's are not): the tuner walks a few ranks for all
+    # (tuning/cost.py's SpotTiming; its estimate against every rank's walk: tests/test_tuner_spots.py)
+    alike: bool = False
 
     def runs(self, nranks: int) -> bool:
         """Whether it can run on ``nranks`` ranks at all (its builder raises ValueError where not)."""
@@ -74,14 +78,14 @@ ALIASES = {"shm": "segment"}
 
 def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
              root_counts: bool = False, settles: bool = False, runs_on: Callable[[int], bool] | None = None,
-             symmetry: tuple[str, ...] = (), rotates: bool = False):
+             symmetry: tuple[str, ...] = (), rotates: bool = False, alike: bool = False):
     """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``, with the facts
     of :class:`Algorithm` (a builder that takes ``hosts`` is host-aware)."""
     def deco(builder: Builder) -> Builder:
         _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
                                                  "hosts" in inspect.signature(builder).parameters,
                                                  equal_blocks, root_counts, settles, runs_on, tuple(symmetry),
-                                                 rotates)
+                                                 rotates, alike)
         _IDS.clear()
         if default:
             _DEFAULT[primitive] = name

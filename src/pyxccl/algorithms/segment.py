@@ -90,7 +90,7 @@ def _reduction(rank, n, count, window, root):
     return s
 
 
-@register("allreduce", "segment", segment=True)
+@register("allreduce", "segment", segment=True, alike=True)
 def allreduce(rank: int, nranks: int, count: int, window: Window) -> Schedule:
     return _reduction(rank, nranks, count, window, None)
 
@@ -100,7 +100,7 @@ def reduce(rank: int, nranks: int, count: int, root: int, window: Window) -> Sch
     return _reduction(rank, nranks, count, window, root)
 
 
-@register("reduce_scatter", "segment", segment=True)
+@register("reduce_scatter", "segment", segment=True, alike=True)
 def reduce_scatter(rank: int, nranks: int, counts: list[int], window: Window) -> Schedule:
     """Each window holds, per piece, block q's piece at q * per: rank q reads its block from every window."""
     s = _new(rank, nranks, window, nranks)
@@ -155,7 +155,7 @@ def _gathering(rank, n, counts, window, root):
     return s
 
 
-@register("allgather", "segment", segment=True)
+@register("allgather", "segment", segment=True, alike=True)
 def allgather(rank: int, nranks: int, counts: list[int], window: Window) -> Schedule:
     return _gathering(rank, nranks, counts, window, None)
 
@@ -192,7 +192,7 @@ def _dealing(rank, n, send_counts, recv_counts, window, root):
     return s
 
 
-@register("alltoall", "segment", segment=True, equal_blocks=True)
+@register("alltoall", "segment", segment=True, equal_blocks=True, alike=True)
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], window: Window) -> Schedule:
     return _dealing(rank, nranks, send_counts, recv_counts, window, None)
 
@@ -236,7 +236,7 @@ def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> 
     return s
 
 
-@register("barrier", "segment", segment=True)
+@register("barrier", "segment", segment=True, alike=True)
 def barrier(rank: int, nranks: int, window: Window) -> Schedule:
     s = _new(rank, nranks, window)
     _round(s, *(Sync(p) for p in range(nranks)))

@@ -13,7 +13,8 @@ cost. Other algorithms (trees, rooted collectives) are walked for every rank: th
 covers as arrays of every rank made at once in numpy (a tree's as cheap as a fold: walked with those
 that fold), the others built rank by rank. Odd
 layouts (hosts of different sizes, ranks not consecutive on their hosts, a host unlike the others)
-and the segment's schedules are walked in Python, as before."""
+and the segment's schedules are walked in Python: above ``SPOT_ABOVE`` ranks, where the algorithm's ranks are
+alike, for four ranks standing for all (``cost.SpotTiming``)."""
 from __future__ import annotations
 
 import gc
@@ -29,7 +30,7 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
-from . import bound, compact, fast, linkcache, rooted, symmetric
+from . import bound, compact, cost, fast, linkcache, rooted, symmetric
 from .cost import Estimate, HostLinks, Machine, Net
 from .shared import SharedTable
 
@@ -40,6 +41,10 @@ log = logging.getLogger("pyxccl")
 #: sizes); where they do, it differs (measured: pairwise alltoall on 4 x 4 and 8 x 4 hosts, up to
 #: 23% low; hierarchical allreduce at 16 MiB, 1.6%): below it, every rank is walked, exactly.
 FOLD_ABOVE = 64
+#: above this many ranks a segment algorithm whose ranks are alike is walked for a few ranks standing for
+#: all (``cost.SpotTiming``): on one host every rank's schedule holds O(ranks) operations, so every rank's
+#: walk grew as ranks squared (measured, allreduce at 16 MiB: 19 ms at 16 ranks, 221 at 64, 772 at 128)
+SPOT_ABOVE = 8
 #: before any estimate, the chains of an algorithm are looked at for ordering only if rank 0's or
 #: rank n/2's schedule has at most this many operations (``_argmin``)
 FIRST_LOOK_OPS = 2048
@@ -171,6 +176,9 @@ class Tuner:
             sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
+        if algo.segment and algo.alike and self.n > SPOT_ABOVE:
+            with _no_collection():
+                return cost.Spots([get(r) for r in cost.spot_ranks(self.n)], self.n), net
         later = not every and self.n > FOLD_ABOVE         # every rank's only when asked
         # a rooted algorithm's every rank as the C core's arrays, made at once (rooted.py), not built one by
         # one: a tree's are about as cheap to walk as a fold, a ring's only cheaper than building them
