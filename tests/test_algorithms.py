@@ -213,11 +213,16 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
     def one_round_less(rank, s):     # rank 0 runs a round fewer: the counters part the ranks
         if rank == 0:
             s.steps.pop()
+
+    def no_tee(rank, s):             # two-round reduction: my result share never reaches my output
+        s.steps[-1] = tuple(o for o in s.steps[-1] if not (type(o) is Copy and o.src == "win"))
     for prim, edit, window, msg in (
             ("allreduce", unreduced, Window(64, 100), "contributions"),
             ("allgather", no_last_round, Window(64, 8, single_copy=1), "may return while rank"),
             ("allreduce", early_read, Window(64, 2), "writes its window after publishing"),
-            ("reduce_scatter", one_round_less, Window(8, 2), "different numbers of rounds")):
+            ("reduce_scatter", one_round_less, Window(8, 2), "different numbers of rounds"),
+            ("allreduce", no_tee, Window(64, 2), "contributions"),
+            ("reduce", no_tee, Window(64, 2), "contributions")):
         _broken(monkeypatch, prim, edit)
         with pytest.raises(CheckError, match=msg):
             check(prim, "t_broken", 3, 9, window=window)

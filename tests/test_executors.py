@@ -361,6 +361,58 @@ def test_copies_into_large_buffers_the_same_in_both_executors():
         world.close()
 
 
+def _fused(case: Case, r: int, n: int) -> set[str]:
+    """Which of the C side's one-pass forms (fuse() in _native.c) rank ``r``'s program of ``case`` reaches:
+    "pair" (a move and a reduce into the same bytes), "pair+tee" (then a copy of those bytes elsewhere),
+    "tee" (a lone reduce, then that copy), each with shares from the fuse size on."""
+    least = onehost._native.tables()["fuse"]["bytes"]
+    s = registry.lookup(case.prim, "segment").schedule(r, n, window=case.window, **case.args)
+    seen = set()
+    for step in s.steps:
+        local = [o for o in step if type(o).__name__ == "Copy" or (type(o).__name__ == "Get" and o.prev)]
+        moves = [o for o in local if o.count * case.dt.itemsize >= least]
+        tee = any(type(o).__name__ == "Copy" and o.src == "win" for o in moves)
+        plain = sum(not o.reduce for o in moves if getattr(o, "dst", getattr(o, "buf", None)) == "win")
+        reduces = sum(bool(o.reduce) for o in moves)
+        if reduces:
+            seen.add(("pair" if plain else "tee") + ("+tee" if tee and plain else ""))
+            if tee and reduces > 1:
+                seen.add("tee")
+    return seen
+
+
+def test_the_c_executors_one_pass_forms_give_the_bits_of_the_steps_one_by_one():
+    """Large reductions' shares from the C side's fuse size on, over several of its tee's pieces and not
+    a whole number of them (and a last piece's shares below it: no fuse), so that its one-pass forms run:
+    a move and a reduce into a window; then my result share also into my output (the tee: 2 ranks);
+    a lone last reduce with the tee (3 ranks); in place (the output is the input the pass reads) and not;
+    dtypes and ops where a wrong operand order or a stale byte shows."""
+    fuse = onehost._native.tables()["fuse"]
+    kinds = [(np.dtype(np.float32), ReduceOp.SUM), (np.dtype(np.float64), ReduceOp.MIN),
+             (np.dtype(np.int8), ReduceOp.PROD), (np.dtype(np.uint16), ReduceOp.BXOR),
+             (np.dtype(np.int32), ReduceOp.MAX)]
+    for n in (2, 3):
+        share = 3 * fuse["tee_piece"] + 3 * 8 + 8          # bytes: pieces, then a tail of a piece
+        cases, seen = [], set()
+        for i, (dt, op) in enumerate(kinds):
+            w = Window(n * share // dt.itemsize, oneshot=8)
+            count = 2 * w.elements + n * (fuse["bytes"] // dt.itemsize) + w.elements // 2 + 5 * n + 1
+            for prim in ("allreduce", "reduce"):
+                for in_place in (False, True):
+                    root = {} if prim == "allreduce" else {"root": (i + in_place) % n}
+                    case = Case(prim, {"count": count, **root}, w, dt, op, in_place)
+                    cases.append(case)
+                    for r in range(n):
+                        seen |= _fused(case, r, n)
+        want = {"pair", "pair+tee"} | ({"tee"} if n > 2 else set())
+        assert want <= seen, f"{n} ranks: the cases reach only {seen} of C's one-pass forms"
+        world = World(n, n * share + 64)
+        try:
+            _check(world, cases, seed=21 + n)
+        finally:
+            world.close()
+
+
 def test_the_python_executor_with_barriers_as_on_a_weakly_ordered_cpu(monkeypatch):
     """On aarch64 the Python executor takes the C helper's barriers (segment._BARRIER): the same
     paths here, with the barriers in, give the same bits."""

@@ -207,9 +207,8 @@ static char *address(Run *r, int64_t buf, int64_t off) {
     return (buf == B_WIN ? window(r, r->parity, r->me) : r->buf[buf]) + off;
 }
 
-/* memcpy with non-temporal stores (dst and src apart); the fence orders them before the release store
- * that publishes the round, as plain stores are. */
-static void copy_nt(char *dst, const char *src, int64_t nbytes) {
+/* memcpy with non-temporal stores (dst and src apart), unfenced: see copy_nt */
+static void stream(char *dst, const char *src, int64_t nbytes) {
 #ifdef HAVE_STREAM
     int64_t head = (int64_t)((16 - ((uintptr_t)dst & 15)) & 15), i;
     memcpy(dst, src, (size_t)head);
@@ -222,10 +221,22 @@ static void copy_nt(char *dst, const char *src, int64_t nbytes) {
         _mm_stream_si128((__m128i *)(dst + i + 48), d);
     }
     memcpy(dst + i, src + i, (size_t)(nbytes - i));
-    _mm_sfence();
 #else
     memcpy(dst, src, (size_t)nbytes);
 #endif
+}
+
+static void store_fence(void) {
+#ifdef HAVE_STREAM
+    _mm_sfence();
+#endif
+}
+
+/* stream() and the fence that orders its stores before the release store that publishes the round, as
+ * plain stores are. */
+static void copy_nt(char *dst, const char *src, int64_t nbytes) {
+    stream(dst, src, nbytes);
+    store_fence();
 }
 
 /* nt: dst is in a buffer that copies reach with non-temporal stores (Run.nt) */
@@ -289,20 +300,57 @@ static const char *local_source(Run *r, const int64_t *i) {
 }
 
 static int apart(const char *a, const char *b, int64_t nbytes) { return a + nbytes <= b || b + nbytes <= a; }
+/* A tee's pieces may go into the very bytes of an input (in place: the output is the input): each piece is
+ * read whole before it is written */
+static int tee_safe(const char *t, const char *src, int64_t nbytes) { return t == src || apart(t, src, nbytes); }
 
-/* A plain move into D followed by a reduce into exactly D, neither waiting (COPY, or GET of the round
- * before from a window: a large reduction's first two inputs, segment._reduction), as one pass: D = A (op) B,
- * which is what the two in turn leave (a op b of the same a and b), read and written once less. 1 when
- * done (both), 0 where it does not apply (then they run one by one). */
-static int fuse(Run *r, const int64_t *x, const int64_t *y) {
+/* A plain COPY of exactly the D that instruction x wrote (the tee: a large reduction's own result share,
+ * segment._reduction, copied from the window into the output), to T apart from D; else NULL. */
+static char *tee_of(Run *r, const int64_t *x, const int64_t *z, const char *d, int64_t nbytes) {
+    if (!z || z[0] != I_COPY || z[6] || z[1] != x[3] || z[2] != x[4] || z[5] != nbytes) return NULL;
+    char *t = address(r, z[3], z[4]);
+    return apart(t, d, nbytes) ? t : NULL;
+}
+
+/* D = A (op) B (A NULL: D (op) B) piece by piece, each piece copied into T (if any) while it is in the
+ * cache: the bits of the reduce and then the copy (nt: non-temporal, into a buffer that takes them, Run.nt,
+ * unless T is a source: in place, its lines were just read into the cache). */
+#define TEE_PIECE 8192
+static int reduce_tee(Run *r, char *d, const char *a, const char *b, char *t, int nt, int64_t nbytes) {
+    if (!t) return reduce3(r->dtype, r->op, d, a, b, nbytes);
+    for (int64_t at = 0; at < nbytes; at += TEE_PIECE) {
+        int64_t m = nbytes - at < TEE_PIECE ? nbytes - at : TEE_PIECE;   /* (a multiple of the item size) */
+        if (!reduce3(r->dtype, r->op, d + at, a ? a + at : NULL, b + at, m)) return 0;
+        if (nt) stream(t + at, d + at, m);      /* (fenced once, below: a fence waits for the stores) */
+        else memcpy(t + at, d + at, (size_t)m);
+    }
+    if (nt) store_fence();
+    return 1;
+}
+
+/* Instructions that run as one pass over their bytes (none waits; z: the instruction after y, or NULL):
+ * - a plain move into D followed by a reduce into exactly D (COPY, or GET of the round before from a
+ *   window: a large reduction's first two inputs, segment._reduction): D = A (op) B, which is what the
+ *   two in turn leave (a op b of the same a and b), read and written once less;
+ * - either that, or a lone reduce into D, followed by a plain copy of exactly D elsewhere (tee_of): each
+ *   piece copied right after it is reduced, the bits of the two in turn, D not read back from memory.
+ * Returns how many instructions it ran (2 or 3), 0 where it does not apply (then they run one by one). */
+static int fuse(Run *r, const int64_t *x, const int64_t *y, const int64_t *z) {
     /* COPY and GET keep dst buffer, dst offset, bytes and reduce? at 3, 4, 5 and 6 */
-    if ((x[0] != I_COPY && x[0] != I_GET) || (y[0] != I_COPY && y[0] != I_GET) || x[6] || !y[6] ||
-        x[3] != y[3] || x[4] != y[4] || x[5] != y[5] || x[5] < FUSE_BYTES)
-        return 0;
+    if ((x[0] != I_COPY && x[0] != I_GET) || x[5] < FUSE_BYTES) return 0;
+    char *d = address(r, x[3], x[4]), *t;
+    if (x[6]) {             /* a lone reduce, then its tee */
+        const char *b = local_source(r, x);
+        if (!b || !apart(d, b, x[5]) || !(t = tee_of(r, x, y, d, x[5])) || !tee_safe(t, b, x[5])) return 0;
+        return reduce_tee(r, d, NULL, b, t, r->nt[y[3]] && t != b, x[5]) ? 2 : 0;
+    }
+    if ((y[0] != I_COPY && y[0] != I_GET) || !y[6] || x[3] != y[3] || x[4] != y[4] || x[5] != y[5]) return 0;
     const char *a = local_source(r, x), *b = local_source(r, y);
-    char *d = address(r, x[3], x[4]);
     if (!a || !b || !apart(d, a, x[5]) || !apart(d, b, x[5])) return 0;
-    return reduce3(r->dtype, r->op, d, a, b, x[5]);
+    t = tee_of(r, x, z, d, x[5]);
+    if (t && (!tee_safe(t, a, x[5]) || !tee_safe(t, b, x[5]))) t = NULL;       /* (then the copy runs after) */
+    if (!reduce_tee(r, d, a, b, t, t && r->nt[z[3]] && t != a && t != b, x[5])) return 0;
+    return t ? 3 : 2;
 }
 
 /* A Put: `nbytes` at `src` into the buffer p posted this round, `dst_off` bytes in (mine: a copy). */
@@ -477,8 +525,9 @@ static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) 
     Py_BEGIN_ALLOW_THREADS
     for (; at < len; at++) {
         const int64_t *i = code + WIDTH * at;
-        if (at + 1 < len && fuse(r, i, i + WIDTH)) {
-            at++;
+        int fused = at + 1 < len ? fuse(r, i, i + WIDTH, at + 2 < len ? i + 2 * WIDTH : NULL) : 0;
+        if (fused) {
+            at += fused - 1;
             continue;
         }
         status = step(r, i);
@@ -1135,7 +1184,9 @@ static PyObject *tables(PyObject *self, PyObject *unused) {
         || put(d, "layout", Py_BuildValue("(ssssssss)", "base", "line", "hdr_at", "head", "area", "pids_at", "me",
                                           "n")) < 0
         || PyDict_SetItemString(d, "dtypes", dt) < 0 || PyDict_SetItemString(d, "ops", ops) < 0
-        || PyDict_SetItemString(d, "reduces", pairs) < 0)
+        || PyDict_SetItemString(d, "reduces", pairs) < 0
+        /* where fuse() applies and the pieces of its tee (for the tests that must reach them) */
+        || put(d, "fuse", Py_BuildValue("{s:i,s:i}", "bytes", FUSE_BYTES, "tee_piece", TEE_PIECE)) < 0)
         goto fail;
     Py_DECREF(dt); Py_DECREF(ops); Py_DECREF(pairs);
     return d;

@@ -267,8 +267,8 @@ def _compact_windows(name: str, scheds: list[Schedule]) -> list[Schedule]:
     for s in scheds:
         for k, step in enumerate(s.steps):
             for o in step:
-                if type(o) is Copy and o.dst == "win":
-                    regions.append((s, k, o.dst_off, o.count))
+                if type(o) is Copy:
+                    regions += [(s, k, x, o.count) for b, x in ((o.src, o.src_off), (o.dst, o.dst_off)) if b == "win"]
                 elif type(o) is Get:
                     if o.buf == "win":
                         regions.append((s, k, o.off, o.count))
@@ -298,8 +298,9 @@ def _compact_windows(name: str, scheds: list[Schedule]) -> list[Schedule]:
         for k, step in enumerate(s.steps):
             ops = []
             for o in step:
-                if type(o) is Copy and o.dst == "win":
-                    o = o._replace(dst_off=at(o.dst_off))
+                if type(o) is Copy:
+                    o = o._replace(dst_off=at(o.dst_off)) if o.dst == "win" else o
+                    o = o._replace(src_off=at(o.src_off)) if o.src == "win" else o
                 elif type(o) is Get:
                     o = o._replace(off=at(o.off)) if o.buf == "win" else o
                     o = o._replace(src_off=at(o.src_off)) if (o.peer, k - o.prev) not in posted else o

@@ -82,9 +82,13 @@ def _reduction(rank, n, count, window, root):
         off = offsets(shares)
         # the others' shares through my window; my own share straight from my input (a copy less)
         _round(s, *(Copy("in", a + off[q], "win", off[q], shares[q]) for q in range(n) if q != rank))
+        # my reduced share goes to my output too before publishing (a copy of what the last reduce just
+        # wrote: the C executor writes both in that reduce's pass, a read of the window less), the
+        # others' result shares from their windows
         _round(s, *(Copy("in", a + off[rank], "win", 0, shares[rank], reduce=p > 0) if p == rank else
                     Get(p, off[rank], "win", 0, shares[rank], reduce=p > 0, prev=True) for p in range(n)),
-               *(Get(p, 0, "out", a + off[p], shares[p]) for p in range(n) if reads))
+               *((Copy("win", 0, "out", a + off[rank], shares[rank]),) if reads else ()),
+               *(Get(p, 0, "out", a + off[p], shares[p]) for p in range(n) if reads and p != rank))
     if not s.steps:
         _round(s)
     return s
