@@ -193,6 +193,7 @@ class Net:
 class Timing(Semantics):
     """Time instead of data: each rank's clock, messages carrying their arrival time, windows the
     time they become readable, shared resources the time they are free."""
+    reflect = False         # (SpotTiming) what others read of a rank's window is what it reads of theirs
 
     def __init__(self, scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
                  working_set: int = 0):
@@ -231,6 +232,7 @@ class Timing(Semantics):
         read (in the round, or in the next with ``prev``): as calls repeat, their cores hold those
         lines when it writes them again."""
         posts = {(s.rank, k) for s in scheds for k, step in enumerate(s.steps) if any(type(o) is Post for o in step)}
+        rounds = {k for _, k in posts}
         read: Counter = Counter()
         written: Counter = Counter()
         for s in scheds:
@@ -239,7 +241,10 @@ class Timing(Semantics):
                     t = type(o)
                     if t is Get and o.peer != s.rank:
                         k0 = k - 1 if o.prev else k
-                        if (o.peer, k0) not in posts:
+                        if self.reflect:    # (a few ranks for all) the others read of mine what I read of theirs
+                            if k0 not in rounds:
+                                read[(s.rank, k0)] += o.count
+                        elif (o.peer, k0) not in posts:
                             read[(o.peer, k0)] += o.count
                     if t in (Copy, Get) and (o.dst if t is Copy else o.buf) == "win" and not o.reduce:
                         written[(s.rank, k)] += o.count
@@ -437,31 +442,12 @@ class SpotTiming(Timing):
 
     def __init__(self, scheds: Spots, itemsize: int, net: Net, working_set: int = 0):
         self.walked = {s.rank for s in scheds}
-        self.others = scheds.nranks > len(scheds)      # (else: Timing's walk of every rank)
+        self.reflect = scheds.nranks > len(scheds)      # ranks not walked (else: Timing's walk of every rank)
         super().__init__(scheds, itemsize, net, False, working_set)
         self.posted = _SpotPosts(self.walked)
 
-    def _held(self, scheds) -> dict:
-        # as Timing._held, with what a rank reads of the others' windows for what they read of its own
-        if not self.others:
-            return super()._held(scheds)
-        posts = {k for s in scheds for k, step in enumerate(s.steps) if any(type(o) is Post for o in step)}
-        read: Counter = Counter()
-        written: Counter = Counter()
-        for s in scheds:
-            for k, step in enumerate(s.steps):
-                for o in step:
-                    t = type(o)
-                    if t is Get and o.peer != s.rank:
-                        k0 = k - 1 if o.prev else k
-                        if k0 not in posts:
-                            read[(s.rank, k0)] += o.count
-                    if t in (Copy, Get) and (o.dst if t is Copy else o.buf) == "win" and not o.reduce:
-                        written[(s.rank, k)] += o.count
-        return {key: min(1.0, read[key] / w) for key, w in written.items() if w}
-
     def begin(self, r, k):
-        if not self.others:
+        if not self.reflect:
             return super().begin(r, k)
         if k and any(p < k - 1 for p in self.published):
             return False
