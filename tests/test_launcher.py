@@ -51,6 +51,21 @@ def test_free_port_is_picked_and_shared(capfd):
     assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
 
 
+def test_free_port_is_below_the_ephemeral_range_and_free():
+    """A port the kernel hands to connections' local ends meanwhile could be taken before the store
+    binds it (EADDRINUSE): free_port picks below that range, a port that binds."""
+    import socket
+
+    from pyxccl.launcher import _ephemeral_low, free_port
+    low = _ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) > 1
+    for port in ports:
+        assert (low // 2 <= port < low) if low > 2048 else 0 < port < 65536
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_cli_runs_a_script_with_prefixed_output(tmp_path):
     script = _script(tmp_path, "import os\nprint('hello from', os.environ['RANK'])\n")
     p = _pyxccl("run", "-n", "3", script)

@@ -56,13 +56,36 @@ __all__ = ["run", "free_port", "node_ranks", "shares"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on ``host`` a moment ago (the store binds it soon after)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    """A port that was free on ``host`` a moment ago (the store binds it soon after), below the
+    kernel's ephemeral range where it has one: a port the kernel picks (a bind to port 0) is in that
+    range, where any connection made meanwhile may be given it as its local end (a store that then
+    fails with EADDRINUSE); below it only an explicit bind takes a port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low = _ephemeral_low()
+    pick = secrets.SystemRandom()
+    for _ in range(32 if low > 2048 else 0):
+        port = pick.randrange(low // 2, low)
+        with socket.socket(family) as s:
+            try:
+                s.bind((host, port))
+                return port
+            except OSError:
+                continue
+    with socket.socket(family) as s:
         try:
             s.bind((host, 0))
         except OSError:       # a name this host cannot bind: any local port will do
             s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (0 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _command(cmd: list[str]) -> list[str]:
