@@ -193,7 +193,9 @@ class Net:
 class Timing(Semantics):
     """Time instead of data: each rank's clock, messages carrying their arrival time, windows the
     time they become readable, shared resources the time they are free."""
-    reflect = False         # (SpotTiming) what others read of a rank's window is what it reads of theirs
+    # (SpotTiming) ranks not walked stand as those walked: what the others read of a rank's window is what it
+    # reads of theirs, and each publishes a round when the last walked one does
+    reflect = False
 
     def __init__(self, scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
                  working_set: int = 0):
@@ -306,9 +308,9 @@ class Timing(Semantics):
         if k and any(p < k - 1 for p in self.published):
             return False
         i = self.index[r]
-        if k:
+        if k:       # (reflect: a rank not walked, like this one, published when this one did)
             self.clock[i] = max([self.clock[i]] + [self.visible[(p, k - 1)] for p in range(len(self.clock))
-                                                   if p != i])
+                                                   if p != i or self.reflect])
         return True
 
     def local(self, r, k, o):
@@ -384,10 +386,14 @@ class Timing(Semantics):
                 done += nb * net.gamma * self.stretch[i]
             self.out_done[i] = max(self.out_done[i], done)
             return True
-        p = self.index[o.peer]
-        if self.published[p] < k:
+        p = self.index.get(o.peer)
+        if p is None:       # (SpotTiming) a rank not walked publishes its round when the last walked one does
+            if min(self.published) < k:
+                return False
+            self.clock[i] = max([self.clock[i]] + [self.visible[(j, k)] for j in range(len(self.clock))])
+        elif self.published[p] < k:
             return False
-        if p != i:
+        elif p != i:
             self.clock[i] = max(self.clock[i], self.visible[(p, k)])
         if type(o) is Get:
             self.clock[i] += self._work(i, k, o, (o.peer, k) in self.posted)
@@ -441,34 +447,9 @@ class SpotTiming(Timing):
     (whose schedules hold n operations each on one host)."""
 
     def __init__(self, scheds: Spots, itemsize: int, net: Net, working_set: int = 0):
-        self.walked = {s.rank for s in scheds}
         self.reflect = scheds.nranks > len(scheds)      # ranks not walked (else: Timing's walk of every rank)
         super().__init__(scheds, itemsize, net, False, working_set)
-        self.posted = _SpotPosts(self.walked)
-
-    def begin(self, r, k):
-        if not self.reflect:
-            return super().begin(r, k)
-        if k and any(p < k - 1 for p in self.published):
-            return False
-        i = self.index[r]
-        if k:       # the ranks not walked published round k - 1 when the last walked one did
-            self.clock[i] = max([self.clock[i]] + [self.visible[(j, k - 1)] for j in range(len(self.clock))])
-        return True
-
-    def take(self, r, k, o):
-        if type(o) is Recv or o.peer in self.walked:
-            return super().take(r, k, o)
-        if min(self.published) < k:
-            return False
-        i = self.index[r]
-        self.clock[i] = max([self.clock[i]] + [self.visible[(j, k)] for j in range(len(self.clock))])
-        if type(o) is Get:
-            self.clock[i] += self._work(i, k, o, (o.peer, k) in self.posted)
-        elif type(o) is Put:
-            self.clock[i] += self._put(i, o)
-            self.sent[i] += o.count * self.itemsize
-        return True
+        self.posted = _SpotPosts({s.rank for s in scheds})
 
 
 def run(scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
