@@ -373,6 +373,8 @@ def _direct_plain(prim: str, name: str, r: int, n: int, counts: list[int], cnt: 
     """The one-step direct exchanges (``algorithms/direct.py``, ``trees.py``'s master and direct
     allreduce) written op by op through ``Schedule.step`` (the reference for their ``many`` forms)."""
     s, off, others = Schedule(r, n), offsets(counts), [p for p in range(n) if p != r]
+    dst = [(r + k) % n for k in range(1, n)]        # allgather, reduce-scatter, alltoall: to r + 1 first, from r - 1 first
+    src = [(r - k) % n for k in range(1, n)]
     if (prim, name) == ("gather", "direct"):
         if r != root:
             s.step(Send(root, "in", 0, counts[r]))
@@ -392,16 +394,16 @@ def _direct_plain(prim: str, name: str, r: int, n: int, counts: list[int], cnt: 
                 s.step(Send((r + k) % n, "in", off[(r + k) % n], counts[(r + k) % n]),
                        Recv((r - k) % n, "out", ro[(r - k) % n], rc[(r - k) % n]))
         else:
-            s.step(Copy("in", off[r], "out", ro[r], counts[r]), *(Send(p, "in", off[p], counts[p]) for p in others),
-                   *(Recv(p, "out", ro[p], rc[p]) for p in others))
+            s.step(Copy("in", off[r], "out", ro[r], counts[r]), *(Send(p, "in", off[p], counts[p]) for p in dst),
+                   *(Recv(p, "out", ro[p], rc[p]) for p in src))
     elif prim == "allgather":
-        s.step(Copy("in", 0, "out", off[r], counts[r]), *(Send(p, "in", 0, counts[r]) for p in others),
-               *(Recv(p, "out", off[p], counts[p]) for p in others))
+        s.step(Copy("in", 0, "out", off[r], counts[r]), *(Send(p, "in", 0, counts[r]) for p in dst),
+               *(Recv(p, "out", off[p], counts[p]) for p in src))
     elif prim == "reduce_scatter":
         mine = counts[r]
         s.scratch = mine * n
-        s.step(Copy("in", off[r], "tmp", r * mine, mine), *(Send(p, "in", off[p], counts[p]) for p in others),
-               *(Recv(p, "tmp", p * mine, mine) for p in others))
+        s.step(Copy("in", off[r], "tmp", r * mine, mine), *(Send(p, "in", off[p], counts[p]) for p in dst),
+               *(Recv(p, "tmp", p * mine, mine) for p in src))
         s.step(Copy("tmp", 0, "out", 0, mine), *(Copy("tmp", p * mine, "out", 0, mine, True) for p in range(1, n)))
     elif name == "reduce_broadcast":
         s.scratch = cnt * n if r == 0 else 0

@@ -26,35 +26,48 @@ def _alike():
     return [a for p in PRIMITIVES for a in registry.records(p) if a.alike]
 
 
-def test_alike_is_said_of_rootless_segment_algorithms():
+def test_alike_is_said_of_the_segment_algorithms():
     names = {(a.primitive, a.name) for a in _alike()}
-    assert names >= {("allreduce", "segment"), ("allgather", "segment"), ("alltoall", "segment")}
-    for a in _alike():
-        assert a.segment and "root" not in PRIMITIVES[a.primitive].sized(4, 64, 4), a
+    assert names >= {("allreduce", "segment"), ("allgather", "segment"), ("alltoall", "segment"),
+                     ("broadcast", "segment"), ("reduce", "segment"), ("gather", "segment"), ("scatter", "segment")}
+    assert all(a.segment for a in _alike())
+
+
+def _roots(algo, n: int) -> list:
+    """None for a rootless call; else roots among the spots and not (the tuner prices root 0)."""
+    if "root" not in PRIMITIVES[algo.primitive].sized(n, 64, 4):
+        return [None]
+    return sorted({0, n - 2, 2 % n, n // 2 + 1})
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 @pytest.mark.parametrize("n", [3, 5, 9, 16, 17, 33, 64])
 def test_the_spots_walk_is_every_ranks(n, machine):
     """Sizes that leave shares of two sizes, cut the windows, and cross to single-copy reads; with and
-    without the memory term."""
+    without the memory term; a rooted call's root among the spots or not."""
+    from pyxccl.algorithms.segment import Window
     t = _tuner(n, MACHINES[machine])
     sizes = (8, 4096, 65536 + 4, (1 << 20) + 12, (5 << 20) + 12) if n < 64 else (8, 65536 + 4, (5 << 20) + 12)
     for algo in _alike():
-        for nbytes in sizes:
-            _, get = t._builder(algo.primitive, algo.name, nbytes, 4)
-            spots = cost.Spots([get(r) for r in cost.spot_ranks(n)], n)
-            assert len(spots) < n or n <= 4
-            for ws in (0, 64 << 20):
-                full = cost.run([get(r) for r in range(n)], 4, t.net(), working_set=ws)[0]
-                got = cost.run(spots, 4, t.net(), working_set=ws)[0]
-                assert got.time == pytest.approx(full.time, rel=1e-9, abs=0), (algo.primitive, n, nbytes, ws)
-                assert (got.steps, got.bytes_sent) == (full.steps, full.bytes_sent)
+        for root in _roots(algo, n) if n < 64 else [0]:
+            for nbytes in sizes:
+                args = PRIMITIVES[algo.primitive].sized(n, nbytes, 4, root or 0)
+
+                def get(r):
+                    return algo.schedule(r, n, window=Window.of(2 << 20, 4, True), **args)
+                spots = cost.Spots([get(r) for r in cost.spot_ranks(n, root)], n, root)
+                assert len(spots) < n or n <= 5
+                for ws in (0, 64 << 20):
+                    full = cost.run([get(r) for r in range(n)], 4, t.net(), working_set=ws)[0]
+                    got = cost.run(spots, 4, t.net(), working_set=ws)[0]
+                    case = (algo.primitive, n, root, nbytes, ws)
+                    assert got.time == pytest.approx(full.time, rel=1e-9, abs=0), case
+                    assert (got.steps, got.bytes_sent) == (full.steps, full.bytes_sent), case
 
 
-def test_the_spots_walk_needs_ranks_alike():
+def test_the_spots_walk_needs_the_root_walked():
     """On a rooted segment schedule whose root is not among the spots (the root reads every block, the
-    others one) the spots do not stand for all: the walk is off, which is why the tuner asks ``alike``."""
+    others one) the spots do not stand for all: the walk is off, which is why the root is a spot."""
     from pyxccl.algorithms.segment import Window
     n, root = 16, 5
     assert root not in cost.spot_ranks(n)

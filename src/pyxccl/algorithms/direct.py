@@ -1,6 +1,10 @@
 """Direct algorithms: every rank talks to the ranks it has data for, in one
-step (gather, scatter) or in n-1 pairwise steps (alltoall: in step k rank r
-sends to r+k and receives from r-k, so each step is a perfect matching)."""
+step (gather, scatter; the direct exchanges) or in n-1 pairwise steps (alltoall: in step k rank r
+sends to r+k and receives from r-k, so each step is a perfect matching).
+
+A direct exchange (allgather, reduce-scatter, alltoall) sends to r+1, r+2, ... and receives from
+r-1, r-2, ..., round, as MPICH's do: no rank is everyone's first peer, and every host's schedules
+are host 0's moved, so the tuner walks one host's for all (``tuning/symmetric.py``)."""
 from __future__ import annotations
 
 from ..schedule import Copy, Recv, Schedule, Send, many, offsets
@@ -10,6 +14,11 @@ from .registry import SHIFT, register
 def others(rank: int, n: int) -> list[int]:
     """The ranks but ``rank``, in order."""
     return [*range(rank), *range(rank + 1, n)]
+
+
+def rotated(rank: int, n: int) -> list[int]:
+    """The ranks but ``rank`` from ``rank + 1`` on, round (rank + 1, ..., n - 1, 0, ..., rank - 1)."""
+    return [*range(rank + 1, n), *range(rank)]
 
 
 def but(xs: list, rank: int, n: int) -> list:
@@ -69,38 +78,41 @@ def barrier(rank: int, nranks: int) -> Schedule:
     return s
 
 
-@register("allgather", "direct", rotates=True)
+@register("allgather", "direct", symmetry=SHIFT, rotates=True)
 def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Every rank sends its block to every other rank in one step: n-1 messages each."""
     off = offsets(counts)
     s = Schedule(rank, nranks)
-    peers = others(rank, nranks)
-    s.step(Copy("in", 0, "out", off[rank], counts[rank]), *many(Send, peers, "in", 0, counts[rank]),
-           *many(Recv, peers, "out", but(off, rank, nranks), but(counts, rank, nranks), False))
+    dst = rotated(rank, nranks)
+    src = dst[::-1]
+    s.step(Copy("in", 0, "out", off[rank], counts[rank]), *many(Send, dst, "in", 0, counts[rank]),
+           *many(Recv, src, "out", [off[q] for q in src], [counts[q] for q in src], False))
     return s
 
 
-@register("reduce_scatter", "direct", rotates=True)
+@register("reduce_scatter", "direct", symmetry=SHIFT, rotates=True)
 def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     """Block q of every input goes straight to rank q, which reduces them in rank order."""
     off, mine = offsets(counts), counts[rank]
     s = Schedule(rank, nranks, scratch=mine * nranks)
-    peers = others(rank, nranks)
+    dst = rotated(rank, nranks)
+    src = dst[::-1]
     s.step(Copy("in", off[rank], "tmp", rank * mine, mine),
-           *many(Send, peers, "in", but(off, rank, nranks), but(counts, rank, nranks)),
-           *many(Recv, peers, "tmp", [p * mine for p in peers], mine, False))
+           *many(Send, dst, "in", [off[q] for q in dst], [counts[q] for q in dst]),
+           *many(Recv, src, "tmp", [p * mine for p in src], mine, False))
     s.step(Copy("tmp", 0, "out", 0, mine),
            *many(Copy, "tmp", [p * mine for p in range(1, nranks)], "out", 0, mine, True))
     return s
 
 
-@register("alltoall", "direct", rotates=True)
+@register("alltoall", "direct", symmetry=SHIFT, rotates=True)
 def alltoall_direct(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """Every block in flight at once: one step."""
     so, ro = offsets(send_counts), offsets(recv_counts)
     s = Schedule(rank, nranks)
-    peers = others(rank, nranks)
+    dst = rotated(rank, nranks)
+    src = dst[::-1]
     s.step(Copy("in", so[rank], "out", ro[rank], send_counts[rank]),
-           *many(Send, peers, "in", but(so, rank, nranks), but(send_counts, rank, nranks)),
-           *many(Recv, peers, "out", but(ro, rank, nranks), but(recv_counts, rank, nranks), False))
+           *many(Send, dst, "in", [so[q] for q in dst], [send_counts[q] for q in dst]),
+           *many(Recv, src, "out", [ro[q] for q in src], [recv_counts[q] for q in src], False))
     return s

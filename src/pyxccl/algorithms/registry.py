@@ -41,9 +41,9 @@ class Algorithm:
     # host's traffic to the others follows from rank 0's schedule alone (tuning/bound.py's host_link;
     # checked on a rank there, proven by tests/test_tuner_bound.py)
     rotates: bool = False
-    # a segment schedule whose ranks are alike: every rank's rounds are rank 0's with the windows moved by
-    # its rank, within one element a block (a rooted one's are not): the tuner walks a few ranks for all
-    # (tuning/cost.py's SpotTiming; its estimate against every rank's walk: tests/test_tuner_spots.py)
+    # a segment schedule whose ranks are alike but for a rooted call's root: every rank's rounds are another's
+    # with the windows moved by its rank, within one element a block: the tuner walks a few ranks and the
+    # root for all (tuning/cost.py's SpotTiming; its estimate against every rank's walk: tests/test_tuner_spots.py)
     alike: bool = False
 
     def runs(self, nranks: int) -> bool:

@@ -99,7 +99,7 @@ def allreduce(rank: int, nranks: int, count: int, window: Window) -> Schedule:
     return _reduction(rank, nranks, count, window, None)
 
 
-@register("reduce", "segment", segment=True)
+@register("reduce", "segment", segment=True, alike=True)
 def reduce(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
     return _reduction(rank, nranks, count, window, root)
 
@@ -164,7 +164,7 @@ def allgather(rank: int, nranks: int, counts: list[int], window: Window) -> Sche
     return _gathering(rank, nranks, counts, window, None)
 
 
-@register("gather", "segment", segment=True)
+@register("gather", "segment", segment=True, alike=True)
 def gather(rank: int, nranks: int, counts: list[int], root: int, window: Window) -> Schedule:
     _equal(counts)
     return _gathering(rank, nranks, counts, window, root)
@@ -201,7 +201,7 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
     return _dealing(rank, nranks, send_counts, recv_counts, window, None)
 
 
-@register("scatter", "segment", segment=True)
+@register("scatter", "segment", segment=True, alike=True)
 def scatter(rank: int, nranks: int, counts: list[int], root: int, window: Window) -> Schedule:
     most = _equal(counts)
     send = counts if rank == root else [0] * nranks
@@ -210,7 +210,7 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int, window: Window
     return _dealing(rank, nranks, send, recv, window, root)
 
 
-@register("broadcast", "segment", segment=True)
+@register("broadcast", "segment", segment=True, alike=True)
 def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
     """Through the windows up to BROADCAST_CMA_BYTES: the root copies piece k+1 in while the others copy
     piece k out, so two cores copy at once. Above, the others read the root's buffer by single-copy

@@ -42,7 +42,9 @@ def allreduce_master(rank: int, nranks: int, count: int) -> Schedule:
 @register("allreduce", "direct", rotates=True)
 def allreduce_direct(rank: int, nranks: int, count: int) -> Schedule:
     """All pairs: rank j receives chunk j from everyone and reduces it (in rank order), then sends
-    the reduced chunk to everyone: 2 steps, 2(n-1)/n of the data per rank, n-1 messages a step."""
+    the reduced chunk to everyone: 2 steps, 2(n-1)/n of the data per rank, n-1 messages a step. (Peers
+    in rank order, not from r + 1 on as direct.py's exchanges: rotated it folds, and its fold was 17-30%
+    below every rank's walk at 1-16 MiB on 4 x 4 to 16 x 8 hosts.)"""
     counts = split_counts(count, nranks)
     off = offsets(counts)
     mine = counts[rank]

@@ -89,8 +89,8 @@ def launch_lat_of(points) -> float:
 # across hosts (NVLSTree, a tree whose two nodes exchange half of a ring's bytes).
 # Regenerate: python benchmarks/sim_fidelity.py --published --fit
 FITTED: dict = {
-    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8440, inter_eff=1.2163, base_lat=1.88e-05, launch_lat=1.414e-05),
-    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0569, inter_eff=1.1307, base_lat=1.1e-05, launch_lat=2.028e-05),
+    ("pyxccl", "dgx-a100"): Params(intra_eff=0.8440, inter_eff=1.2164, base_lat=1.881e-05, launch_lat=1.418e-05),
+    ("pyxccl", "dgx-h100"): Params(intra_eff=1.0569, inter_eff=1.1307, base_lat=1.102e-05, launch_lat=2.027e-05),
     ("nccl", "dgx-a100"): Params(intra_eff=0.9120, inter_eff=1.1284, base_lat=1.052e-05, launch_lat=1.389e-05,
                                  net_step_lat=3.642e-06),
     ("nccl", "dgx-h100"): Params(intra_eff=0.9907, inter_eff=0.8645, base_lat=2.727e-06, launch_lat=2.115e-05,

@@ -66,8 +66,8 @@ class ClusterNet(Net):
             if links is None:
                 links = self._hops[ha, hb] = hops(c, ha, hb)
             # folded (a ring of hosts whose messages go one host on: simulate._far), every host's links are
-            # host 0's
-            res += [(k[0], 0) + k[2:] for k in links] if fold else links
+            # host 0's: a path's hops all one link (booked once, as the C core does)
+            res += dict.fromkeys((k[0], 0) + k[2:] for k in links) if fold else links
         return tuple(res)
 
     def chan(self, a: int, b: int):

@@ -181,7 +181,68 @@ static inline int64_t chan_key(const Params *P, int64_t a, int64_t b) {
     return ra * P->n + (a ^ b);
 }
 
-/* Resources (ClusterNet.route) as indices into one array of free times. */
+/* ---- the shared resources' busy intervals (cost.Booked, the same operations in the same order) ---- */
+
+typedef struct { double *s, *e; int64_t len, cap; } Busy;
+
+static inline int64_t after(const double *e, int64_t len, double s) {     /* bisect_right(e, s) */
+    int64_t lo = 0, hi = len;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (s < e[mid]) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* Booked.take: the start of the earliest d seconds free on every resource of res at or after t, booked
+ * on each; -1 on no memory */
+static double book(Busy *B, const int64_t *res, int nr, double t, double d, int *oom) {
+    if (d <= 0) return t;
+    double s = t;
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int x = 0; x < nr; x++) {
+            Busy *b = &B[res[x]];
+            if (!b->len) continue;
+            int64_t j = after(b->e, b->len, s);
+            if (j < b->len && b->s[j] < s + d) { s = b->e[j]; moved = 1; }
+        }
+    }
+    double e = s + d;
+    for (int x = 0; x < nr; x++) {
+        Busy *b = &B[res[x]];
+        int64_t j = after(b->e, b->len, s);
+        if (j && b->e[j - 1] == s) {
+            if (j < b->len && b->s[j] == e) {
+                b->e[j - 1] = b->e[j];
+                memmove(b->s + j, b->s + j + 1, sizeof(double) * (b->len - j - 1));
+                memmove(b->e + j, b->e + j + 1, sizeof(double) * (b->len - j - 1));
+                b->len--;
+            } else
+                b->e[j - 1] = e;
+        } else if (j < b->len && b->s[j] == e)
+            b->s[j] = s;
+        else {
+            if (b->len == b->cap) {
+                int64_t cap = b->cap ? 2 * b->cap : 64;
+                double *ns = realloc(b->s, sizeof(double) * cap);
+                if (!ns) { *oom = 1; return -1; }
+                b->s = ns;
+                double *ne = realloc(b->e, sizeof(double) * cap);
+                if (!ne) { *oom = 1; return -1; }
+                b->e = ne;
+                b->cap = cap;
+            }
+            memmove(b->s + j + 1, b->s + j, sizeof(double) * (b->len - j));
+            memmove(b->e + j + 1, b->e + j, sizeof(double) * (b->len - j));
+            b->s[j] = s; b->e[j] = e;
+            b->len++;
+        }
+    }
+    return s;
+}
+
+/* Resources (ClusterNet.route) as indices into one array of busy intervals. */
 typedef struct { int64_t out, in, bus, nicout, nicin, hop, total; } Layout;
 
 static int route(const Params *P, const Layout *L, int64_t a, int64_t b, int64_t *res) {
@@ -316,8 +377,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int64_t maxres = 2 + (P.ring == 1 ? P.hosts : P.ring == 2 ? P.dims[0] + P.dims[1] + P.dims[2]
                           : P.ring == 3 ? 3 : 0);
     double *clock = calloc(ns + 1, sizeof(double)), *T = calloc(ns + 1, sizeof(double)),
-           *recv_free = calloc(ns + 1, sizeof(double)), *out_done = calloc(ns + 1, sizeof(double)),
-           *freeat = calloc(L.total, sizeof(double));
+           *recv_free = calloc(ns + 1, sizeof(double)), *out_done = calloc(ns + 1, sizeof(double));
+    Busy *busy = calloc(L.total ? L.total : 1, sizeof(Busy));
     int64_t *pc = calloc(ns + 1, sizeof(int64_t)), *taken = calloc(ns + 1, sizeof(int64_t)),
             *sent = calloc(ns + 1, sizeof(int64_t)), *where = malloc(sizeof(int64_t) * P.n),
             *res = malloc(sizeof(int64_t) * maxres);
@@ -326,7 +387,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Chans C;
     int chans_ok = chans_init(&C) == 0;
     PyObject *result = NULL;
-    if (!clock || !T || !recv_free || !out_done || !freeat || !pc || !taken || !sent || !where || !res || !begun ||
+    if (!clock || !T || !recv_free || !out_done || !busy || !pc || !taken || !sent || !where || !res || !begun ||
         !queued || !parked || !heap || !chans_ok) {
         PyErr_NoMemory();
         goto done;
@@ -371,10 +432,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     sent[i] += nb;
                     messages++;
                     if (!P.cpu) {
-                        double start = T[i];
-                        for (int x = 0; x < nr; x++) start = dmax(start, freeat[res[x]]);
+                        double start = book(busy, res, nr, T[i], (double)nb * beta, &oom);
+                        if (oom) break;
                         double end = start + (double)nb * beta;
-                        for (int x = 0; x < nr; x++) freeat[res[x]] = end;
                         out_done[i] = dmax(out_done[i], end);
                         if (chans_push(&C, chan_key(&P, r, q), end + alpha, start) < 0) { oom = 1; break; }
                         continue;
@@ -382,10 +442,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     double f = P.stretch, half = (inside ? half_intra : half_inter) * f;
                     double t = T[i] + half, arrive;
                     if (nr) {
-                        double m = t;
-                        for (int x = 0; x < nr; x++) m = dmax(m, freeat[res[x]]);
+                        double m = book(busy, res, nr, t, (double)nb * beta, &oom);
+                        if (oom) break;
                         arrive = m + (double)nb * beta;
-                        for (int x = 0; x < nr; x++) freeat[res[x]] = arrive;
                         t = dmax(t, arrive - (double)(nb < P.sockbuf ? nb : P.sockbuf) * beta);
                     } else {
                         t += inside && P.shm_in ? cost(&P, nb, beta, 1) : (double)nb * beta;
@@ -461,7 +520,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         result = Py_BuildValue("(dLLN)", tmax, (long long)smax, (long long)messages, stuck);
     }
 done:
-    free(clock); free(T); free(recv_free); free(out_done); free(freeat); free(pc); free(taken); free(sent);
+    free(clock); free(T); free(recv_free); free(out_done);
+    if (busy) for (int64_t x = 0; x < L.total; x++) { free(busy[x].s); free(busy[x].e); }
+    free(busy); free(pc); free(taken); free(sent);
     free(where); free(res); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
     for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);

@@ -14,7 +14,7 @@ covers as arrays of every rank made at once in numpy (a tree's as cheap as a fol
 that fold), the others built rank by rank. Odd
 layouts (hosts of different sizes, ranks not consecutive on their hosts, a host unlike the others)
 and the segment's schedules are walked in Python: above ``SPOT_ABOVE`` ranks, where the algorithm's ranks are
-alike, for four ranks standing for all (``cost.SpotTiming``)."""
+alike (but for a root), for four ranks and the root standing for all (``cost.SpotTiming``)."""
 from __future__ import annotations
 
 import gc
@@ -38,8 +38,8 @@ log = logging.getLogger("pyxccl")
 
 #: above this many ranks the tuner folds what folds. The fold equals the full walk where the hosts'
 #: transfers do not meet on a host's link at the same instant in another order (most algorithms and
-#: sizes); where they do, it differs (measured: pairwise alltoall on 4 x 4 and 8 x 4 hosts, up to
-#: 23% low; hierarchical allreduce at 16 MiB, 1.6%): below it, every rank is walked, exactly.
+#: sizes); where they do, it differs (measured: pairwise alltoall on 4 x 4 to 16 x 8 hosts, up to
+#: 9% low; hierarchical allreduce, 0.3%): below it, every rank is walked, exactly.
 FOLD_ABOVE = 64
 #: above this many ranks a segment algorithm whose ranks are alike is walked for a few ranks standing for
 #: all (``cost.SpotTiming``): on one host every rank's schedule holds O(ranks) operations, so every rank's
@@ -176,9 +176,10 @@ class Tuner:
             sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
             if sym is not None and self._classes(reps, shape):
                 return reps, net.folded(sym)
-        if algo.segment and algo.alike and self.n > SPOT_ABOVE:
+        if algo.segment and algo.alike and self.n > SPOT_ABOVE and isinstance(get, _Ranks):
+            root = get.args.get("root")
             with _no_collection():
-                return cost.Spots([get(r) for r in cost.spot_ranks(self.n)], self.n), net
+                return cost.Spots([get(r) for r in cost.spot_ranks(self.n, root)], self.n, root), net
         later = not every and self.n > FOLD_ABOVE         # every rank's only when asked
         # a rooted algorithm's every rank as the C core's arrays, made at once (rooted.py), not built one by
         # one: a tree's are about as cheap to walk as a fold, a ring's only cheaper than building them
