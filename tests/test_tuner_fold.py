@@ -213,3 +213,38 @@ def test_a_link_is_booked_at_its_earliest_free_interval():
     assert b.take(("a", "b"), 3.0, 1.0) == 6.0        # a is free from 4.5, b from 6
     assert (b.starts["a"], b.ends["a"], b.starts["b"], b.ends["b"]) == ([0.0, 6.0], [4.5, 7.0], [3.5, 5.0],
                                                                         [4.5, 7.0])
+
+
+def _phased():
+    return [a for p in PRIMITIVES for a in registry.records(p) if a.phases]
+
+
+def test_the_phases_run_one_after_the_other_are_the_schedule():
+    """``Algorithm.phases``: a rank's phases' steps, one after the other, are its schedule's."""
+    assert {(a.primitive, a.name) for a in _phased()} >= {("broadcast", "scatter_allgather")}
+    for algo in _phased():
+        for n in [*range(1, 10), 16, 33]:
+            for nbytes in (0, 4, 4 * n + 8, 1 << 20):
+                for root in sorted({0, n - 1, n // 2}):
+                    args = PRIMITIVES[algo.primitive].sized(n, nbytes, 4, root)
+                    for r in range(n):
+                        steps = [st for part in algo.parts() for st in part.schedule(r, n, **args).steps]
+                        assert steps == algo.schedule(r, n, **args).steps, (algo.name, n, nbytes, root, r)
+
+
+@pytest.mark.skipif(fast._simcore is None, reason="the C core (pyxccl.tuning._simcore) is not built")
+@pytest.mark.parametrize("hosts,per_host,cores", [(9, 8, 8), (16, 8, 8), (9, 8, 2), (33, 2, 2)])
+def test_the_phases_priced_apart_add_up_to_the_full_walk(hosts, per_host, cores):
+    """Above FOLD_ABOVE the tuner prices a phased algorithm by its phases (the ring's folded) and adds them
+    up: every rank's walk of the whole gives the same within 5e-4 (measured here: 1e-7 or better with a
+    core per rank, at most 2.4e-4 with four ranks a core at 256 MiB)."""
+    tuner, _ = _pair(hosts, per_host, cores)
+    n = hosts * per_host
+    assert n > select.FOLD_ABOVE
+    for algo in _phased():
+        assert tuner._phased(algo)
+        for nbytes in (1 << 20, 16 << 20, 256 << 20):
+            args = PRIMITIVES[algo.primitive].sized(n, nbytes, 4)
+            full = fast.run([algo.schedule(r, n, **args) for r in range(n)], 4, tuner.net())[0].time
+            got = tuner.model(algo.primitive, algo.name, nbytes).time
+            assert got == pytest.approx(full, rel=5e-4), (algo.name, nbytes)

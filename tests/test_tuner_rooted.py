@@ -20,7 +20,7 @@ from test_tuner_builders import _hosts
 COVERED = [("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "binomial"), ("scatter", "binomial"),
            ("broadcast", "hierarchical"), ("broadcast", "chain"), ("broadcast", "scatter_allgather"),
            ("reduce", "reduce_scatter_gather"), ("gather", "direct"), ("scatter", "direct"),
-           ("gather", "hierarchical"), ("scatter", "hierarchical")]
+           ("gather", "hierarchical"), ("scatter", "hierarchical"), ("broadcast", "scatter_allgather/scatter_phase")]
 #: covered on hosts of consecutive ranks only (elsewhere the root regroups the blocks: None, built rank by rank)
 CONSECUTIVE = {("gather", "hierarchical"), ("scatter", "hierarchical")}
 
@@ -42,8 +42,14 @@ def _same(got: compact.Compact, want: compact.Compact) -> bool:
     return all(getattr(got, f).dtype == getattr(want, f).dtype for f in ("kind", "red", "peer", "count", "touch"))
 
 
+def _algorithm(prim: str, name: str) -> registry.Algorithm:
+    """A registered algorithm, or a phase of one ("name/builder": ``Algorithm.parts``)."""
+    whole = registry.lookup(prim, name.split("/")[0])
+    return whole if "/" not in name else next(a for a in whole.parts() if a.name == name)
+
+
 def _built(prim: str, name: str, n: int, hl, args: dict) -> compact.Compact:
-    algo = registry.lookup(prim, name)
+    algo = _algorithm(prim, name)
     return compact.convert([algo.schedule(r, n, hosts=hl, **args) for r in range(n)], written=True)
 
 

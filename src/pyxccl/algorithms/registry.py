@@ -11,7 +11,7 @@ for this call).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..schedule import Schedule
@@ -45,6 +45,15 @@ class Algorithm:
     # with the windows moved by its rank, within one element a block: the tuner walks a few ranks and the
     # root for all (tuning/cost.py's SpotTiming; its estimate against every rank's walk: tests/test_tuner_spots.py)
     alike: bool = False
+    # ((builder, symmetry), ...): phases whose builders, run one after the other on a rank, make its schedule,
+    # and whose estimates add up to the whole's (each phase starts when the last rank ends the one before):
+    # the tuner prices them apart (a ring phase folded; tuning/select.py)
+    phases: tuple = ()
+
+    def parts(self) -> list["Algorithm"]:
+        """Its ``phases`` as algorithms of their own, named "name/builder"."""
+        return [replace(self, name=f"{self.name}/{build.__name__}", build=build, symmetry=tuple(sym), phases=())
+                for build, sym in self.phases]
 
     def runs(self, nranks: int) -> bool:
         """Whether it can run on ``nranks`` ranks at all (its builder raises ValueError where not)."""
@@ -78,14 +87,14 @@ ALIASES = {"shm": "segment"}
 
 def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
              root_counts: bool = False, settles: bool = False, runs_on: Callable[[int], bool] | None = None,
-             symmetry: tuple[str, ...] = (), rotates: bool = False, alike: bool = False):
+             symmetry: tuple[str, ...] = (), rotates: bool = False, alike: bool = False, phases: tuple = ()):
     """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``, with the facts
     of :class:`Algorithm` (a builder that takes ``hosts`` is host-aware)."""
     def deco(builder: Builder) -> Builder:
         _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
                                                  "hosts" in inspect.signature(builder).parameters,
                                                  equal_blocks, root_counts, settles, runs_on, tuple(symmetry),
-                                                 rotates, alike)
+                                                 rotates, alike, tuple(phases))
         _IDS.clear()
         if default:
             _DEFAULT[primitive] = name

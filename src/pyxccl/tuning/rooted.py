@@ -361,6 +361,16 @@ def _scatter_allgather(nranks: int, hosts, count: int, root: int) -> Compact | N
     n = nranks
     if not _ring_steps(n):
         return None
+    ops, pieces, ranks, vr = _binomial_pieces(n, count, root)
+    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
+    v = np.repeat(vr, n - 1)
+    ops.add(rank, _PHASE + k, SEND, (rank + 1) % n, pieces[(v - k) % n])
+    ops.add(rank, _PHASE + k, RECV, (rank - 1) % n, pieces[(v - k - 1) % n])
+    return ops.compact()
+
+
+def _binomial_pieces(n: int, count: int, root: int):
+    """pipeline.scatter_phase's operations: (the ops, the pieces, the ranks, their virtual ranks)."""
     pieces = np.asarray(split_counts(count, n), np.int64)
     off = np.zeros(n + 1, np.int64)
     np.cumsum(pieces, out=off[1:])
@@ -376,11 +386,12 @@ def _scatter_allgather(nranks: int, hosts, count: int, root: int) -> Compact | N
         v = vr[recv]
         ops.add(ranks[recv], t, RECV, (v - d + root) % n, off[np.minimum(v + d, n)] - off[v])
         d, t = d >> 1, t + 1
-    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
-    v = np.repeat(vr, n - 1)
-    ops.add(rank, _PHASE + k, SEND, (rank + 1) % n, pieces[(v - k) % n])
-    ops.add(rank, _PHASE + k, RECV, (rank - 1) % n, pieces[(v - k - 1) % n])
-    return ops.compact()
+    return ops, pieces, ranks, vr
+
+
+def _scatter_phase(nranks: int, hosts, count: int, root: int) -> Compact:
+    """pipeline.scatter_phase (scatter_allgather's first phase, priced apart: select.py)."""
+    return _binomial_pieces(nranks, count, root)[0].compact()
 
 
 def _reduce_scatter_gather(nranks: int, hosts, count: int, root: int) -> Compact | None:
@@ -416,6 +427,7 @@ _FAST = {("broadcast", "binomial"): (_binomial_broadcast, True), ("reduce", "bin
          ("gather", "hierarchical"): (_hierarchical_gather, True),
          ("scatter", "hierarchical"): (_hierarchical_scatter, True),
          ("broadcast", "chain"): (_chain, False), ("broadcast", "scatter_allgather"): (_scatter_allgather, False),
+         ("broadcast", "scatter_allgather/scatter_phase"): (_scatter_phase, True),
          ("reduce", "reduce_scatter_gather"): (_reduce_scatter_gather, False)}
 
 
