@@ -61,7 +61,12 @@ def _same(a, b):
     assert eb.time == pytest.approx(ea.time, rel=1e-12, abs=0)
     assert eb.time == ea.time, "not bit for bit"
     assert (eb.steps, eb.bytes_sent, eb.messages) == (ea.steps, ea.bytes_sent, ea.messages)
+    assert _ends(eb) == _ends(ea)           # each rank's clock at its end (a phase after goes on from there)
     assert sb == sa
+
+
+def _ends(e) -> dict:
+    return dict(zip(map(int, e.ends[0]), map(float, e.ends[1])))
 
 
 def _check(scheds, net, inplace, working_set=0):

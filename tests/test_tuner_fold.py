@@ -221,7 +221,8 @@ def _phased():
 
 def test_the_phases_run_one_after_the_other_are_the_schedule():
     """``Algorithm.phases``: a rank's phases' steps, one after the other, are its schedule's."""
-    assert {(a.primitive, a.name) for a in _phased()} >= {("broadcast", "scatter_allgather")}
+    assert {(a.primitive, a.name) for a in _phased()} >= {("broadcast", "scatter_allgather"),
+                                                          ("reduce", "reduce_scatter_gather")}
     for algo in _phased():
         for n in [*range(1, 10), 16, 33]:
             for nbytes in (0, 4, 4 * n + 8, 1 << 20):
@@ -232,19 +233,25 @@ def test_the_phases_run_one_after_the_other_are_the_schedule():
                         assert steps == algo.schedule(r, n, **args).steps, (algo.name, n, nbytes, root, r)
 
 
+#: how far the phases priced apart may be from every rank's walk of the whole: the broadcast's ring waits for
+#: every rank's first step (measured: 2.4e-4 or better); the reduce's gather is walked from where each rank's
+#: ring ended, without the ring's link bookings it meets (measured: 2.8% or better)
+PHASED_WITHIN = {"scatter_allgather": 5e-4, "reduce_scatter_gather": 3e-2}
+
+
 @pytest.mark.skipif(fast._simcore is None, reason="the C core (pyxccl.tuning._simcore) is not built")
-@pytest.mark.parametrize("hosts,per_host,cores", [(9, 8, 8), (16, 8, 8), (9, 8, 2), (33, 2, 2)])
-def test_the_phases_priced_apart_add_up_to_the_full_walk(hosts, per_host, cores):
-    """Above FOLD_ABOVE the tuner prices a phased algorithm by its phases (the ring's folded) and adds them
-    up: every rank's walk of the whole gives the same within 5e-4 (measured here: 1e-7 or better with a
-    core per rank, at most 2.4e-4 with four ranks a core at 256 MiB)."""
+@pytest.mark.parametrize("hosts,per_host,cores", [(9, 8, 8), (16, 8, 8), (9, 8, 2), (33, 2, 2), (32, 4, 4)])
+def test_the_phases_priced_apart_are_the_full_walk(hosts, per_host, cores):
+    """Above FOLD_ABOVE the tuner prices a phased algorithm by its phases (``select._phase_estimate``): every
+    rank's walk of the whole gives the same within ``PHASED_WITHIN``."""
     tuner, _ = _pair(hosts, per_host, cores)
     n = hosts * per_host
     assert n > select.FOLD_ABOVE
+    assert set(PHASED_WITHIN) == {a.name for a in _phased()}
     for algo in _phased():
         assert tuner._phased(algo)
-        for nbytes in (1 << 20, 16 << 20, 256 << 20):
+        for nbytes in (64 << 10, 1 << 20, 16 << 20, 256 << 20):
             args = PRIMITIVES[algo.primitive].sized(n, nbytes, 4)
             full = fast.run([algo.schedule(r, n, **args) for r in range(n)], 4, tuner.net())[0].time
             got = tuner.model(algo.primitive, algo.name, nbytes).time
-            assert got == pytest.approx(full, rel=5e-4), (algo.name, nbytes)
+            assert got == pytest.approx(full, rel=PHASED_WITHIN[algo.name]), (algo.name, nbytes)

@@ -69,9 +69,9 @@ def ring_phase(rank: int, nranks: int, count: int, root: int) -> Schedule:
     return s
 
 
-# The tuner prices the two phases apart, the ring's folded (tuning/select.py): the ring's last step on every
-# rank waits, through n - 1 hand-offs, for every rank's first, so the whole ends the ring's time after the
-# scatter's (measured, every rank walked: equal to 2e-4 or better, tests/test_tuner_fold.py)
+# Priced by phases (tuning/select.py): the scatter, then the ring folded from when the last rank ended the
+# scatter: the ring's last step on every rank waits, through n - 1 hand-offs, for every rank's first (every
+# rank's walk of the whole: the same within 2.4e-4, tests/test_tuner_fold.py)
 @register("broadcast", "scatter_allgather", phases=((scatter_phase, ()), (ring_phase, SHIFT)))
 def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -> Schedule:
     s = scatter_phase(rank, nranks, count, root)
@@ -79,20 +79,38 @@ def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -
     return s
 
 
-@register("reduce", "reduce_scatter_gather")
-def reduce_rs_gather(rank: int, nranks: int, count: int, root: int) -> Schedule:
+def reduce_scatter_phase_of(rank: int, nranks: int, count: int, root: int) -> Schedule:
+    """reduce_scatter_gather's first phase: the ring reduce-scatter (reduce_scatter "ring") built in place:
+    its "tmp" is this one's "tmp" at 0 and its "out" this rank's piece."""
     pieces = shared_split(count, nranks)
-    off = shared_offsets(pieces, nranks)        # shared by every rank of the call (read only)
-    total = off[-1]
-    # the ring reduce-scatter (reduce_scatter "ring") built in place: its "tmp" is this one's "tmp" at 0 and
-    # its "out" this rank's piece (the root's "out", another's scratch after the reduce-scatter's)
+    total = shared_offsets(pieces, nranks)[-1]
     s = Schedule(rank, nranks, scratch=total + max(pieces, default=0))
     s.step(Copy("in", 0, "tmp", 0, total))
     reduce_scatter_phase(s, pieces, "tmp", last=rank)
+    return s
+
+
+def gather_phase(rank: int, nranks: int, count: int, root: int) -> Schedule:
+    """reduce_scatter_gather's second phase: every reduced piece to the root (the root's "out", another's
+    scratch after the reduce-scatter's)."""
+    pieces = shared_split(count, nranks)
+    off = shared_offsets(pieces, nranks)        # shared by every rank of the call (read only)
+    total = off[-1]
+    s = Schedule(rank, nranks, scratch=total + max(pieces, default=0))
     if rank == root:
         s.step(Copy("tmp", off[rank], "out", off[rank], pieces[rank]))
         s.step(*(Recv(p, "out", off[p], pieces[p]) for p in range(nranks) if p != root))
     else:
         s.step(Copy("tmp", off[rank], "tmp", total, pieces[rank]))
         s.step(Send(root, "tmp", total, pieces[rank]))
+    return s
+
+
+# Priced by phases (tuning/select.py): the ring folded, then every rank's gather walked from where its ring
+# ended; against every rank's walk of the whole, the link bookings of the ring that the gather meets are
+# left out (tests/test_tuner_fold.py)
+@register("reduce", "reduce_scatter_gather", phases=((reduce_scatter_phase_of, SHIFT), (gather_phase, ())))
+def reduce_rs_gather(rank: int, nranks: int, count: int, root: int) -> Schedule:
+    s = reduce_scatter_phase_of(rank, nranks, count, root)
+    s.steps += gather_phase(rank, nranks, count, root).steps
     return s

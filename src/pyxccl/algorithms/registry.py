@@ -45,9 +45,9 @@ class Algorithm:
     # with the windows moved by its rank, within one element a block: the tuner walks a few ranks and the
     # root for all (tuning/cost.py's SpotTiming; its estimate against every rank's walk: tests/test_tuner_spots.py)
     alike: bool = False
-    # ((builder, symmetry), ...): phases whose builders, run one after the other on a rank, make its schedule,
-    # and whose estimates add up to the whole's (each phase starts when the last rank ends the one before):
-    # the tuner prices them apart (a ring phase folded; tuning/select.py)
+    # ((builder, symmetry), ...): phases whose builders, run one after the other on a rank, make its schedule:
+    # the tuner prices them apart, one after the other (a ring phase folded; tuning/select.py's _phase_estimate;
+    # against every rank's walk of the whole: tests/test_tuner_fold.py)
     phases: tuple = ()
 
     def parts(self) -> list["Algorithm"]:

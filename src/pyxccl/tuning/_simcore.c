@@ -5,7 +5,8 @@
  * to it whenever this module or the case is missing): same floating-point operations in the same
  * order, same heap order (clock, then index), same wake rule.
  *
- * walk(kind, red, peer, count, step_start, rank_start, ranks, params) -> (time, bytes_sent, messages, stuck)
+ * walk(kind, red, peer, count, step_start, rank_start, ranks, params) -> (time, bytes_sent, messages, stuck,
+ *   clocks: each walked rank's clock at its end, float64 bytes)
  *   kind int8 (0 copy, 1 send, 2 recv; a step's ops in that order), red int8, peer int64,
  *   count int64 (elements), step_start int64 (steps + 1), rank_start int64 (schedules + 1),
  *   ranks int64 (the rank of each schedule);
@@ -517,7 +518,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 if (!v || PyList_Append(stuck, v) < 0) { Py_XDECREF(v); Py_DECREF(stuck); goto done; }
                 Py_DECREF(v);
             }
-        result = Py_BuildValue("(dLLN)", tmax, (long long)smax, (long long)messages, stuck);
+        PyObject *clocks = PyBytes_FromStringAndSize((const char *)clock, (Py_ssize_t)(sizeof(double) * ns));
+        if (!clocks) { Py_DECREF(stuck); goto done; }
+        result = Py_BuildValue("(dLLNN)", tmax, (long long)smax, (long long)messages, stuck, clocks);
     }
 done:
     free(clock); free(T); free(recv_free); free(out_done);

@@ -112,6 +112,8 @@ class Estimate:
     steps: int            # most steps of any rank
     bytes_sent: int       # most bytes sent (or published) by any rank
     messages: int = field(default=0, compare=False)     # messages sent, all ranks together
+    # (the ranks walked, each one's clock at its end), for a walk that goes on from there (select.py's phases)
+    ends: tuple = field(default=((), ()), compare=False, repr=False)
 
 
 class HostLinks:
@@ -505,15 +507,18 @@ class SpotTiming(Timing):
 
 
 def run(scheds: list[Schedule], itemsize: int, net: Net, inplace: bool = False,
-        working_set: int = 0) -> tuple[Estimate, list[int]]:
+        working_set: int = 0, start=None) -> tuple[Estimate, list[int]]:
     """Walk ``scheds`` under the model on ``net``: (the estimate, the ranks that could not finish).
     ``working_set``: bytes of a rank's buffers in the call (0: assume they stay in cache). ``Spots``:
-    a few ranks' segment schedules walked for all (:class:`SpotTiming`)."""
+    a few ranks' segment schedules walked for all (:class:`SpotTiming`). ``start``: each rank's clock
+    at the start (indexed by rank; None: 0)."""
     sem = (SpotTiming(scheds, itemsize, net, working_set) if isinstance(scheds, Spots) else
            Timing(scheds, itemsize, net, inplace, working_set))
+    if start is not None:
+        sem.clock = [float(start[s.rank]) for s in scheds]
     stuck = walk(scheds, sem)
     return Estimate(max(sem.clock, default=0.0), max((len(s.steps) for s in scheds), default=0),
-                    max(sem.sent, default=0), sem.messages), stuck
+                    max(sem.sent, default=0), sem.messages, (sem.rank_of, sem.clock)), stuck
 
 
 def estimate(scheds: list[Schedule], itemsize: int, machine: Machine, klass, stretch: list[float],

@@ -112,10 +112,11 @@ def run_compact(comp, itemsize: int, net, working_set: int = 0) -> tuple[Estimat
     else:
         arrays, ranks, movekind = comp, comp.ranks, 0
         tmpl, move = np.arange(len(ranks), dtype=np.int64), np.zeros(len(ranks), np.int64)
-    t, sent, messages, stuck = _simcore.walk(arrays.kind, arrays.red, arrays.peer, arrays.count, arrays.step_start,
-                                             arrays.rank_start, ranks, tmpl, move, arrays.touch,
-                                             _params(shape, fold, itemsize, working_set), movekind)
-    return Estimate(t, comp.steps, sent, messages), stuck
+    t, sent, messages, stuck, ends = _simcore.walk(arrays.kind, arrays.red, arrays.peer, arrays.count,
+                                                   arrays.step_start, arrays.rank_start, ranks, tmpl, move,
+                                                   arrays.touch, _params(shape, fold, itemsize, working_set),
+                                                   movekind)
+    return Estimate(t, comp.steps, sent, messages, (ranks, np.frombuffer(ends))), stuck
 
 
 def run(scheds, itemsize: int, net, inplace: bool = False, working_set: int = 0) -> tuple[Estimate, list[int]]:

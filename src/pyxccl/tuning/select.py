@@ -219,13 +219,31 @@ class Tuner:
         return bool(algo.phases) and self.n > FOLD_ABOVE and shape is not None and shape.hosts > 1
 
     def _phase_estimate(self, algo, get: "_Ranks", itemsize: int) -> Estimate | None:
-        """The sum of ``algo``'s phases' estimates, each priced as an algorithm of its own."""
-        total = Estimate(0.0, 0, 0, 0)
+        """``algo``'s phases walked one after the other, each priced as an algorithm of its own: a phase
+        walked for every rank starts on each where it ended the phase before; a folded one (whose hosts
+        must start alike) on every rank when the last ended the phase before."""
+        n = self.n
+        ends, total = None, Estimate(0.0, 0, 0, 0)
         for part in algo.parts():
-            est = self._estimate(part, _Ranks(part, self.n, self.hosts, get.window, get.args), itemsize)
-            if est is None:
+            pget = _Ranks(part, n, self.hosts, get.window, get.args)
+            try:
+                scheds, net = self._walked(part, pget)
+            except ValueError:
                 return None
-            total = Estimate(total.time + est.time, total.steps + est.steps, total.bytes_sent + est.bytes_sent,
+            shift = 0.0
+            if ends is None or net.sym is not None:
+                shift = 0.0 if ends is None else float(ends.max())
+                est, stuck = fast.run(scheds, itemsize, net)
+            else:       # (the C core starts every rank at 0: the Python walk, of a phase cheap to walk)
+                if not isinstance(scheds, list):
+                    scheds = [pget(r) for r in range(n)]
+                est, stuck = cost.run(scheds, itemsize, net, start=ends)
+            if stuck:
+                return None
+            clock = dict(zip(map(int, est.ends[0]), map(float, est.ends[1])))
+            rep = net.sym.rep if net.sym is not None else int
+            ends = shift + np.array([clock[rep(r)] for r in range(n)])
+            total = Estimate(float(ends.max()), total.steps + est.steps, total.bytes_sent + est.bytes_sent,
                              total.messages + est.messages)
         return total
 
