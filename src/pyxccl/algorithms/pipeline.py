@@ -82,9 +82,9 @@ def broadcast_scatter_allgather(rank: int, nranks: int, count: int, root: int) -
 def reduce_scatter_phase_of(rank: int, nranks: int, count: int, root: int) -> Schedule:
     """reduce_scatter_gather's first phase: the ring reduce-scatter (reduce_scatter "ring") built in place:
     its "tmp" is this one's "tmp" at 0 and its "out" this rank's piece."""
-    pieces = shared_split(count, nranks)
+    pieces = shared_split(count, nranks)           # (the first the largest: split_counts)
     total = shared_offsets(pieces, nranks)[-1]
-    s = Schedule(rank, nranks, scratch=total + max(pieces, default=0))
+    s = Schedule(rank, nranks, scratch=total + (pieces[0] if pieces else 0))
     s.step(Copy("in", 0, "tmp", 0, total))
     reduce_scatter_phase(s, pieces, "tmp", last=rank)
     return s
@@ -96,7 +96,7 @@ def gather_phase(rank: int, nranks: int, count: int, root: int) -> Schedule:
     pieces = shared_split(count, nranks)
     off = shared_offsets(pieces, nranks)        # shared by every rank of the call (read only)
     total = off[-1]
-    s = Schedule(rank, nranks, scratch=total + max(pieces, default=0))
+    s = Schedule(rank, nranks, scratch=total + (pieces[0] if pieces else 0))
     if rank == root:
         s.step(Copy("tmp", off[rank], "out", off[rank], pieces[rank]))
         s.step(*(Recv(p, "out", off[p], pieces[p]) for p in range(nranks) if p != root))
