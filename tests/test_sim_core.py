@@ -73,6 +73,10 @@ def _check(scheds, net, inplace, working_set=0):
     want = cost.run(scheds, 4, net, inplace, working_set)
     _same(want, fast.run(scheds, 4, net, inplace, working_set))
     _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net, working_set))   # the C core, surely
+    # every rank starting at its own clock (a phase after another: select._phase_estimate)
+    start = np.random.default_rng(len(scheds)).uniform(0, want[0].time or 1e-6, size=max(s.rank for s in scheds) + 1)
+    want = cost.run(scheds, 4, net, inplace, working_set, start)
+    _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net, working_set, start))
 
 
 def _working_set(prim, c, nbytes, inplace):

@@ -316,11 +316,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *o[10];
     Params P;
     int movekind;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    PyObject *start_o = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|O", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
                           &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
-                          &movekind))
+                          &movekind, &start_o))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
@@ -329,6 +330,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int got = 0;
     for (; got < 10; got++)
         if (get_arr(o[got], &A[got], names[got], sizes[got]) < 0) goto fail_buffers;
+    Arr S;                          /* each walked rank's clock at the start (none: 0) */
+    int has_start = start_o != Py_None;
+    if (has_start && get_arr(start_o, &S, "start", 8) < 0) goto fail_buffers;
     const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
     const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
                   *ranks = A[6].b.buf, *tmpl = A[7].b.buf, *move = A[8].b.buf;
@@ -341,23 +345,24 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         P.n < 1 || P.p < 1 || P.hosts < 1 || P.nics < 1 || movekind < 0 || movekind > 2 || P.ring < 0 || P.ring > 3 ||
         P.dims[0] < 1 || P.dims[1] < 1 || P.dims[2] < 1 ||
         (P.ring == 2 && P.dims[0] * P.dims[1] * P.dims[2] != P.hosts) ||
-        (P.ring == 3 && (P.groups < 1 || P.hosts % P.groups)) || (P.ring >= 2 && P.fold)) {
+        (P.ring == 3 && (P.groups < 1 || P.hosts % P.groups)) || (P.ring >= 2 && P.fold) ||
+        (has_start && S.b.len / 8 != ns)) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
-        goto fail_buffers;
+        goto fail_start;
     }
     for (int64_t i = 0; i < ns; i++)
         if (ranks[i] < 0 || ranks[i] >= P.n || tmpl[i] < 0 || tmpl[i] >= nt || move[i] < 0 || move[i] >= P.n) {
             PyErr_SetString(PyExc_ValueError, "walk: a rank outside the cluster, or a template or move out of range");
-            goto fail_buffers;
+            goto fail_start;
         }
     if (movekind == 2 && (P.n & (P.n - 1))) {
         PyErr_SetString(PyExc_ValueError, "walk: XOR moves need a power of two of ranks");
-        goto fail_buffers;
+        goto fail_start;
     }
     for (int64_t j = 0; j < nops; j++)
         if ((kind[j] != 0 && (peer[j] < 0 || peer[j] >= P.n)) || kind[j] < 0 || kind[j] > 2) {
             PyErr_SetString(PyExc_ValueError, "walk: an operation's kind or peer is out of range");
-            goto fail_buffers;
+            goto fail_start;
         }
     for (int64_t s = 0; s < nsteps; s++) {
         if (step_start[s + 1] < step_start[s]) goto bad_order;
@@ -400,7 +405,10 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int oom = 0;
     const double half_intra = P.ia / 2, half_inter = P.ea / 2;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t i = 0; i < ns; i++) { Entry e = {0.0, i}; heap[hlen++] = e; }  /* sorted: a heap already */
+    if (has_start)
+        for (int64_t i = 0; i < ns; i++) { clock[i] = ((const double *)S.b.buf)[i]; heap_push(heap, &hlen, (Entry){clock[i], i}); }
+    else
+        for (int64_t i = 0; i < ns; i++) { Entry e = {0.0, i}; heap[hlen++] = e; }  /* sorted: a heap already */
     for (int64_t i = 0; i < ns; i++) queued[i] = 1;
     int64_t next = -1;              /* a rank that went back in the queue: it takes the top's place */
     while ((hlen > 0 || next >= 0) && !oom) {
@@ -529,10 +537,13 @@ done:
     free(where); free(res); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
     for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);
+    if (has_start) PyBuffer_Release(&S.b);
     return result;
 bad_order:
     PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "
                     "receives) or the boundaries go backwards");
+fail_start:
+    if (has_start) PyBuffer_Release(&S.b);
 fail_buffers:
     for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
     return NULL;

@@ -234,10 +234,8 @@ class Tuner:
             if ends is None or net.sym is not None:
                 shift = 0.0 if ends is None else float(ends.max())
                 est, stuck = fast.run(scheds, itemsize, net)
-            else:       # (the C core starts every rank at 0: the Python walk, of a phase cheap to walk)
-                if not isinstance(scheds, list):
-                    scheds = [pget(r) for r in range(n)]
-                est, stuck = cost.run(scheds, itemsize, net, start=ends)
+            else:
+                est, stuck = fast.run(scheds, itemsize, net, start=ends)
             if stuck:
                 return None
             clock = dict(zip(map(int, est.ends[0]), map(float, est.ends[1])))
