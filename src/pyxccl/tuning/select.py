@@ -230,12 +230,9 @@ class Tuner:
                 scheds, net = self._walked(part, pget)
             except ValueError:
                 return None
-            shift = 0.0
-            if ends is None or net.sym is not None:
-                shift = 0.0 if ends is None else float(ends.max())
-                est, stuck = fast.run(scheds, itemsize, net)
-            else:
-                est, stuck = fast.run(scheds, itemsize, net, start=ends)
+            folded_after = ends is not None and net.sym is not None
+            shift = float(ends.max()) if folded_after else 0.0
+            est, stuck = fast.run(scheds, itemsize, net, start=None if folded_after else ends)
             if stuck:
                 return None
             clock = dict(zip(map(int, est.ends[0]), map(float, est.ends[1])))
