@@ -7,7 +7,7 @@ import pytest
 from pyxccl import algorithms
 from pyxccl.algorithms import registry, ring
 from pyxccl.primitives import PRIMITIVES
-from pyxccl.schedule import Send
+from pyxccl.schedule import Recv, Send
 from pyxccl.tuning import Machine, Tuner, bound, select
 
 from test_tuner_fold import COPY, GAMMA, SHM, TCP
@@ -45,6 +45,10 @@ def test_bounds_are_never_above_the_estimate(hosts, per_host, cores, nbytes):
             local, path = t.bound(get(0), 4), t.path_bound(get, 4)
             assert local <= est.time, (prim, name)
             assert path <= est.time, (prim, name, path, est.time)
+            if algo.relay:
+                chain = t.relay_bound(get, 4)
+                assert chain <= est.time, (prim, name, chain, est.time)
+                assert chain > 0 or nbytes < 8 or hosts * per_host < 3, (prim, name)
             if algo.rotates:
                 host = t.host_bound(get, 4)
                 assert host <= est.time, (prim, name, host, est.time)
@@ -177,3 +181,36 @@ def test_choose_leaves_out_bruck_by_its_hosts_link():
     full = t.table("alltoall", 1 << 20)
     assert min(full, key=lambda a: (full[a].time, a)) == min(costs, key=lambda a: (costs[a].time, a))
     assert full["bruck"].time >= skipped["bruck"]
+
+
+@pytest.mark.parametrize("prim,name", [(a.primitive, a.name) for p in PRIMS for a in registry.records(p) if a.relay])
+def test_what_relays_receives_first_from_the_position_before(prim, name):
+    """``Algorithm.relay``, over many sizes and roots: position i's first receive is from position i - 1,
+    of as many elements as position 1's, and position i - 1 sends it in a later step than its own first
+    receive ends (so the first block crosses the hops one after another: ``bound.relay``)."""
+    algo = registry.lookup(prim, name)
+    for n in [3, 4, 5, 8, 13, 33]:
+        for nbytes in (8, 4096, 1 << 20, 17 << 20):
+            for root in sorted({0, 1, n - 1, n // 2}):
+                args = PRIMITIVES[prim].sized(n, nbytes, 4, root)
+                s = [algo.schedule((root + i) % n, n, **args) for i in range(n)]     # by position
+
+                def first(sched):
+                    return next((k, o) for k, st in enumerate(sched.steps) for o in st if type(o) is Recv)
+                size = first(s[1])[1].count
+                for i in range(1, n):
+                    k, o = first(s[i])
+                    assert o.peer == (root + i - 1) % n and o.count >= size and not o.reduce, (n, root, i)
+                    if i + 1 < n:
+                        sent = [j for j, st in enumerate(s[i].steps) for x in st
+                                if type(x) is Send and x.peer == (root + i + 1) % n]
+                        assert sent and sent[0] > k, (n, root, i)
+
+
+def test_the_relay_bound_refuses_what_does_not_relay():
+    """On a binomial broadcast (position n - 1 receives first from another than n - 2) it is 0."""
+    t = _tuner(4, 4)
+    algo, get = t._builder("broadcast", "binomial", 1 << 20, 4)
+    assert t.relay_bound(get, 4) == 0.0
+    algo, get = t._builder("broadcast", "chain", 1 << 20, 4)
+    assert t.relay_bound(get, 4) > t.bound(get(0), 4)

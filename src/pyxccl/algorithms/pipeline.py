@@ -20,7 +20,7 @@ from .ring import allgather_phase, reduce_scatter_phase, shared_offsets, shared_
 SEGMENT = 1 << 16      # elements per chain segment
 
 
-@register("broadcast", "chain")
+@register("broadcast", "chain", relay=True)
 def broadcast_chain(rank: int, nranks: int, count: int, root: int) -> Schedule:
     s = Schedule(rank, nranks)
     k = max(1, min(64, -(-count // SEGMENT)))

@@ -45,6 +45,10 @@ class Algorithm:
     # with the windows moved by its rank, within one element a block: the tuner walks a few ranks and the
     # root for all (tuning/cost.py's SpotTiming; its estimate against every rank's walk: tests/test_tuner_spots.py)
     alike: bool = False
+    # a chain: the rank at position i from the root (root + i) receives first from position i - 1 a block it
+    # sends on to i + 1 in a later step, so the first block crosses the n - 1 hops one after another
+    # (tuning/bound.py's relay; checked there on the last position, proven by tests/test_tuner_bound.py)
+    relay: bool = False
     # ((builder, symmetry), ...): phases whose builders, run one after the other on a rank, make its schedule:
     # the tuner prices them apart, one after the other (a ring phase folded; tuning/select.py's _phase_estimate;
     # against every rank's walk of the whole: tests/test_tuner_fold.py)
@@ -87,14 +91,15 @@ ALIASES = {"shm": "segment"}
 
 def register(primitive: str, name: str, *, default: bool = False, segment: bool = False, equal_blocks: bool = False,
              root_counts: bool = False, settles: bool = False, runs_on: Callable[[int], bool] | None = None,
-             symmetry: tuple[str, ...] = (), rotates: bool = False, alike: bool = False, phases: tuple = ()):
+             symmetry: tuple[str, ...] = (), rotates: bool = False, alike: bool = False, relay: bool = False,
+             phases: tuple = ()):
     """Decorator: make ``builder`` available as ``algorithm=name`` for ``primitive``, with the facts
     of :class:`Algorithm` (a builder that takes ``hosts`` is host-aware)."""
     def deco(builder: Builder) -> Builder:
         _REGISTRY[(primitive, name)] = Algorithm(primitive, name, builder, segment,
                                                  "hosts" in inspect.signature(builder).parameters,
                                                  equal_blocks, root_counts, settles, runs_on, tuple(symmetry),
-                                                 rotates, alike, tuple(phases))
+                                                 rotates, alike, relay, tuple(phases))
         _IDS.clear()
         if default:
             _DEFAULT[primitive] = name

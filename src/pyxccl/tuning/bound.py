@@ -6,6 +6,7 @@ estimate cannot be below it) and walks only the others.
   copies, then the larger of its sends (one after the other) and its receives (handled one by one).
 - :func:`host_link`: host 0's link to other hosts, for an algorithm whose every rank sends what rank 0
   sends (moved): the time of all its ranks' transfers between hosts, one after another.
+- :func:`relay`: a chain's (``Algorithm.relay``) first block, across its n - 1 hops one after another.
 - :func:`path`: the longest chain of such steps and of the messages between them, among the ranks
   that a search from a few ranks (0, the last, the middle one: where a root's data ends up, or a
   chain ends) reaches through whom they receive from (``RANKS`` ranks in turn, at most
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -103,6 +105,25 @@ def host_link(first, spot, shape, itemsize: int, classes_ok) -> float:
     leaving = np.maximum(0, np.minimum(p, n - d) - np.maximum(0, p - d))
     least = np.maximum(total - msgs, 0).astype(float)
     return float((least * itemsize * leaving).sum() * shape.inter.beta) * MARGIN
+
+
+def relay(second, last, root: int, shape, itemsize: int, classes_ok) -> float:
+    """A chain's (``Algorithm.relay``; ``second``, ``last``: the schedules of positions 1 and n - 1 from
+    ``root``): position i's first receive, from i - 1, comes after i - 1's own first receive ended and
+    i - 1's next step began, so the first block crosses the n - 1 hops one after another, each at least
+    ``path``'s time from the sender's step start to the receive's end. Checked on the last position (its
+    first receive from position n - 2, as large as position 1's): 0 where it does not hold."""
+    n = shape.nranks if shape is not None else 0
+    if n < 3 or not compact.message_schedules([second, last]) or not classes_ok([second, last]):
+        return 0.0
+    firsts = [next((o for st in s.steps for o in st if type(o) is Recv), None) for s in (second, last)]
+    if (None in firsts or firsts[0].peer != root or firsts[1].peer != (root + n - 2) % n
+            or firsts[1].count < firsts[0].count or firsts[0].reduce):
+        return 0.0
+    pos = np.arange(1, n)
+    hops = SimpleNamespace(kind=np.full(n - 1, compact.RECV, np.int8), red=np.zeros(n - 1, np.int8),
+                           count=np.full(n - 1, firsts[0].count, np.int64), peer=(root + pos - 1) % n)
+    return float(_terms(hops, (root + pos) % n, shape, itemsize)[3].sum()) * MARGIN
 
 
 def _sent(sched, n: int) -> tuple[np.ndarray, np.ndarray]:

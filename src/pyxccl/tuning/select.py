@@ -269,6 +269,14 @@ class Tuner:
         spot = symmetric.spot_ranks(shape.hosts, shape.per_host)[-1]
         return bound.host_link(get(0), get(spot), shape, itemsize, lambda s: self._classes(s, shape))
 
+    def relay_bound(self, get, itemsize: int) -> float:
+        """``bound.relay`` of a chain from positions 1 and n - 1 (``get(rank)``: a rank's schedule)."""
+        shape, root = self.net().shape(), get.args.get("root", 0)
+        if shape is None:
+            return 0.0
+        second, last = get((root + 1) % self.n), get((root + self.n - 1) % self.n)
+        return bound.relay(second, last, root, shape, itemsize, lambda s: self._classes(s, shape))
+
     def path_bound(self, get, itemsize: int, enough: float = float("inf"), ranks=None) -> float:
         """``bound.path`` (``get(rank)``: a rank's schedule): a time the model's estimate cannot be
         below, looked for until it is above ``enough`` (searching ``ranks`` ranks in turn, by default
@@ -325,6 +333,8 @@ class Tuner:
                 continue
             try:
                 lb = 0.0 if got[0].segment else self.bound(got[1](0), itemsize)
+                if got[0].relay:
+                    lb = max(lb, self.relay_bound(got[1], itemsize))
             except ValueError:
                 continue                # cannot run this call here
             # (the host link bound of one that rotates is looked for when it comes first: most never do)
