@@ -7,6 +7,8 @@ r-1, r-2, ..., round, as MPICH's do: no rank is everyone's first peer, and every
 are host 0's moved, so the tuner walks one host's for all (``tuning/symmetric.py``)."""
 from __future__ import annotations
 
+from operator import itemgetter
+
 from ..schedule import Copy, Recv, Schedule, Send, many, offsets
 from .registry import SHIFT, register
 
@@ -56,6 +58,12 @@ def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[i
     soff, roff = offsets(send_counts), offsets(recv_counts)
     s.step(Copy("in", soff[rank], "out", roff[rank], send_counts[rank]))
     n, new = nranks, tuple.__new__
+    if n > 1 and min(send_counts) > 0 and min(recv_counts) > 0:       # no step left empty: made at once
+        dst = rotated(rank, n)
+        src = dst[::-1]
+        sends = many(Send, dst, "in", *_picked(dst, soff, send_counts))
+        s.steps += zip(sends, many(Recv, src, "out", *_picked(src, roff, recv_counts), False))
+        return s
     for k in range(1, n):       # (Schedule.step's filter and the NamedTuples' frames, by hand: n-1 steps a rank)
         dst, src = (rank + k) % n, (rank - k) % n
         step = (new(Send, (dst, "in", soff[dst], send_counts[dst])),
@@ -86,7 +94,7 @@ def allgather(rank: int, nranks: int, counts: list[int]) -> Schedule:
     dst = rotated(rank, nranks)
     src = dst[::-1]
     s.step(Copy("in", 0, "out", off[rank], counts[rank]), *many(Send, dst, "in", 0, counts[rank]),
-           *many(Recv, src, "out", [off[q] for q in src], [counts[q] for q in src], False))
+           *many(Recv, src, "out", *_picked(src, off, counts), False))
     return s
 
 
@@ -98,7 +106,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int]) -> Schedule:
     dst = rotated(rank, nranks)
     src = dst[::-1]
     s.step(Copy("in", off[rank], "tmp", rank * mine, mine),
-           *many(Send, dst, "in", [off[q] for q in dst], [counts[q] for q in dst]),
+           *many(Send, dst, "in", *_picked(dst, off, counts)),
            *many(Recv, src, "tmp", [p * mine for p in src], mine, False))
     s.step(Copy("tmp", 0, "out", 0, mine),
            *many(Copy, "tmp", [p * mine for p in range(1, nranks)], "out", 0, mine, True))
@@ -113,6 +121,14 @@ def alltoall_direct(rank: int, nranks: int, send_counts: list[int], recv_counts:
     dst = rotated(rank, nranks)
     src = dst[::-1]
     s.step(Copy("in", so[rank], "out", ro[rank], send_counts[rank]),
-           *many(Send, dst, "in", [so[q] for q in dst], [send_counts[q] for q in dst]),
-           *many(Recv, src, "out", [ro[q] for q in src], [recv_counts[q] for q in src], False))
+           *many(Send, dst, "in", *_picked(dst, so, send_counts)),
+           *many(Recv, src, "out", *_picked(src, ro, recv_counts), False))
     return s
+
+
+def _picked(peers: list[int], *columns: list) -> list[list]:
+    """Each column's entries of ``peers``, in their order (made in C: n - 1 a rank)."""
+    if len(peers) < 2:      # (itemgetter of one gives the item, of none is an error)
+        return [[col[p] for p in peers] for col in columns]
+    pick = itemgetter(*peers)
+    return [list(pick(col)) for col in columns]
