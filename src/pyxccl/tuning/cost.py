@@ -250,6 +250,7 @@ class Timing(Semantics):
                  working_set: int = 0):
         n = len(scheds)
         self.index = {s.rank: i for i, s in enumerate(scheds)}
+        self.like_at = [self.index[r] for r in self.like]     # (SpotTiming) where the ranks in ``like`` are
         self.rank_of = [s.rank for s in scheds]
         self.itemsize, self.net, self.inplace = itemsize, net, inplace
         self.timed = net.timed
@@ -363,7 +364,7 @@ class Timing(Semantics):
         i = self.index[r]
         if k:       # (a rank not walked, like this one, published when this one did)
             self.clock[i] = max([self.clock[i]] + [self.visible[(p, k - 1)] for p in range(len(self.clock))
-                                                   if p != i or self.rank_of[p] in self.like])
+                                                   if p != i or p in self.like_at])
         return True
 
     def local(self, r, k, o):
@@ -437,10 +438,9 @@ class Timing(Semantics):
             return True
         p = self.index.get(o.peer)
         if p is None:       # (SpotTiming) a rank not walked publishes its round when the last one it is like does
-            like = [self.index[q] for q in self.like]
-            if min(self.published[j] for j in like) < k:
+            if min(self.published[j] for j in self.like_at) < k:
                 return False
-            self.clock[i] = max([self.clock[i]] + [self.visible[(j, k)] for j in like])
+            self.clock[i] = max([self.clock[i]] + [self.visible[(j, k)] for j in self.like_at])
         elif self.published[p] < k:
             return False
         elif p != i:
