@@ -73,13 +73,21 @@ def _per_step(x: np.ndarray, step_start: np.ndarray) -> np.ndarray:
     return cs[step_start[1:]] - cs[step_start[:-1]]
 
 
+def _one(sched) -> tuple[compact.Compact | None, int]:
+    """(the arrays of ``sched``, a rank's message schedule or its arrays already made, in the order
+    written; None for a segment schedule) and its rank."""
+    if isinstance(sched, compact.Compact):
+        return sched, int(sched.ranks[0])
+    return (compact.convert([sched], written=True) if compact.message_schedules([sched]) else None), sched.rank
+
+
 def local(sched, shape, itemsize: int, classes_ok) -> float:
-    """What rank ``sched.rank`` spends on its own processor, from its schedule alone (0 where the
-    bound does not hold: see the module's docstring)."""
-    if shape is None or not compact.message_schedules([sched]) or not classes_ok([sched]):
+    """What rank ``sched.rank`` spends on its own processor, from its schedule (or its arrays) alone (0
+    where the bound does not hold: see the module's docstring)."""
+    c, rank = _one(sched) if shape is not None else (None, 0)
+    if c is None or not classes_ok(c):
         return 0.0
-    c = compact.convert([sched], written=True)
-    copy, send, recv, _ = _terms(c, np.full(len(c.kind), sched.rank), shape, itemsize)
+    copy, send, recv, _ = _terms(c, np.full(len(c.kind), rank), shape, itemsize)
     s = [_per_step(x, c.step_start) for x in (copy, send, recv)]
     return float((s[0] + np.maximum(s[1], s[2])).sum()) * MARGIN
 
@@ -93,12 +101,13 @@ def host_link(first, spot, shape, itemsize: int, classes_ok) -> float:
     ends: the sum over host 0's ranks of those times is a bound. Rank j of host 0 sends to j + d (mod n)
     at least what rank 0 sends to d less an element a message, and j + d leaves host 0 for the j in
     [p - d, n - d) (p ranks a host): rank 0's schedule is enough."""
-    if shape is None or shape.hosts < 2 or first.rank != 0 or not compact.message_schedules([first, spot]):
+    if shape is None or shape.hosts < 2:
         return 0.0
-    if not classes_ok([first, spot]):
+    (a, rank), (b, spot_rank) = _one(first), _one(spot)
+    if rank != 0 or a is None or b is None or not (classes_ok(a) and classes_ok(b)):
         return 0.0
     n, p = shape.nranks, shape.per_host
-    (total, msgs), (other, _) = (_sent(s, n) for s in (first, spot))
+    (total, msgs), (other, _) = _sent(a, rank, n), _sent(b, spot_rank, n)
     if (np.abs(other - total) > msgs).any():
         return 0.0          # not what rank 0 sends, moved: the algorithm does not rotate here
     d = np.arange(n)
@@ -126,11 +135,11 @@ def relay(second, last, root: int, shape, itemsize: int, classes_ok) -> float:
     return float(_terms(hops, (root + pos) % n, shape, itemsize)[3].sum()) * MARGIN
 
 
-def _sent(sched, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(elements, messages) ``sched`` sends to each rank moved back by its own: index d is rank + d (mod n)."""
-    c = compact.convert([sched], written=True)
+def _sent(c: compact.Compact, rank: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(elements, messages) that ``rank``'s arrays ``c`` send to each rank moved back by its own: index d is
+    rank + d (mod n)."""
     mine = c.kind == compact.SEND
-    d = (c.peer[mine] - sched.rank) % n
+    d = (c.peer[mine] - rank) % n
     return (np.bincount(d, weights=c.count[mine], minlength=n).astype(np.int64),
             np.bincount(d, minlength=n).astype(np.int64))
 

@@ -37,19 +37,30 @@ _NO_BIT = 1 << 62
 _TOUCH = 2
 
 
+def _column(x, dtype, m: int) -> np.ndarray:
+    """``x`` as a column of ``m`` values of ``dtype`` (a scalar repeated)."""
+    if type(x) is np.ndarray and x.shape == (m,):
+        return x if x.dtype == dtype else x.astype(dtype)
+    if np.ndim(x) == 0:
+        return np.full(m, x, dtype)
+    return np.broadcast_to(np.asarray(x, dtype), (m,))
+
+
 class _Ops:
     """The operations of many ranks, added in any rank order: each with its rank and a step key; a
-    rank's operations of one key form one of its steps (keys in increasing order), in the order added."""
+    rank's operations of one key form one of its steps (keys in increasing order), in the order added.
+    ``ranks``: the ranks whose schedules are made, in increasing order (by default all ``nranks``)."""
 
-    def __init__(self, nranks: int):
+    def __init__(self, nranks: int, ranks=None):
         self.n = nranks
+        self.ranks = np.arange(nranks, dtype=np.int64) if ranks is None else np.asarray(ranks, np.int64)
         self.parts: list[tuple] = []
 
     def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False) -> None:
         rank = np.asarray(rank, np.int64)
         m = len(rank)
         if m:
-            self.parts.append((rank, *(np.broadcast_to(np.asarray(x, t), (m,)) for x, t in (
+            self.parts.append((rank, *(_column(x, t, m) for x, t in (
                 (step, np.int64), (kind, np.int8), (peer, np.int64), (count, np.int64), (red, np.int8),
                 (touch, np.int8), (skip, bool)))))
 
@@ -71,11 +82,13 @@ class _Ops:
         np.not_equal(key[1:], key[:-1], out=new[1:])
         starts = np.flatnonzero(new)
         step_start = np.append(starts, m).astype(np.int64)
-        rank_start = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(rank[starts], minlength=n), out=rank_start[1:])
+        ranks = self.ranks
+        at = rank[starts] if len(ranks) == n else np.searchsorted(ranks, rank[starts])
+        rank_start = np.zeros(len(ranks) + 1, np.int64)
+        np.cumsum(np.bincount(at, minlength=len(ranks)), out=rank_start[1:])
         skip = skip[order]
         return Compact(kind[order], red[order], peer[order], count[order], step_start, rank_start,
-                       np.arange(n, dtype=np.int64), skip if skip.any() else None, touch[order])
+                       ranks, skip if skip.any() else None, touch[order])
 
 
 class _Groups:

@@ -30,7 +30,7 @@ from .. import algorithms
 from ..algorithms import registry
 from ..algorithms.segment import Window
 from ..primitives import PRIMITIVES
-from . import bound, compact, cost, fast, linkcache, rooted, symmetric
+from . import bound, compact, cost, fast, linkcache, rooted, shifted, symmetric
 from .cost import Estimate, HostLinks, Machine, Net
 from .shared import SharedTable
 
@@ -68,18 +68,33 @@ def _no_collection():
 class _Ranks:
     """``get(rank)``: a call's schedule of ``rank``, built once; ``get.arrays()``: every rank's as the C
     core's arrays (``compact.Compact``, in the order written) made at once where ``rooted.py`` covers the
-    algorithm, else None."""
+    algorithm, else None; ``get.part(ranks)``: those of some ranks, made in numpy where ``shifted.py``
+    covers it, else None; ``get.one(rank)``: a rank's arrays from ``part``, else its schedule."""
 
     def __init__(self, algo: registry.Algorithm, nranks: int, hosts: list[int], window, args: dict):
         self.algo, self.n, self.hosts, self.window, self.args = algo, nranks, hosts, window, args
         self.built: dict[int, object] = {}
         self._arrays: list = []             # [arrays or None] once made
+        self._parts: dict[tuple, compact.Compact | None] = {}
 
     def __call__(self, r: int):
         s = self.built.get(r)
         if s is None:
             s = self.built[r] = self.algo.schedule(r, self.n, hosts=self.hosts, window=self.window, **self.args)
         return s
+
+    def part(self, ranks) -> compact.Compact | None:
+        key = tuple(ranks)
+        if key not in self._parts:
+            a, args = self.algo, dict(self.args)
+            if a.wants_hosts:
+                args["hosts"] = self.hosts
+            self._parts[key] = None if a.segment else shifted.arrays(a.primitive, a.name, key, self.n, args)
+        return self._parts[key]
+
+    def one(self, r: int):
+        got = self.part((r,))
+        return self(r) if got is None else got
 
     def arrays(self) -> compact.Compact | None:
         if not self._arrays:
@@ -173,8 +188,11 @@ class Tuner:
         net = self.net()
         shape = net.shape()
         if shape is not None and shape.hosts > 1 and self.n > FOLD_ABOVE and not algo.segment:
-            sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False)
+            part = get.part if isinstance(get, _Ranks) and fast.available() else None
+            sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False, part)
             if sym is not None and self._classes(reps, shape):
+                if isinstance(reps, compact.Compact):
+                    reps = compact.walker_order(reps)
                 return reps, net.folded(sym)
         if algo.segment and algo.alike and self.n > SPOT_ABOVE and isinstance(get, _Ranks):
             root = get.args.get("root")
@@ -256,7 +274,8 @@ class Tuner:
         return fast.run(scheds, itemsize, net)[0]
 
     def bound(self, sched, itemsize: int) -> float:
-        """``bound.local`` of rank ``sched.rank``: a time the model's estimate cannot be below."""
+        """``bound.local`` of rank ``sched.rank`` (its schedule or arrays): a time the model's estimate cannot
+        be below."""
         shape = self.net().shape()
         return bound.local(sched, shape, itemsize, lambda s: self._classes(s, shape))
 
@@ -267,7 +286,8 @@ class Tuner:
         if shape is None or shape.hosts < 2:
             return 0.0
         spot = symmetric.spot_ranks(shape.hosts, shape.per_host)[-1]
-        return bound.host_link(get(0), get(spot), shape, itemsize, lambda s: self._classes(s, shape))
+        one = getattr(get, "one", get)          # (its arrays where they are made without building it)
+        return bound.host_link(one(0), one(spot), shape, itemsize, lambda s: self._classes(s, shape))
 
     def relay_bound(self, get, itemsize: int) -> float:
         """``bound.relay`` of a chain from positions 1 and n - 1 (``get(rank)``: a rank's schedule)."""
@@ -332,7 +352,7 @@ class Tuner:
             if got is None:
                 continue
             try:
-                lb = 0.0 if got[0].segment else self.bound(got[1](0), itemsize)
+                lb = 0.0 if got[0].segment else self.bound(got[1].one(0), itemsize)
                 if got[0].relay:
                     lb = max(lb, self.relay_bound(got[1], itemsize))
             except ValueError:

@@ -148,11 +148,13 @@ def spot_ranks(hosts: int, per_host: int) -> list[int]:
     return [r for r in dict.fromkeys(cand) if r >= per_host]
 
 
-def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
+def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=None):
     """(symmetry, host 0's schedules) from the moves an algorithm declares (``registry.Algorithm.symmetry``),
     each checked on the :func:`spot_ranks` only (one schedule each, not four hosts' of ``find``), the
     first that holds, in ``find``'s order; None when nothing is declared or nothing holds there (the
-    caller then proves it with ``find``: a wrong declaration costs time, not a wrong fold)."""
+    caller then proves it with ``find``: a wrong declaration costs time, not a wrong fold). ``part(ranks)``:
+    the arrays of some ranks' schedules (``compact.convert``'s, in the order written) made without
+    building them, or None: where it gives them, host 0's are given as those arrays."""
     if hosts < 2 or not kinds:
         return None
     kinds = _moves(hosts, per_host, ring_of_hosts, kinds)
@@ -162,12 +164,18 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
     n = hosts * per_host
     # spot by spot, the moves still standing checked on each: where none holds (a ring at a few bytes),
     # it stops having built a spot and its rank of host 0, not host 0's every rank
+    arrays = (lambda r: part((r,))) if part is not None and part((0,)) is not None else None
     try:
         for r in spot_ranks(hosts, per_host):
-            got, rep = compact.convert([build(r)], written=True), compact.convert([build(r % per_host)], written=True)
+            if arrays is not None:
+                got, rep = arrays(r), arrays(r % per_host)
+            else:
+                got, rep = compact.convert([build(r)], written=True), compact.convert([build(r % per_host)], written=True)
             kinds = [k for k in kinds if compact.same_moved(got, rep, k(n, per_host), r // per_host, per_host)]
             if not kinds:
                 return None
+        if arrays is not None:
+            return kinds[0](n, per_host), part(range(per_host))
         reps = [build(r) for r in range(per_host)]
         if any(s.segment for s in reps):
             return None
@@ -177,8 +185,9 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
     return kinds[0](n, per_host), reps
 
 
-def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool):
+def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=None):
     """``find``'s answer, by way of :func:`declared` where the algorithm declares its moves and they
-    hold on the spot ranks (``tests/test_tuner_symmetry.py``: the same answer over many layouts)."""
-    got = declared(kinds, build, hosts, per_host, ring_of_hosts)
+    hold on the spot ranks (``tests/test_tuner_symmetry.py``: the same answer over many layouts); host 0's
+    schedules as arrays where ``part`` gives them (:func:`declared`)."""
+    got = declared(kinds, build, hosts, per_host, ring_of_hosts, part)
     return got if got is not None else find(build, hosts, per_host, ring_of_hosts)

@@ -1,0 +1,106 @@
+"""Some ranks' arrays of the algorithms that fold, made in numpy (``tuning/shifted.py``), beside what they
+replace: the same arrays, bit for bit, as the schedules built rank by rank and converted
+(``compact.convert``), for every rank, host 0's and single ranks, over numbers of ranks, sizes (a few
+elements on many ranks: empty chunks) and blocks of different sizes, some empty; and the tuner's estimates
+and choices the same with them as without."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pyxccl.primitives import PRIMITIVES
+from pyxccl.tuning import compact, select, shifted
+
+from test_tuner_bound import _tuner
+from test_tuner_rooted import _algorithm, _same
+
+COVERED = [("allreduce", "ring"), ("allgather", "ring"), ("reduce_scatter", "ring"), ("allgather", "direct"),
+           ("reduce_scatter", "direct"), ("alltoall", "direct"), ("alltoall", "pairwise"),
+           ("broadcast", "scatter_allgather/ring_phase"),
+           ("reduce", "reduce_scatter_gather/reduce_scatter_phase_of")]
+SIZES = [0, 4, 12, 100, 4000, 3 << 18]
+
+
+def _built(prim: str, name: str, ranks, n: int, args: dict, hosts=None) -> compact.Compact:
+    algo = _algorithm(prim, name)
+    return compact.convert([algo.schedule(r, n, hosts=hosts, **args) for r in ranks], written=True)
+
+
+def _ranks_of(n: int, rng: random.Random) -> list[list[int]]:
+    """Every rank, the first few (host 0's), one rank, a few others in order."""
+    return [list(range(n)), list(range(min(n, 4))), [n - 1], sorted(rng.sample(range(n), min(n, 3)))]
+
+
+@pytest.mark.parametrize("prim,name", COVERED)
+def test_arrays_are_the_converted_builds(prim, name):
+    rng = random.Random(7)
+    cases = 0
+    for n in (1, 2, 3, 5, 8, 13, 24):
+        for nbytes in SIZES:
+            for root in sorted({0, n - 1, n // 2}):
+                args = PRIMITIVES[prim].sized(n, nbytes, 4, root)
+                for ranks in _ranks_of(n, rng):
+                    got = shifted.arrays(prim, name, ranks, n, dict(args))
+                    assert _same(got, _built(prim, name, ranks, n, args)), (n, nbytes, root, ranks)
+                    cases += 1
+    assert cases > 300
+
+
+@pytest.mark.parametrize("prim,name", [c for c in COVERED if PRIMITIVES[c[0]].shape in ("blocks", "pairs")])
+@pytest.mark.parametrize("seed", range(4))
+def test_blocks_of_any_size_some_empty(prim, name, seed):
+    """Blocks of different sizes, some empty: the ops and steps that move nothing are left out as the
+    builders leave them out."""
+    rng = random.Random(seed)
+    for n in (1, 2, 5, 8, 13):
+        block = [rng.choice((0, 0, 1, 3, 1000)) for _ in range(n)]
+        args = (dict(send_counts=block, recv_counts=[rng.choice((0, 2, 5)) for _ in range(n)])
+                if PRIMITIVES[prim].shape == "pairs" else dict(counts=block))
+        for ranks in _ranks_of(n, rng):
+            assert _same(shifted.arrays(prim, name, ranks, n, dict(args)), _built(prim, name, ranks, n, args))
+
+
+@pytest.mark.parametrize("hosts,per_host", [(1, 4), (2, 1), (2, 3), (4, 4), (5, 3), (3, 8)])
+def test_hierarchical_allreduce_on_even_hosts(hosts, per_host):
+    """The hierarchical allreduce's pipeline of chunks (sizes of one to eight chunks), its hosts blocks of
+    ranks or strided; on uneven hosts, None (built rank by rank)."""
+    rng = random.Random(hosts * per_host)
+    n = hosts * per_host
+    for hl in ([r // per_host for r in range(n)], [r % hosts for r in range(n)]):
+        for nbytes in (0, 4, 100, 4 << 20, 40 << 20):
+            args = PRIMITIVES["allreduce"].sized(n, nbytes, 4)
+            for ranks in _ranks_of(n, rng):
+                got = shifted.arrays("allreduce", "hierarchical", ranks, n, dict(args, hosts=hl))
+                assert _same(got, _built("allreduce", "hierarchical", ranks, n, args, hl)), (hl, nbytes, ranks)
+    uneven = [0, 0, 0, 1, 1, 2, 2]
+    assert shifted.arrays("allreduce", "hierarchical", [0], 7, dict(count=100, hosts=uneven)) is None
+
+
+def test_what_it_does_not_cover_is_none():
+    assert shifted.arrays("allreduce", "halving_doubling", [0], 4, dict(count=8)) is None
+    assert not shifted.covers("broadcast", "binomial") and shifted.covers("allreduce", "ring")
+
+
+@pytest.mark.parametrize("hosts,per_host", [(9, 8), (17, 4), (33, 2)])
+@pytest.mark.parametrize("prim", ["allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "reduce"])
+def test_tuner_estimates_and_choices_are_those_of_the_builds(hosts, per_host, prim, monkeypatch):
+    """Above ``FOLD_ABOVE`` ranks, every algorithm's estimate and the choice at a few sizes, with the arrays
+    and with host 0's ranks built: equal, and the arrays were used."""
+    sizes = [8, 4096, 1 << 20, 1 << 24]
+    used = []
+    made = select._Ranks.part
+
+    def part(self, ranks):
+        got = made(self, ranks)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(select._Ranks, "part", part)
+    fast = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
+             _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
+    assert any(used)
+    monkeypatch.setattr(select._Ranks, "part", lambda self, ranks: None)
+    built = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
+              _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
+    assert fast == built
