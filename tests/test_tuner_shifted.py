@@ -77,6 +77,27 @@ def test_hierarchical_allreduce_on_even_hosts(hosts, per_host):
     assert shifted.arrays("allreduce", "hierarchical", [0], 7, dict(count=100, hosts=uneven)) is None
 
 
+@pytest.mark.parametrize("hosts,per_host", [(2, 2), (2, 3), (4, 4), (5, 3), (3, 8)])
+def test_hierarchical_alltoall_on_even_hosts(hosts, per_host):
+    """The hierarchical alltoall's regroupings and phases, its hosts blocks of ranks, strided or shuffled;
+    one host, one rank a host, uneven hosts or blocks of different sizes: None (built rank by rank)."""
+    rng = random.Random(hosts * per_host)
+    n = hosts * per_host
+    shuffled = list(range(n))
+    rng.shuffle(shuffled)
+    for hl in ([r // per_host for r in range(n)], [r % hosts for r in range(n)], [q // per_host for q in shuffled]):
+        for nbytes in (0, 4, 100 * n, 4 << 20):
+            args = PRIMITIVES["alltoall"].sized(n, nbytes, 4)
+            for ranks in _ranks_of(n, rng):
+                got = shifted.arrays("alltoall", "hierarchical", ranks, n, dict(args, hosts=hl))
+                assert _same(got, _built("alltoall", "hierarchical", ranks, n, args, hl)), (hl, nbytes, ranks)
+    blocks = dict(send_counts=[1, 2, 1, 1], recv_counts=[1, 2, 1, 1])
+    assert shifted.arrays("alltoall", "hierarchical", [0], 4, dict(blocks, hosts=[0, 0, 1, 1])) is None
+    for hl in ([0] * 4, [0, 1, 2, 3], [0, 0, 0, 1]):
+        assert shifted.arrays("alltoall", "hierarchical", [0], 4, dict(send_counts=[1] * 4, recv_counts=[1] * 4,
+                                                                       hosts=hl)) is None
+
+
 def test_what_it_does_not_cover_is_none():
     assert shifted.arrays("allreduce", "halving_doubling", [0], 4, dict(count=8)) is None
     assert not shifted.covers("broadcast", "binomial") and shifted.covers("allreduce", "ring")

@@ -229,24 +229,29 @@ def _move(s: Schedule, size, src: tuple[str, int], src_order: list, dst: tuple[s
 _MOVES: dict = {}
 
 
-def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[str, int], dst_keys) -> None:
-    """``_move`` of blocks of ``c`` elements each, named by integer keys (numpy arrays ``src_keys`` and
-    ``dst_keys``, each key once): the same copies, found with numpy rather than block by block (the
-    hierarchical alltoall moves n blocks a rank twice: at thousands of ranks, most of its build)."""
-    m = len(dst_keys)
-    if c <= 0 or not m:
-        return
+def block_runs(src_keys, dst_keys) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(where each block of ``dst_keys`` is in ``src_keys``, where each run of blocks adjacent on both sides
+    starts in ``dst_keys``, the blocks of each run): ``_move_equal``'s copies, one a run."""
     order = np.argsort(src_keys, kind="stable")
     at = np.searchsorted(src_keys, dst_keys, sorter=order)
     pos = order[np.minimum(at, len(order) - 1)]
     if not np.array_equal(src_keys[pos], dst_keys):
         raise KeyError("a block to move is not in the source")
+    start = np.concatenate(([0], np.flatnonzero(np.diff(pos) != 1) + 1))
+    return pos, start, np.diff(np.append(start, len(dst_keys)))
+
+
+def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[str, int], dst_keys) -> None:
+    """``_move`` of blocks of ``c`` elements each, named by integer keys (numpy arrays ``src_keys`` and
+    ``dst_keys``, each key once): the same copies, found with numpy rather than block by block (the
+    hierarchical alltoall moves n blocks a rank twice: at thousands of ranks, most of its build)."""
+    if c <= 0 or not len(dst_keys):
+        return
+    pos = block_runs(src_keys, dst_keys)[0]
     key = (c, src, dst, pos.tobytes())
     step = _MOVES.get(key)
     if step is None:
-        start = np.flatnonzero(np.diff(pos) != 1) + 1          # a run of blocks adjacent on both sides ends
-        start = np.concatenate(([0], start))
-        blocks = np.diff(np.append(start, m))
+        _, start, blocks = block_runs(src_keys, dst_keys)
         step = tuple(copies(src[0], (pos[start] * c + src[1]).tolist(), dst[0], (start * c + dst[1]).tolist(),
                             (blocks * c).tolist()))
         if len(_MOVES) >= 16:

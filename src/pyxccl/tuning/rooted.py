@@ -74,8 +74,9 @@ class _Ops:
         keep = count > 0                # what Schedule.step and embed leave out (and steps left empty)
         order = np.flatnonzero(keep)
         key = rank[order] * _STEPS + step[order]
-        by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
-        order, key = order[by], key[by]
+        if len(key) > 1 and not (key[1:] >= key[:-1]).all():       # (added in order: nothing to sort)
+            by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
+            order, key = order[by], key[by]
         rank = rank[order]
         m = len(order)
         new = np.ones(m, bool)

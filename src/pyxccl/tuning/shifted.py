@@ -139,30 +139,36 @@ def _rsg_ring_phase(ops: _Ops, r, count: int, root: int) -> None:
     _around(ops, r, 1, pieces, -1, -2, red=1)
 
 
-def _phase(prim: str, name: str, rank: int, nranks: int, made: dict, **args) -> Compact:
+#: the phases made lately (``_phase``): every rank of a host, and every call of one pricing, embeds the same
+_PHASES: dict = {}
+
+
+def _phase(prim: str, name: str, rank: int, nranks: int, **args) -> Compact:
     """A phase's arrays (one rank's schedule of a flat algorithm): made here where covered, else built and
-    converted; once per ``made``."""
+    converted; kept (read only) for the next rank or call that embeds it."""
     key = (prim, name, rank, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
-    got = made.get(key)
+    got = _PHASES.get(key)
     if got is None:
-        got = made[key] = (arrays(prim, name, (rank,), nranks, args) if covers(prim, name) else
-                           convert([lookup(prim, name).build(rank, nranks, **args)], written=True))
+        if len(_PHASES) >= 256:
+            _PHASES.clear()
+        got = _PHASES[key] = (arrays(prim, name, (rank,), nranks, args) if covers(prim, name) else
+                              convert([lookup(prim, name).build(rank, nranks, **args)], written=True))
     return got
 
 
-def _embed(ops: _Ops, rank: int, sub: Compact, group: np.ndarray, at: int) -> None:
-    """``schedule.embed(into, sub, group, bufs, at)`` of a phase whose buffers are mapped onto "out" and "tmp"
-    (none onto "in": no copy of it is one an in-place call leaves out), its step k joining step ``at + k``."""
+def _mapped(sub: Compact, group: np.ndarray) -> tuple:
+    """``schedule.embed(into, sub, group, bufs)``'s operations, as columns (step in ``sub``, kind, peer, count,
+    reduce flag, touch), for a phase whose buffers are mapped onto "out" and "tmp" (none onto "in": no copy
+    of it is one an in-place call leaves out)."""
     steps = np.repeat(np.arange(len(sub.step_start) - 1, dtype=np.int64), np.diff(sub.step_start))
-    peer = np.where(sub.kind == COPY, 0, group[sub.peer])
-    ops.add(np.full(len(sub.kind), rank), at + steps, sub.kind, peer, sub.count, sub.red, sub.touch)
+    return steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch
 
 
 def _hierarchical_allreduce(ops: _Ops, r, count: int, hosts=None, inner: str = "ring", outer: str = "ring"):
     """hierarchical.allreduce on even hosts (else False: declined): the copy in place, then its pipeline of
     chunks, each an inner reduce-scatter, an outer allreduce across its column and an inner allgather, chunk
-    c + 1's phases one outer allreduce behind c's (``embed``'s ``at``)."""
-    n, made = ops.n, {}
+    c + 1's phases one outer allreduce behind c's (``embed``'s ``at``: a phase's step k joins step at + k)."""
+    n = ops.n
     for rank in r.tolist():
         t = hierarchical._Layout(rank, n, hosts)
         if not t.even:
@@ -171,17 +177,57 @@ def _hierarchical_allreduce(ops: _Ops, r, count: int, hosts=None, inner: str = "
         ops.add([rank], 0, COPY, 0, count, touch=_PLAIN, skip=True)
         chunks = (max(1, min(hierarchical.PIPELINE_CHUNKS, count // hierarchical.PIPELINE_MIN))
                   if len(cross) > 1 and L > 1 else 1)
-        parts = split_counts(count, chunks)
-        for c, part in enumerate(parts):
+        placed, mapped = [], {}
+        for c, part in enumerate(split_counts(count, chunks)):
             shards = split_counts(part, L)
-            rs = _phase("reduce_scatter", inner, me, L, made, counts=shards)
-            ar = _phase("allreduce", outer, t.host, len(cross), made, count=shards[me])
-            ag = _phase("allgather", inner, me, L, made, counts=shards)
+            rs = _phase("reduce_scatter", inner, me, L, counts=shards)
+            ar = _phase("allreduce", outer, t.host, len(cross), count=shards[me])
+            ag = _phase("allgather", inner, me, L, counts=shards)
             at = 1 + c * (len(ar.step_start) - 1)
-            rs_steps = len(rs.step_start) - 1
-            _embed(ops, rank, rs, local, at)
-            _embed(ops, rank, ar, cross, at + rs_steps)
-            _embed(ops, rank, ag, local, at + rs_steps + len(ar.step_start) - 1)
+            for sub, group in ((rs, local), (ar, cross), (ag, local)):
+                cols = mapped.get(id(sub))
+                if cols is None:
+                    cols = mapped[id(sub)] = _mapped(sub, group)
+                placed.append((at, cols))
+                at += len(sub.step_start) - 1
+        steps = np.concatenate([at + cols[0] for at, cols in placed])
+        ops.add(np.full(len(steps), rank), steps, *(np.concatenate([cols[i] for _, cols in placed]) for i in range(1, 6)))
+    return None
+
+
+def _hierarchical_alltoall(ops: _Ops, r, send_counts, recv_counts, hosts=None, inner: str = "pairwise",
+                           outer: str = "pairwise"):
+    """hierarchical.alltoall on even hosts of equal blocks (else False: declined), its steps one after another:
+    the input regrouped by destination local rank (unless already so), the inner alltoall, a regrouping by
+    destination host, the outer alltoall across its column, the blocks put in rank order (unless already)."""
+    n = ops.n
+    if len(set(send_counts)) > 1 or send_counts != recv_counts:
+        return False
+    c = send_counts[0] if n else 0
+    runs: list = []         # each regrouping's runs: the same on every rank (its keys moved by the rank)
+    for rank in r.tolist():
+        t = hierarchical._Layout(rank, n, hosts)
+        if t.flat or not t.even:
+            return False
+        H, L, me = t.H, t.L, t.me
+        grid, host_order, ar = t.arrays()
+        local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[me], np.int64)
+        intra = _phase("alltoall", inner, me, L, send_counts=[H * c] * L, recv_counts=[H * c] * L)
+        cross = _phase("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
+        moves = (None if np.array_equal(grid, ar) else (ar, grid),
+                 ((local[:, None] * n + col[None, :]).ravel(), (local[None, :] * n + col[:, None]).ravel()),
+                 None if np.array_equal(host_order, ar) else (host_order * n + rank, ar * n + rank))
+        if not runs:
+            runs += [None if m is None else hierarchical.block_runs(*m)[2] for m in moves]
+        step = 0
+        for blocks, (sub, group) in zip(runs, ((intra, local), (cross, col), (None, None))):
+            if blocks is not None and c > 0:          # (_move_equal's copies: none of "in" onto "out")
+                ops.add(np.full(len(blocks), rank), step, COPY, 0, blocks * c, touch=_PLAIN)
+            step += 1
+            if sub is not None:
+                cols = _mapped(sub, group)
+                ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:])
+                step += len(sub.step_start) - 1
     return None
 
 
@@ -191,7 +237,8 @@ _MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allgather", "ring"): _ring_
            ("alltoall", "pairwise"): _pairwise_alltoall,
            ("broadcast", "scatter_allgather/ring_phase"): _sag_ring_phase,
            ("reduce", "reduce_scatter_gather/reduce_scatter_phase_of"): _rsg_ring_phase,
-           ("allreduce", "hierarchical"): _hierarchical_allreduce}
+           ("allreduce", "hierarchical"): _hierarchical_allreduce,
+           ("alltoall", "hierarchical"): _hierarchical_alltoall}
 
 
 def covers(primitive: str, name: str) -> bool:
