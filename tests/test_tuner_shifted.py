@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from pyxccl.algorithms import hierarchical
 from pyxccl.primitives import PRIMITIVES
 from pyxccl.tuning import compact, select, shifted
 
@@ -78,24 +79,32 @@ def test_hierarchical_allreduce_on_even_hosts(hosts, per_host):
 
 
 @pytest.mark.parametrize("hosts,per_host", [(2, 2), (2, 3), (4, 4), (5, 3), (3, 8)])
-def test_hierarchical_alltoall_on_even_hosts(hosts, per_host):
-    """The hierarchical alltoall's regroupings and phases, its hosts blocks of ranks, strided or shuffled;
-    one host, one rank a host, uneven hosts or blocks of different sizes: None (built rank by rank)."""
+@pytest.mark.parametrize("prim", ["alltoall", "allgather", "reduce_scatter"])
+def test_hierarchical_exchanges_on_even_hosts(prim, hosts, per_host):
+    """The hierarchical alltoall's, allgather's and reduce-scatter's regroupings and phases, their hosts
+    blocks of ranks, strided or shuffled (the allgather declines where its columns are in rank order: None); one host, one rank a host,
+    uneven hosts or blocks of different sizes: None (built rank by rank)."""
     rng = random.Random(hosts * per_host)
     n = hosts * per_host
     shuffled = list(range(n))
     rng.shuffle(shuffled)
+    made = 0
     for hl in ([r // per_host for r in range(n)], [r % hosts for r in range(n)], [q // per_host for q in shuffled]):
         for nbytes in (0, 4, 100 * n, 4 << 20):
-            args = PRIMITIVES["alltoall"].sized(n, nbytes, 4)
+            args = PRIMITIVES[prim].sized(n, nbytes, 4)
             for ranks in _ranks_of(n, rng):
-                got = shifted.arrays("alltoall", "hierarchical", ranks, n, dict(args, hosts=hl))
-                assert _same(got, _built("alltoall", "hierarchical", ranks, n, args, hl)), (hl, nbytes, ranks)
-    blocks = dict(send_counts=[1, 2, 1, 1], recv_counts=[1, 2, 1, 1])
-    assert shifted.arrays("alltoall", "hierarchical", [0], 4, dict(blocks, hosts=[0, 0, 1, 1])) is None
+                got = shifted.arrays(prim, "hierarchical", ranks, n, dict(args, hosts=hl))
+                if got is None and prim == "allgather" and hierarchical._Layout(0, n, hl).grid == list(range(n)):
+                    continue            # (its columns in rank order: declined)
+                assert _same(got, _built(prim, "hierarchical", ranks, n, args, hl)), (hl, nbytes, ranks)
+                made += 1
+    assert made >= 16
+    pairs = PRIMITIVES[prim].shape == "pairs"
+    uneven = dict(send_counts=[1, 2, 1, 1], recv_counts=[1, 2, 1, 1]) if pairs else dict(counts=[1, 2, 1, 1])
+    assert shifted.arrays(prim, "hierarchical", [0], 4, dict(uneven, hosts=[0, 0, 1, 1])) is None
     for hl in ([0] * 4, [0, 1, 2, 3], [0, 0, 0, 1]):
-        assert shifted.arrays("alltoall", "hierarchical", [0], 4, dict(send_counts=[1] * 4, recv_counts=[1] * 4,
-                                                                       hosts=hl)) is None
+        equal = dict(send_counts=[1] * 4, recv_counts=[1] * 4) if pairs else dict(counts=[1] * 4)
+        assert shifted.arrays(prim, "hierarchical", [0], 4, dict(equal, hosts=hl)) is None
 
 
 def test_what_it_does_not_cover_is_none():

@@ -195,39 +195,89 @@ def _hierarchical_allreduce(ops: _Ops, r, count: int, hosts=None, inner: str = "
     return None
 
 
+def _in_turn(ops: _Ops, rank: int, parts) -> None:
+    """``rank``'s steps, one part after another: a step of copies (their counts; ``_move_equal``'s, none of
+    "in" onto "out"), a phase embedded (its arrays, its group: ``_mapped``), or None (nothing)."""
+    step = 0
+    for part in parts:
+        if type(part) is np.ndarray:
+            ops.add(np.full(len(part), rank), step, COPY, 0, part, touch=_PLAIN)
+            step += 1
+        elif part is not None:
+            cols = _mapped(*part)
+            ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:])
+            step += len(part[0].step_start) - 1
+
+
+def _even_layout(n: int, rank: int, hosts, *blocks):
+    """The rank's ``hierarchical._Layout`` where the hierarchical builders run their even hosts' phases on
+    blocks of one size (``blocks``: the call's lists of blocks), else None."""
+    t = hierarchical._Layout(rank, n, hosts)
+    if t.flat or not t.even or any(len(set(b)) > 1 for b in blocks) or any(b != blocks[0] for b in blocks):
+        return None
+    return t
+
+
 def _hierarchical_alltoall(ops: _Ops, r, send_counts, recv_counts, hosts=None, inner: str = "pairwise",
                            outer: str = "pairwise"):
     """hierarchical.alltoall on even hosts of equal blocks (else False: declined), its steps one after another:
     the input regrouped by destination local rank (unless already so), the inner alltoall, a regrouping by
     destination host, the outer alltoall across its column, the blocks put in rank order (unless already)."""
     n = ops.n
-    if len(set(send_counts)) > 1 or send_counts != recv_counts:
-        return False
     c = send_counts[0] if n else 0
-    runs: list = []         # each regrouping's runs: the same on every rank (its keys moved by the rank)
+    runs: list = []         # each regrouping's copies: the same on every rank (its keys moved by the rank)
     for rank in r.tolist():
-        t = hierarchical._Layout(rank, n, hosts)
-        if t.flat or not t.even:
+        t = _even_layout(n, rank, hosts, send_counts, recv_counts)
+        if t is None:
             return False
         H, L, me = t.H, t.L, t.me
         grid, host_order, ar = t.arrays()
         local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[me], np.int64)
+        if not runs:
+            moves = (None if np.array_equal(grid, ar) else (ar, grid),
+                     ((local[:, None] * n + col[None, :]).ravel(), (local[None, :] * n + col[:, None]).ravel()),
+                     None if np.array_equal(host_order, ar) else (host_order * n + rank, ar * n + rank))
+            runs += [None if m is None or c <= 0 else hierarchical.block_runs(*m)[2] * c for m in moves]
         intra = _phase("alltoall", inner, me, L, send_counts=[H * c] * L, recv_counts=[H * c] * L)
         cross = _phase("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
-        moves = (None if np.array_equal(grid, ar) else (ar, grid),
-                 ((local[:, None] * n + col[None, :]).ravel(), (local[None, :] * n + col[:, None]).ravel()),
-                 None if np.array_equal(host_order, ar) else (host_order * n + rank, ar * n + rank))
+        _in_turn(ops, rank, (runs[0], (intra, local), runs[1], (cross, col), runs[2]))
+    return None
+
+
+def _hierarchical_allgather(ops: _Ops, r, counts, hosts=None, inner: str = "ring", outer: str = "ring"):
+    """hierarchical.allgather on even hosts of equal blocks whose columns are not in rank order (else False:
+    declined; there "out" holds the columns, and a copy of "in" onto it may be one an in-place call leaves
+    out): the outer allgather across its column, the inner one of the columns, the blocks put in rank order."""
+    n, runs = ops.n, []
+    for rank in r.tolist():
+        t = _even_layout(n, rank, hosts, counts)
+        if t is None or np.array_equal(t.arrays()[0], t.arrays()[2]):
+            return False
         if not runs:
-            runs += [None if m is None else hierarchical.block_runs(*m)[2] for m in moves]
-        step = 0
-        for blocks, (sub, group) in zip(runs, ((intra, local), (cross, col), (None, None))):
-            if blocks is not None and c > 0:          # (_move_equal's copies: none of "in" onto "out")
-                ops.add(np.full(len(blocks), rank), step, COPY, 0, blocks * c, touch=_PLAIN)
-            step += 1
-            if sub is not None:
-                cols = _mapped(sub, group)
-                ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:])
-                step += len(sub.step_start) - 1
+            grid, _, ar = t.arrays()
+            runs.append(hierarchical.block_runs(grid, ar)[2] * counts[0] if counts[0] > 0 else None)
+        cross = _phase("allgather", outer, t.host, t.H, counts=[counts[0]] * t.H)        # (blocks of one size)
+        intra = _phase("allgather", inner, t.me, t.L, counts=[counts[0] * t.H] * t.L)
+        _in_turn(ops, rank, ((cross, np.asarray(t.cols[t.me], np.int64)), (intra, np.asarray(t.local, np.int64)),
+                             runs[0]))
+    return None
+
+
+def _hierarchical_reduce_scatter(ops: _Ops, r, counts, hosts=None, inner: str = "ring", outer: str = "ring"):
+    """hierarchical.reduce_scatter on even hosts of equal blocks (else False: declined): the input put in
+    column order (unless it is), the inner reduce-scatter of the columns, the outer one across its column."""
+    n, runs = ops.n, []
+    for rank in r.tolist():
+        t = _even_layout(n, rank, hosts, counts)
+        if t is None:
+            return False
+        grid, _, ar = t.arrays()
+        if not runs:
+            runs.append(None if np.array_equal(grid, ar) or counts[0] <= 0 else
+                        hierarchical.block_runs(ar, grid)[2] * counts[0])
+        intra = _phase("reduce_scatter", inner, t.me, t.L, counts=[counts[0] * t.H] * t.L)   # (blocks of one size)
+        cross = _phase("reduce_scatter", outer, t.host, t.H, counts=[counts[0]] * t.H)
+        _in_turn(ops, rank, (runs[0], (intra, np.asarray(t.local, np.int64)), (cross, np.asarray(t.cols[t.me], np.int64))))
     return None
 
 
@@ -238,7 +288,9 @@ _MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allgather", "ring"): _ring_
            ("broadcast", "scatter_allgather/ring_phase"): _sag_ring_phase,
            ("reduce", "reduce_scatter_gather/reduce_scatter_phase_of"): _rsg_ring_phase,
            ("allreduce", "hierarchical"): _hierarchical_allreduce,
-           ("alltoall", "hierarchical"): _hierarchical_alltoall}
+           ("alltoall", "hierarchical"): _hierarchical_alltoall,
+           ("allgather", "hierarchical"): _hierarchical_allgather,
+           ("reduce_scatter", "hierarchical"): _hierarchical_reduce_scatter}
 
 
 def covers(primitive: str, name: str) -> bool:
