@@ -107,6 +107,26 @@ def test_hierarchical_exchanges_on_even_hosts(prim, hosts, per_host):
         assert shifted.arrays(prim, "hierarchical", [0], 4, dict(equal, hosts=hl)) is None
 
 
+@pytest.mark.parametrize("n,layouts", [(4, [None]), (6, [None, [0, 0, 0, 1, 1, 1]]), (9, [None]),
+                                       (12, [None, [r // 4 for r in range(12)], [r % 3 for r in range(12)]]),
+                                       (16, [None, [r // 2 for r in range(16)]]), (7, [None])])
+def test_torus2d_allreduce(n, layouts):
+    """The 2D-torus allreduce on the most square grid or on hosts (blocks or strided), empty parts
+    included; where there is no grid (7 ranks), None as the builder raises."""
+    rng = random.Random(n)
+    for hl in layouts:
+        for nbytes in (0, 4, 12, 100, 4 << 20):
+            args = PRIMITIVES["allreduce"].sized(n, nbytes, 4)
+            for ranks in _ranks_of(n, rng):
+                got = shifted.arrays("allreduce", "torus2d", ranks, n, dict(args, hosts=hl))
+                if n == 7:
+                    assert got is None
+                    with pytest.raises(ValueError):
+                        _built("allreduce", "torus2d", ranks, n, args, hl)
+                    continue
+                assert _same(got, _built("allreduce", "torus2d", ranks, n, args, hl)), (hl, nbytes, ranks)
+
+
 def test_what_it_does_not_cover_is_none():
     assert shifted.arrays("allreduce", "halving_doubling", [0], 4, dict(count=8)) is None
     assert not shifted.covers("broadcast", "binomial") and shifted.covers("allreduce", "ring")

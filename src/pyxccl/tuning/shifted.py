@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algorithms import hierarchical
+from ..algorithms import hierarchical, torus
 from ..algorithms.registry import lookup
 from ..schedule import split_counts
 from .compact import COPY, RECV, SEND, Compact, convert
@@ -195,10 +195,10 @@ def _hierarchical_allreduce(ops: _Ops, r, count: int, hosts=None, inner: str = "
     return None
 
 
-def _in_turn(ops: _Ops, rank: int, parts) -> None:
-    """``rank``'s steps, one part after another: a step of copies (their counts; ``_move_equal``'s, none of
-    "in" onto "out"), a phase embedded (its arrays, its group: ``_mapped``), or None (nothing)."""
-    step = 0
+def _in_turn(ops: _Ops, rank: int, parts, step: int = 0) -> None:
+    """``rank``'s steps from ``step`` on, one part after another: a step of copies (their counts;
+    ``_move_equal``'s, none of "in" onto "out"), a phase embedded (its arrays, its group: ``_mapped``), or
+    None (nothing)."""
     for part in parts:
         if type(part) is np.ndarray:
             ops.add(np.full(len(part), rank), step, COPY, 0, part, touch=_PLAIN)
@@ -281,6 +281,47 @@ def _hierarchical_reduce_scatter(ops: _Ops, r, counts, hosts=None, inner: str = 
     return None
 
 
+def _ring_part(me: int, m: int, counts: list[int], chunk: int, reduce: bool) -> Compact:
+    """``ring.reduce_scatter_phase(last=chunk)`` (``reduce``) or ``ring.allgather_phase(have=chunk)`` on a
+    schedule of rank ``me`` of ``m``, alone: the arrays of ``torus._ring``'s phase (kept as ``_phase``'s)."""
+    key = ("ring part", me, m, tuple(counts), chunk, reduce)
+    got = _PHASES.get(key)
+    if got is None:
+        if len(_PHASES) >= 256:
+            _PHASES.clear()
+        ops, c = _Ops(m, (me,)), np.asarray(counts, np.int64)
+        if reduce:
+            _around(ops, ops.ranks, 0, c, chunk - 1 - me, chunk - 2 - me, red=1)
+        else:
+            _around(ops, ops.ranks, 0, c, chunk - me, chunk - 1 - me)
+        got = _PHASES[key] = ops.compact()
+    return got
+
+
+def _torus2d_allreduce(ops: _Ops, r, count: int, hosts=None):
+    """torus.allreduce: the copy in place, the row's ring reduce-scatter, the column's ring allreduce of the part
+    this rank ends with (none where it is empty), the row's ring allgather; False where there is no grid."""
+    got = torus._placed(ops.n, hosts)
+    if got is None:
+        return False
+    rows, where = got
+    for rank in r.tolist():
+        i, j = where(rank)
+        row = rows[i]
+        column = np.asarray([q[j] for q in rows], np.int64)
+        parts = split_counts(count, len(row))
+        ops.add([rank], 0, COPY, 0, count, touch=_PLAIN, skip=True)
+        across = None, None
+        if parts[j]:
+            subs = split_counts(parts[j], len(column))
+            across = ((_ring_part(i, len(column), subs, i, True), column),
+                      (_ring_part(i, len(column), subs, i, False), column))
+        row = np.asarray(row, np.int64)
+        _in_turn(ops, rank, ((_ring_part(j, len(row), parts, j, True), row), *across,
+                             (_ring_part(j, len(row), parts, j, False), row)), 1)
+    return None
+
+
 _MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allgather", "ring"): _ring_allgather,
            ("reduce_scatter", "ring"): _ring_reduce_scatter, ("allgather", "direct"): _direct_allgather,
            ("reduce_scatter", "direct"): _direct_reduce_scatter, ("alltoall", "direct"): _direct_alltoall,
@@ -290,7 +331,8 @@ _MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allgather", "ring"): _ring_
            ("allreduce", "hierarchical"): _hierarchical_allreduce,
            ("alltoall", "hierarchical"): _hierarchical_alltoall,
            ("allgather", "hierarchical"): _hierarchical_allgather,
-           ("reduce_scatter", "hierarchical"): _hierarchical_reduce_scatter}
+           ("reduce_scatter", "hierarchical"): _hierarchical_reduce_scatter,
+           ("allreduce", "torus2d"): _torus2d_allreduce}
 
 
 def covers(primitive: str, name: str) -> bool:
