@@ -147,7 +147,7 @@ def host_groups(nranks: int, hosts) -> tuple[list[list[int]], bool, dict[int, tu
     return sh.groups, sh.even, sh.where
 
 
-class _Layout:
+class Layout:
     """Where ``rank`` sits: ``groups`` (the ranks of each host), ``host`` (its host's index there),
     ``local`` and ``me`` (its host's ranks, its index among them), H and L (hosts, ranks on its
     host); on even hosts ``cols[j]``: local rank j of every host, in host order. The lists are
@@ -273,7 +273,7 @@ def _move_ranks(s: Schedule, counts: list[int], src: tuple[str, int], src_order:
 @register("allreduce", "hierarchical", settles=True, symmetry=SHIFT)
 def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
-    t = _Layout(rank, nranks, hosts)
+    t = Layout(rank, nranks, hosts)
     local, L, me = t.local, t.L, t.me
     s = Schedule(rank, nranks)
     s.step(Copy("in", 0, "out", 0, count))
@@ -315,7 +315,7 @@ def allreduce(rank: int, nranks: int, count: int, hosts=None, inner: str = "ring
 @register("allgather", "hierarchical", settles=True, symmetry=SHIFT)
 def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
               outer: str = "ring") -> Schedule:
-    t = _Layout(rank, nranks, hosts)
+    t = Layout(rank, nranks, hosts)
     if t.flat:
         return _build("allgather", t.flat_name(inner, outer), rank, nranks, counts=counts)
     ranks = list(range(nranks))
@@ -353,7 +353,7 @@ def allgather(rank: int, nranks: int, counts: list[int], hosts=None, inner: str 
 @register("reduce_scatter", "hierarchical", settles=True, symmetry=SHIFT)
 def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner: str = "ring",
                    outer: str = "ring") -> Schedule:
-    t = _Layout(rank, nranks, hosts)
+    t = Layout(rank, nranks, hosts)
     if t.flat:
         return _build("reduce_scatter", t.flat_name(inner, outer), rank, nranks, counts=counts)
     ranks, total = list(range(nranks)), sum(counts)
@@ -396,7 +396,7 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], hosts=None, inner:
 @register("broadcast", "hierarchical")
 def broadcast(rank: int, nranks: int, count: int, root: int, hosts=None, inner: str = "binomial",
               outer: str = "binomial") -> Schedule:
-    t = _Layout(rank, nranks, hosts)
+    t = Layout(rank, nranks, hosts)
     if t.flat:
         return _build("broadcast", t.flat_name(inner, outer), rank, nranks, count=count, root=root)
     root_host = next(h for h, g in enumerate(t.groups) if root in g)
@@ -426,7 +426,7 @@ def broadcast(rank: int, nranks: int, count: int, root: int, hosts=None, inner: 
 def alltoall(rank: int, nranks: int, send_counts: list[int], recv_counts: list[int], hosts=None,
              inner: str = "pairwise", outer: str = "pairwise") -> Schedule:
     """Equal blocks only: ValueError otherwise (see the module docstring)."""
-    t = _Layout(rank, nranks, hosts)
+    t = Layout(rank, nranks, hosts)
     if t.flat:
         return _build("alltoall", t.flat_name(inner, outer), rank, nranks, send_counts=send_counts,
                       recv_counts=recv_counts)
@@ -503,7 +503,7 @@ def _rooted(t, counts: list[int], root: int, nranks: int):
 @register("gather", "hierarchical")
 def gather(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inner: str = "direct",
            outer: str = "direct") -> Schedule:
-    t = _Layout(rank, nranks, hosts)
+    t = Layout(rank, nranks, hosts)
     if t.flat:
         return _build("gather", t.flat_name(inner, outer), rank, nranks, counts=counts, root=root)
     ranks, root_host, leaders, host_order, host_size = _rooted(t, counts, root, nranks)
@@ -531,7 +531,7 @@ def gather(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inn
 @register("scatter", "hierarchical")
 def scatter(rank: int, nranks: int, counts: list[int], root: int, hosts=None, inner: str = "direct",
             outer: str = "direct") -> Schedule:
-    t = _Layout(rank, nranks, hosts)
+    t = Layout(rank, nranks, hosts)
     if t.flat:
         return _build("scatter", t.flat_name(inner, outer), rank, nranks, counts=counts, root=root)
     ranks, root_host, leaders, host_order, host_size = _rooted(t, counts, root, nranks)

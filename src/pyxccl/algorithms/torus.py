@@ -43,11 +43,11 @@ def _square(nranks: int) -> tuple[int, int] | None:
 def grid(nranks: int, hosts=None) -> list[list[int]] | None:
     """The grid's rows (each a list of ranks, its columns in order) for ``nranks`` ranks on ``hosts``
     (the host of every rank, or None), or None when there is none (see the module docstring)."""
-    got = _placed(nranks, hosts)
+    got = placed(nranks, hosts)
     return None if got is None else got[0]
 
 
-def _placed(nranks: int, hosts):
+def placed(nranks: int, hosts):
     """(``grid``'s rows, rank -> (row, column)), or None: without a search through the rows (every
     rank's schedule of a call reads the same rows)."""
     if hosts is not None:
@@ -72,7 +72,7 @@ def _ring(s: Schedule, phase, group: list[int], me: int, counts: list[int], base
 @register("allreduce", "torus2d", runs_on=lambda nranks: _square(nranks) is not None, symmetry=SHIFT_XOR)
 def allreduce(rank: int, nranks: int, count: int, hosts=None) -> Schedule:
     """Row reduce-scatter, column allreduce of the part this rank owns, row allgather."""
-    got = _placed(nranks, hosts)
+    got = placed(nranks, hosts)
     if got is None:
         raise ValueError(f"torus2d allreduce cannot run on {nranks} ranks: it needs a grid of R x C ranks with "
                          f"R and C at least 2 (4 or more ranks, not a prime number); use ring")

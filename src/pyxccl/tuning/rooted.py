@@ -46,7 +46,7 @@ def _column(x, dtype, m: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(x, dtype), (m,))
 
 
-class _Ops:
+class Ops:
     """The operations of many ranks, added in any rank order: each with its rank and a step key; a
     rank's operations of one key form one of its steps (keys in increasing order), in the order added.
     ``ranks``: the ranks whose schedules are made, in increasing order (by default all ``nranks``)."""
@@ -121,7 +121,7 @@ def _pick(x, on):
     return x[on] if np.ndim(x) else x
 
 
-def _bcast(ops: _Ops, g: _Groups, count, base: int) -> None:
+def _bcast(ops: Ops, g: _Groups, count, base: int) -> None:
     """tree.broadcast in every group: in step k, virtual ranks below 2^k send to virtual rank + 2^k."""
     vr = (g.idx - g.root) % g.size
     for k in range(_rounds(g)):
@@ -134,7 +134,7 @@ def _bcast(ops: _Ops, g: _Groups, count, base: int) -> None:
 
 
 def _binomial_broadcast(nranks: int, hosts, count: int, root: int) -> Compact:
-    ops = _Ops(nranks)
+    ops = Ops(nranks)
     _bcast(ops, _Groups.one(nranks, root), count, 0)
     return ops.compact()
 
@@ -142,7 +142,7 @@ def _binomial_broadcast(nranks: int, hosts, count: int, root: int) -> Compact:
 def _binomial_reduce(nranks: int, hosts, count: int, root: int) -> Compact:
     """tree.reduce: a copy into the accumulator ("out" at the root: left out in place), the children's sums
     received and reduced, the sum sent to the parent."""
-    n, g, ops = nranks, _Groups.one(nranks, root), _Ops(nranks)
+    n, g, ops = nranks, _Groups.one(nranks, root), Ops(nranks)
     vr = (g.idx - root) % n
     low = np.where(vr == 0, _NO_BIT, vr & -vr)
     ops.add(g.rank, 0, COPY, 0, count, touch=_TOUCH, skip=g.rank == root)
@@ -168,7 +168,7 @@ def _tree(nranks: int, counts, root: int):
     return ranks, vr, np.where(vr == 0, _NO_BIT, vr & -vr), vcounts, voff
 
 
-def _children(ops: _Ops, n: int, root: int, ranks, vr, low, voff, kind: int, key) -> None:
+def _children(ops: Ops, n: int, root: int, ranks, vr, low, voff, kind: int, key) -> None:
     """Each rank's messages with its children (nearest first; ``key(k)``: the step of the k-th), each of
     the child's subtree's blocks."""
     for k in range(max(0, n - 1).bit_length()):
@@ -181,7 +181,7 @@ def _children(ops: _Ops, n: int, root: int, ranks, vr, low, voff, kind: int, key
 def _binomial_gather(nranks: int, hosts, counts, root: int) -> Compact:
     """tree.gather: own block into "tmp", the children's subtrees received, the subtree sent to the parent;
     the root copies every block to its place in rank order."""
-    n, ops = nranks, _Ops(nranks)
+    n, ops = nranks, Ops(nranks)
     ranks, vr, low, vcounts, voff = _tree(n, counts, root)
     last = 1 + max(0, n - 1).bit_length()
     ops.add(ranks, 0, COPY, 0, np.asarray(counts, np.int64), touch=_TOUCH)
@@ -195,7 +195,7 @@ def _binomial_gather(nranks: int, hosts, counts, root: int) -> Compact:
 def _binomial_scatter(nranks: int, hosts, counts, root: int) -> Compact:
     """tree.scatter: the subtree's blocks received from the parent (the root copies them from "in" in
     virtual-rank order), the children's subtrees sent farthest first, the rank's own block copied out."""
-    n, ops = nranks, _Ops(nranks)
+    n, ops = nranks, Ops(nranks)
     ranks, vr, low, vcounts, voff = _tree(n, counts, root)
     last = 1 + max(0, n - 1).bit_length()
     up = vr != 0
@@ -209,7 +209,7 @@ def _binomial_scatter(nranks: int, hosts, counts, root: int) -> Compact:
 def _direct(nranks: int, counts, root: int, gather: bool) -> Compact:
     """direct.gather (every other rank sends its block to the root, which copies its own and receives theirs
     in rank order) or direct.scatter (the root sends them)."""
-    n, ops = nranks, _Ops(nranks)
+    n, ops = nranks, Ops(nranks)
     c, ranks = np.asarray(counts, np.int64), np.arange(nranks, dtype=np.int64)
     other = ranks != root
     ops.add(ranks[other], 0, SEND if gather else RECV, root, c[other])
@@ -269,7 +269,7 @@ def _hierarchical_gather(n, root, ranks, host, leaders, root_host, others, host_
     """Each host's members send their blocks to its leader (the root on its host, else its first rank),
     which copies its own and receives theirs; the leaders send their hosts' blocks to the root, which
     copies its host's onto itself and receives the others in host order."""
-    ops, mem = _Ops(n), ~leads
+    ops, mem = Ops(n), ~leads
     ops.add(ranks[mem], 0, SEND, leaders[host[mem]], c[mem])
     ops.add(leaders, 0, COPY, 0, c[leaders], touch=_TOUCH, skip=(leaders == root) & (int(c[:root].sum()) == 0))
     ops.add(leaders[host[mem]], 0, RECV, ranks[mem], c[mem])
@@ -283,7 +283,7 @@ def _hierarchical_gather(n, root, ranks, host, leaders, root_host, others, host_
 def _hierarchical_scatter(n, root, ranks, host, leaders, root_host, others, host_size, c, leads) -> Compact:
     """The root copies its host's blocks and sends every other host's to its leader; each leader copies
     its own block out and sends its members theirs."""
-    ops, mem = _Ops(n), ~leads
+    ops, mem = Ops(n), ~leads
     ops.add([root], 0, COPY, 0, host_size[root_host], touch=_TOUCH)
     ops.add(np.full(int(others.sum()), root), 0, SEND, leaders[others], host_size[others])
     ops.add(leaders[others], 0, RECV, root, host_size[others])
@@ -310,7 +310,7 @@ def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: st
     host_order = np.fromiter((r for g in groups for r in g), np.int64, n)
     host = np.repeat(np.arange(H, dtype=np.int64), size)           # per member in host order
     me = np.arange(n, dtype=np.int64) - start[host]
-    ops = _Ops(n)
+    ops = Ops(n)
     if even and count >= hierarchical.SHARD_MIN:
         # the root's host deals L shards (direct scatter), column j broadcasts shard j, ring allgather inside
         L = int(size[0])
@@ -355,7 +355,7 @@ def _chain(nranks: int, hosts, count: int, root: int) -> Compact | None:
     seg = np.asarray(split_counts(count, k), np.int64)
     ranks = np.arange(n, dtype=np.int64)
     i = (ranks - root) % n
-    ops = _Ops(n)
+    ops = Ops(n)
     recv, send = i >= 1, i < n - 1
     for j in range(k):          # a step's receive first, then its send: all receives are added first
         ops.add(ranks[recv], i[recv] - 1 + j, RECV, (ranks[recv] - 1) % n, seg[j])
@@ -390,7 +390,7 @@ def _binomial_pieces(n: int, count: int, root: int):
     np.cumsum(pieces, out=off[1:])
     ranks = np.arange(n, dtype=np.int64)
     vr = (ranks - root) % n
-    ops = _Ops(n)
+    ops = Ops(n)
     d, t = (1 << max(0, (n - 1).bit_length() - 1) if n > 1 else 0), 0
     while d >= 1:
         send = (vr % (2 * d) == 0) & (vr + d < n)
@@ -416,7 +416,7 @@ def _reduce_scatter_gather(nranks: int, hosts, count: int, root: int) -> Compact
         return None
     pieces = np.asarray(split_counts(count, n), np.int64)
     ranks = np.arange(n, dtype=np.int64)
-    ops = _Ops(n)
+    ops = Ops(n)
     ops.add(ranks, 0, COPY, 0, count, touch=_TOUCH)
     rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
     ops.add(rank, 1 + k, SEND, (rank + 1) % n, pieces[(rank - k - 1) % n])

@@ -22,7 +22,7 @@ from ..algorithms import hierarchical, torus
 from ..algorithms.registry import lookup
 from ..schedule import split_counts
 from .compact import COPY, RECV, SEND, Compact, convert
-from .rooted import _Ops
+from .rooted import Ops
 
 #: bytes of the call's buffers ("in", "out", "tmp": ``cost.CALL_BUFFERS``) a copy touches per byte: a plain
 #: copy's source and destination; a reducing copy's destination twice (read and written)
@@ -36,7 +36,7 @@ def _offsets(counts) -> tuple[np.ndarray, np.ndarray]:
     return c, off
 
 
-def _around(ops: _Ops, r: np.ndarray, first: int, chunk, send_at: int, recv_at: int, red: int = 0) -> None:
+def _around(ops: Ops, r: np.ndarray, first: int, chunk, send_at: int, recv_at: int, red: int = 0) -> None:
     """A ring phase (``ring.reduce_scatter_phase``, ``ring.allgather_phase``) from step key ``first``: in its
     k-th step rank r sends chunk (r + send_at - k) % n to r + 1 and receives chunk (r + recv_at - k) % n from
     r - 1 (``red``: and reduces it)."""
@@ -47,7 +47,7 @@ def _around(ops: _Ops, r: np.ndarray, first: int, chunk, send_at: int, recv_at: 
     ops.add(rank, first + k, RECV, (rank - 1) % n, chunk[(rank + recv_at - k) % n], red=red)
 
 
-def _ring_allreduce(ops: _Ops, r, count: int) -> None:
+def _ring_allreduce(ops: Ops, r, count: int) -> None:
     """ring.allreduce: the copy in place (left out in place), the reduce-scatter that leaves chunk r + 1 on
     rank r, the allgather from it."""
     n = ops.n
@@ -57,13 +57,13 @@ def _ring_allreduce(ops: _Ops, r, count: int) -> None:
     _around(ops, r, n, pieces, 1, 0)
 
 
-def _ring_allgather(ops: _Ops, r, counts) -> None:
+def _ring_allgather(ops: Ops, r, counts) -> None:
     c, off = _offsets(counts)
     ops.add(r, 0, COPY, 0, c[r], touch=_PLAIN, skip=off[r] == 0)
     _around(ops, r, 1, c, 0, -1)
 
 
-def _ring_reduce_scatter(ops: _Ops, r, counts) -> None:
+def _ring_reduce_scatter(ops: Ops, r, counts) -> None:
     """ring.reduce_scatter: the input copied to "tmp", the reduce-scatter that leaves chunk r on rank r,
     copied out."""
     n = ops.n
@@ -73,7 +73,7 @@ def _ring_reduce_scatter(ops: _Ops, r, counts) -> None:
     ops.add(r, n, COPY, 0, c[r], touch=_PLAIN)
 
 
-def _exchange(ops: _Ops, r, step, sends, recvs) -> None:
+def _exchange(ops: Ops, r, step, sends, recvs) -> None:
     """One step's messages of a direct exchange: to r + 1, r + 2, ..., then from r - 1, r - 2, ...
     (``sends(rank, peer)``, ``recvs(rank, peer)``: their counts)."""
     n = ops.n
@@ -84,13 +84,13 @@ def _exchange(ops: _Ops, r, step, sends, recvs) -> None:
     ops.add(rank, step, RECV, frm, recvs(rank, frm))
 
 
-def _direct_allgather(ops: _Ops, r, counts) -> None:
+def _direct_allgather(ops: Ops, r, counts) -> None:
     c, off = _offsets(counts)
     ops.add(r, 0, COPY, 0, c[r], touch=_PLAIN, skip=off[r] == 0)
     _exchange(ops, r, 0, lambda rank, to: c[rank], lambda rank, frm: c[frm])
 
 
-def _direct_reduce_scatter(ops: _Ops, r, counts) -> None:
+def _direct_reduce_scatter(ops: Ops, r, counts) -> None:
     """direct.reduce_scatter: block q of the input to rank q, the n - 1 received into "tmp", then reduced into
     "out" in rank order."""
     n = ops.n
@@ -102,19 +102,19 @@ def _direct_reduce_scatter(ops: _Ops, r, counts) -> None:
     ops.add(np.repeat(r, n - 1), 1, COPY, 0, np.repeat(mine, n - 1), red=1, touch=_REDUCING)
 
 
-def _alltoall_copy(ops: _Ops, r, send_counts, recv_counts):
+def _alltoall_copy(ops: Ops, r, send_counts, recv_counts):
     sc, soff = _offsets(send_counts)
     rc, roff = _offsets(recv_counts)
     ops.add(r, 0, COPY, 0, sc[r], touch=_PLAIN, skip=soff[r] == roff[r])
     return sc, rc
 
 
-def _direct_alltoall(ops: _Ops, r, send_counts, recv_counts) -> None:
+def _direct_alltoall(ops: Ops, r, send_counts, recv_counts) -> None:
     sc, rc = _alltoall_copy(ops, r, send_counts, recv_counts)
     _exchange(ops, r, 0, lambda rank, to: sc[to], lambda rank, frm: rc[frm])
 
 
-def _pairwise_alltoall(ops: _Ops, r, send_counts, recv_counts) -> None:
+def _pairwise_alltoall(ops: Ops, r, send_counts, recv_counts) -> None:
     """direct.alltoall: in step k, to r + k and from r - k."""
     n = ops.n
     sc, rc = _alltoall_copy(ops, r, send_counts, recv_counts)
@@ -125,13 +125,13 @@ def _pairwise_alltoall(ops: _Ops, r, send_counts, recv_counts) -> None:
     ops.add(rank, k, RECV, frm, rc[frm])
 
 
-def _sag_ring_phase(ops: _Ops, r, count: int, root: int) -> None:
+def _sag_ring_phase(ops: Ops, r, count: int, root: int) -> None:
     """pipeline.ring_phase: the ring allgather of the pieces, rank r holding piece r - root."""
     pieces = np.asarray(split_counts(count, ops.n), np.int64)
     _around(ops, r, 0, pieces, -root, -root - 1)
 
 
-def _rsg_ring_phase(ops: _Ops, r, count: int, root: int) -> None:
+def _rsg_ring_phase(ops: Ops, r, count: int, root: int) -> None:
     """pipeline.reduce_scatter_phase_of: the input copied to "tmp", the reduce-scatter that leaves piece r on
     rank r."""
     pieces = np.asarray(split_counts(count, ops.n), np.int64)
@@ -164,13 +164,13 @@ def _mapped(sub: Compact, group: np.ndarray) -> tuple:
     return steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch
 
 
-def _hierarchical_allreduce(ops: _Ops, r, count: int, hosts=None, inner: str = "ring", outer: str = "ring"):
+def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "ring", outer: str = "ring"):
     """hierarchical.allreduce on even hosts (else False: declined): the copy in place, then its pipeline of
     chunks, each an inner reduce-scatter, an outer allreduce across its column and an inner allgather, chunk
     c + 1's phases one outer allreduce behind c's (``embed``'s ``at``: a phase's step k joins step at + k)."""
     n = ops.n
     for rank in r.tolist():
-        t = hierarchical._Layout(rank, n, hosts)
+        t = hierarchical.Layout(rank, n, hosts)
         if not t.even:
             return False
         local, cross, me, L = np.asarray(t.local, np.int64), np.asarray(t.cols[t.me], np.int64), t.me, t.L
@@ -195,7 +195,7 @@ def _hierarchical_allreduce(ops: _Ops, r, count: int, hosts=None, inner: str = "
     return None
 
 
-def _in_turn(ops: _Ops, rank: int, parts, step: int = 0) -> None:
+def _in_turn(ops: Ops, rank: int, parts, step: int = 0) -> None:
     """``rank``'s steps from ``step`` on, one part after another: a step of copies (their counts;
     ``_move_equal``'s, none of "in" onto "out"), a phase embedded (its arrays, its group: ``_mapped``), or
     None (nothing)."""
@@ -210,15 +210,15 @@ def _in_turn(ops: _Ops, rank: int, parts, step: int = 0) -> None:
 
 
 def _even_layout(n: int, rank: int, hosts, *blocks):
-    """The rank's ``hierarchical._Layout`` where the hierarchical builders run their even hosts' phases on
+    """The rank's ``hierarchical.Layout`` where the hierarchical builders run their even hosts' phases on
     blocks of one size (``blocks``: the call's lists of blocks), else None."""
-    t = hierarchical._Layout(rank, n, hosts)
+    t = hierarchical.Layout(rank, n, hosts)
     if t.flat or not t.even or any(len(set(b)) > 1 for b in blocks) or any(b != blocks[0] for b in blocks):
         return None
     return t
 
 
-def _hierarchical_alltoall(ops: _Ops, r, send_counts, recv_counts, hosts=None, inner: str = "pairwise",
+def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, inner: str = "pairwise",
                            outer: str = "pairwise"):
     """hierarchical.alltoall on even hosts of equal blocks (else False: declined), its steps one after another:
     the input regrouped by destination local rank (unless already so), the inner alltoall, a regrouping by
@@ -244,7 +244,7 @@ def _hierarchical_alltoall(ops: _Ops, r, send_counts, recv_counts, hosts=None, i
     return None
 
 
-def _hierarchical_allgather(ops: _Ops, r, counts, hosts=None, inner: str = "ring", outer: str = "ring"):
+def _hierarchical_allgather(ops: Ops, r, counts, hosts=None, inner: str = "ring", outer: str = "ring"):
     """hierarchical.allgather on even hosts of equal blocks whose columns are not in rank order (else False:
     declined; there "out" holds the columns, and a copy of "in" onto it may be one an in-place call leaves
     out): the outer allgather across its column, the inner one of the columns, the blocks put in rank order."""
@@ -263,7 +263,7 @@ def _hierarchical_allgather(ops: _Ops, r, counts, hosts=None, inner: str = "ring
     return None
 
 
-def _hierarchical_reduce_scatter(ops: _Ops, r, counts, hosts=None, inner: str = "ring", outer: str = "ring"):
+def _hierarchical_reduce_scatter(ops: Ops, r, counts, hosts=None, inner: str = "ring", outer: str = "ring"):
     """hierarchical.reduce_scatter on even hosts of equal blocks (else False: declined): the input put in
     column order (unless it is), the inner reduce-scatter of the columns, the outer one across its column."""
     n, runs = ops.n, []
@@ -289,7 +289,7 @@ def _ring_part(me: int, m: int, counts: list[int], chunk: int, reduce: bool) -> 
     if got is None:
         if len(_PHASES) >= 256:
             _PHASES.clear()
-        ops, c = _Ops(m, (me,)), np.asarray(counts, np.int64)
+        ops, c = Ops(m, (me,)), np.asarray(counts, np.int64)
         if reduce:
             _around(ops, ops.ranks, 0, c, chunk - 1 - me, chunk - 2 - me, red=1)
         else:
@@ -298,10 +298,10 @@ def _ring_part(me: int, m: int, counts: list[int], chunk: int, reduce: bool) -> 
     return got
 
 
-def _torus2d_allreduce(ops: _Ops, r, count: int, hosts=None):
+def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
     """torus.allreduce: the copy in place, the row's ring reduce-scatter, the column's ring allreduce of the part
     this rank ends with (none where it is empty), the row's ring allgather; False where there is no grid."""
-    got = torus._placed(ops.n, hosts)
+    got = torus.placed(ops.n, hosts)
     if got is None:
         return False
     rows, where = got
@@ -346,7 +346,7 @@ def arrays(primitive: str, name: str, ranks, nranks: int, args: dict) -> Compact
     make = _MAKERS.get((primitive, name))
     if make is None or nranks < 1:
         return None
-    ops = _Ops(nranks, ranks)
+    ops = Ops(nranks, ranks)
     if make(ops, ops.ranks, **args) is False:
         return None
     return ops.compact()
