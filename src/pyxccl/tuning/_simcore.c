@@ -184,15 +184,50 @@ static inline int64_t chan_key(const Params *P, int64_t a, int64_t b) {
 
 /* ---- the shared resources' busy intervals (cost.Booked, the same operations in the same order) ---- */
 
-typedef struct { double *s, *e; int64_t len, cap; } Busy;
+/* A resource's busy intervals in time order, in a gap buffer: the first g at the buffer's start, the
+ * others at its end. A rank books its step's messages at later and later times, so its insertions move
+ * forward through the intervals: the gap follows them, and each costs what it moved past since the last
+ * (a sorted array cost the whole tail every time: the direct alltoall's one step of n - 1 messages a
+ * rank, booked into the gaps of another rank's, cost O(messages^2) moves). */
+typedef struct { double *s, *e; int64_t len, cap, g; } Busy;
 
-static inline int64_t after(const double *e, int64_t len, double s) {     /* bisect_right(e, s) */
-    int64_t lo = 0, hi = len;
+static inline int64_t phys(const Busy *b, int64_t k) { return k < b->g ? k : k + (b->cap - b->len); }
+static inline double *S_(const Busy *b, int64_t k) { return b->s + phys(b, k); }
+static inline double *E_(const Busy *b, int64_t k) { return b->e + phys(b, k); }
+
+static inline int64_t after(const Busy *b, double s) {     /* bisect_right(ends, s) */
+    int64_t lo = 0, hi = b->len;
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
-        if (s < e[mid]) hi = mid; else lo = mid + 1;
+        if (s < *E_(b, mid)) hi = mid; else lo = mid + 1;
     }
     return lo;
+}
+
+static void gap_to(Busy *b, int64_t k) {                   /* the first k intervals at the start */
+    int64_t gap = b->cap - b->len;
+    if (k < b->g) {
+        memmove(b->s + k + gap, b->s + k, sizeof(double) * (b->g - k));
+        memmove(b->e + k + gap, b->e + k, sizeof(double) * (b->g - k));
+    } else if (k > b->g) {
+        memmove(b->s + b->g, b->s + b->g + gap, sizeof(double) * (k - b->g));
+        memmove(b->e + b->g, b->e + b->g + gap, sizeof(double) * (k - b->g));
+    }
+    b->g = k;
+}
+
+static int grow(Busy *b) {
+    int64_t cap = b->cap ? 2 * b->cap : 64, right = b->len - b->g;
+    double *ns = realloc(b->s, sizeof(double) * cap);
+    if (!ns) return -1;
+    b->s = ns;
+    double *ne = realloc(b->e, sizeof(double) * cap);
+    if (!ne) return -1;
+    b->e = ne;
+    memmove(b->s + cap - right, b->s + b->cap - right, sizeof(double) * right);
+    memmove(b->e + cap - right, b->e + b->cap - right, sizeof(double) * right);
+    b->cap = cap;
+    return 0;
 }
 
 /* Booked.take: the start of the earliest d seconds free on every resource of res at or after t, booked
@@ -205,38 +240,28 @@ static double book(Busy *B, const int64_t *res, int nr, double t, double d, int 
         for (int x = 0; x < nr; x++) {
             Busy *b = &B[res[x]];
             if (!b->len) continue;
-            int64_t j = after(b->e, b->len, s);
-            if (j < b->len && b->s[j] < s + d) { s = b->e[j]; moved = 1; }
+            int64_t j = after(b, s);
+            if (j < b->len && *S_(b, j) < s + d) { s = *E_(b, j); moved = 1; }
         }
     }
     double e = s + d;
     for (int x = 0; x < nr; x++) {
         Busy *b = &B[res[x]];
-        int64_t j = after(b->e, b->len, s);
-        if (j && b->e[j - 1] == s) {
-            if (j < b->len && b->s[j] == e) {
-                b->e[j - 1] = b->e[j];
-                memmove(b->s + j, b->s + j + 1, sizeof(double) * (b->len - j - 1));
-                memmove(b->e + j, b->e + j + 1, sizeof(double) * (b->len - j - 1));
-                b->len--;
+        int64_t j = after(b, s);
+        if (j && *E_(b, j - 1) == s) {
+            if (j < b->len && *S_(b, j) == e) {       /* joins the two around it */
+                *E_(b, j - 1) = *E_(b, j);
+                gap_to(b, j);
+                b->len--;                             /* (interval j was the first after the gap) */
             } else
-                b->e[j - 1] = e;
-        } else if (j < b->len && b->s[j] == e)
-            b->s[j] = s;
+                *E_(b, j - 1) = e;
+        } else if (j < b->len && *S_(b, j) == e)
+            *S_(b, j) = s;
         else {
-            if (b->len == b->cap) {
-                int64_t cap = b->cap ? 2 * b->cap : 64;
-                double *ns = realloc(b->s, sizeof(double) * cap);
-                if (!ns) { *oom = 1; return -1; }
-                b->s = ns;
-                double *ne = realloc(b->e, sizeof(double) * cap);
-                if (!ne) { *oom = 1; return -1; }
-                b->e = ne;
-                b->cap = cap;
-            }
-            memmove(b->s + j + 1, b->s + j, sizeof(double) * (b->len - j));
-            memmove(b->e + j + 1, b->e + j, sizeof(double) * (b->len - j));
-            b->s[j] = s; b->e[j] = e;
+            if (b->len == b->cap && grow(b) < 0) { *oom = 1; return -1; }
+            gap_to(b, j);
+            b->s[b->g] = s; b->e[b->g] = e;
+            b->g++;
             b->len++;
         }
     }
