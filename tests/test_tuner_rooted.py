@@ -106,23 +106,29 @@ def test_what_it_does_not_cover_is_none():
 def test_tuner_estimates_and_choices_are_those_of_the_builds(hosts, per_host, prim, monkeypatch):
     """Every algorithm's estimate and the choice, at sizes on both sides of the shard threshold, with the
     arrays and with every rank built (below and above ``FOLD_ABOVE``): equal, and the arrays were used."""
-    sizes = [8, 4096, 4 * hierarchical.SHARD_MIN, 1 << 20]
-    used = []
-    made = select._Ranks.arrays
+    _with_and_without("arrays", monkeypatch, hosts, per_host, prim, [8, 4096, 4 * hierarchical.SHARD_MIN, 1 << 20])
 
-    def arrays(self):
-        got = made(self)
+
+def _with_and_without(method: str, monkeypatch, hosts: int, per_host: int, prim: str, sizes) -> None:
+    """Every algorithm's estimate and the choice at ``sizes``, with ``select._Ranks``'s ``method`` (arrays made
+    without building the schedules) and with it giving None (every schedule built): equal, and it was used."""
+    used = []
+    made = getattr(select._Ranks, method)
+
+    def counted(self, *args):
+        got = made(self, *args)
         used.append(got is not None)
         return got
 
-    monkeypatch.setattr(select._Ranks, "arrays", arrays)
-    fast = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
-             _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
+    def tables():
+        return [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
+                 _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
+
+    monkeypatch.setattr(select._Ranks, method, counted)
+    fast = tables()
     assert any(used)
-    monkeypatch.setattr(select._Ranks, "arrays", lambda self: None)
-    built = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
-              _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
-    assert fast == built
+    monkeypatch.setattr(select._Ranks, method, lambda self, *args: None)
+    assert fast == tables()
 
 
 def test_a_pair_of_another_class_walks_the_builds(monkeypatch):

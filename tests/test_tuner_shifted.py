@@ -11,10 +11,9 @@ import pytest
 
 from pyxccl.algorithms import hierarchical
 from pyxccl.primitives import PRIMITIVES
-from pyxccl.tuning import compact, select, shifted
+from pyxccl.tuning import compact, shifted
 
-from test_tuner_bound import _tuner
-from test_tuner_rooted import _algorithm, _same
+from test_tuner_rooted import _algorithm, _same, _with_and_without
 
 COVERED = [("allreduce", "ring"), ("allgather", "ring"), ("reduce_scatter", "ring"), ("allgather", "direct"),
            ("reduce_scatter", "direct"), ("alltoall", "direct"), ("alltoall", "pairwise"),
@@ -137,20 +136,4 @@ def test_what_it_does_not_cover_is_none():
 def test_tuner_estimates_and_choices_are_those_of_the_builds(hosts, per_host, prim, monkeypatch):
     """Above ``FOLD_ABOVE`` ranks, every algorithm's estimate and the choice at a few sizes, with the arrays
     and with host 0's ranks built: equal, and the arrays were used."""
-    sizes = [8, 4096, 1 << 20, 1 << 24]
-    used = []
-    made = select._Ranks.part
-
-    def part(self, ranks):
-        got = made(self, ranks)
-        used.append(got is not None)
-        return got
-
-    monkeypatch.setattr(select._Ranks, "part", part)
-    fast = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
-             _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
-    assert any(used)
-    monkeypatch.setattr(select._Ranks, "part", lambda self, ranks: None)
-    built = [({a: repr(e) for a, e in _tuner(hosts, per_host).table(prim, nb).items()},
-              _tuner(hosts, per_host).choose(prim, nb)) for nb in sizes]
-    assert fast == built
+    _with_and_without("part", monkeypatch, hosts, per_host, prim, [8, 4096, 1 << 20, 1 << 24])

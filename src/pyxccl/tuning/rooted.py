@@ -72,13 +72,14 @@ class Ops:
             rank, step, peer, count = (np.zeros(0, np.int64) for _ in range(4))
             kind, red, touch, skip = np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, bool)
         keep = count > 0                # what Schedule.step and embed leave out (and steps left empty)
-        order = np.flatnonzero(keep)
-        key = rank[order] * _STEPS + step[order]
+        order = None if keep.all() else np.flatnonzero(keep)           # (None: every op, in the order added)
+        key = rank * _STEPS + step if order is None else rank[order] * _STEPS + step[order]
         if len(key) > 1 and not (key[1:] >= key[:-1]).all():       # (added in order: nothing to sort)
             by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
-            order, key = order[by], key[by]
-        rank = rank[order]
-        m = len(order)
+            order, key = (by if order is None else order[by]), key[by]
+        if order is not None:
+            rank, kind, red, peer, count, skip, touch = (x[order] for x in (rank, kind, red, peer, count, skip, touch))
+        m = len(key)
         new = np.ones(m, bool)
         np.not_equal(key[1:], key[:-1], out=new[1:])
         starts = np.flatnonzero(new)
@@ -87,9 +88,7 @@ class Ops:
         at = rank[starts] if len(ranks) == n else np.searchsorted(ranks, rank[starts])
         rank_start = np.zeros(len(ranks) + 1, np.int64)
         np.cumsum(np.bincount(at, minlength=len(ranks)), out=rank_start[1:])
-        skip = skip[order]
-        return Compact(kind[order], red[order], peer[order], count[order], step_start, rank_start,
-                       ranks, skip if skip.any() else None, touch[order])
+        return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch)
 
 
 class _Groups:

@@ -1,5 +1,6 @@
-"""Some ranks' schedules of the algorithms that fold (a ring, a direct or pairwise exchange) as the C
-core's arrays (``compact.py``), made in numpy rather than built as Python objects.
+"""Some ranks' schedules of the algorithms that fold (rings, direct and pairwise exchanges, the hierarchical
+layouts, the 2D torus) as the C core's arrays (``compact.py``), made in numpy rather than built as Python
+objects.
 
 The tuner walks host 0's ranks of an algorithm that folds (``symmetric.py``) and checks its declared move
 on a few other ranks; these algorithms hold O(ranks) operations a rank, so at thousands of ranks
@@ -8,8 +9,12 @@ the ring allreduce on 4,096 ranks, 65k steps, 60 ms built and 25 ms converted, a
 
 This is a second implementation of the builders it covers: the ring allreduce, allgather and
 reduce-scatter (``algorithms/ring.py``), the direct allgather, reduce-scatter and alltoall and the pairwise
-alltoall (``algorithms/direct.py``), and the ring phases of van de Geijn's broadcast and Rabenseifner's
-reduce (``algorithms/pipeline.py``, priced apart: ``select._phase_estimate``). :func:`arrays` gives, bit for
+alltoall (``algorithms/direct.py``), the ring phases of van de Geijn's broadcast and Rabenseifner's
+reduce (``algorithms/pipeline.py``, priced apart: ``select._phase_estimate``), the hierarchical allreduce,
+alltoall, allgather and reduce-scatter on even hosts of equal blocks (``algorithms/hierarchical.py``: each
+embedded phase is its flat algorithm's arrays, peers mapped through the group and steps moved, as
+``schedule.embed`` does) and the 2D-torus allreduce (``algorithms/torus.py``); where a call is not covered
+(uneven hosts, blocks of different sizes) it declines and the builders run. :func:`arrays` gives, bit for
 bit, what ``compact.convert([the ranks' schedules], written=True)`` gives (``tests/test_tuner_shifted.py``
 compares them over many layouts and sizes, empty blocks included). Like ``rooted.py``'s, the arrays hold
 only what the walk reads.
