@@ -17,7 +17,7 @@ from pyxccl.checker import check, simulate
 from pyxccl.ops import ReduceOp
 from pyxccl.schedule import Copy, Send
 from pyxccl.testing import RankPool
-from pyxccl.tuning import Machine, Tuner, symmetric
+from pyxccl.tuning import Machine, Tuner, compact, symmetric
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import tuner_scale  # noqa: E402  (how a tuner of H hosts x L ranks is made)
@@ -158,13 +158,14 @@ def test_the_tuner_prices_it_where_it_runs():
 
 
 def test_the_tuner_folds_it_on_128_hosts_of_8():
-    """Hosts are rows, so host h runs host 0's schedules moved by 8h: the tuner walks host 0's ranks."""
+    """Hosts are rows, so host h runs host 0's schedules moved by 8h: the tuner walks host 0's ranks (their
+    arrays, made without building them: tuning/shifted.py)."""
     t = tuner_scale.tuner(128, 8)
     algo, get = t._builder("allreduce", "torus2d", 1 << 20, 4)
     sym, reps = symmetric.find(get, 128, 8, False)
     assert sym is not None and sym.name == "shift"
-    scheds, _ = t._walked(algo, get)
-    assert [s.rank for s in scheds] == list(range(8))
+    reps, _ = t._walked(algo, get)
+    assert isinstance(reps, compact.Compact) and reps.ranks.tolist() == list(range(8))
 
 
 def test_sim_lists_it(capsys, tmp_path):
