@@ -247,11 +247,10 @@ def _move_equal(s: Schedule, c: int, src: tuple[str, int], src_keys, dst: tuple[
     hierarchical alltoall moves n blocks a rank twice: at thousands of ranks, most of its build)."""
     if c <= 0 or not len(dst_keys):
         return
-    pos = block_runs(src_keys, dst_keys)[0]
+    pos, start, blocks = block_runs(src_keys, dst_keys)
     key = (c, src, dst, pos.tobytes())
     step = _MOVES.get(key)
     if step is None:
-        _, start, blocks = block_runs(src_keys, dst_keys)
         step = tuple(copies(src[0], (pos[start] * c + src[1]).tolist(), dst[0], (start * c + dst[1]).tolist(),
                             (blocks * c).tolist()))
         if len(_MOVES) >= 16:

@@ -148,17 +148,22 @@ def _rsg_ring_phase(ops: Ops, r, count: int, root: int) -> None:
 _PHASES: dict = {}
 
 
-def _phase(prim: str, name: str, rank: int, nranks: int, **args) -> Compact:
-    """A phase's arrays (one rank's schedule of a flat algorithm): made here where covered, else built and
-    converted; kept (read only) for the next rank or call that embeds it."""
-    key = (prim, name, rank, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
+def _kept(key, make) -> Compact:
+    """``_PHASES[key]``, made by ``make()`` the first time (read only)."""
     got = _PHASES.get(key)
     if got is None:
         if len(_PHASES) >= 256:
             _PHASES.clear()
-        got = _PHASES[key] = (arrays(prim, name, (rank,), nranks, args) if covers(prim, name) else
-                              convert([lookup(prim, name).build(rank, nranks, **args)], written=True))
+        got = _PHASES[key] = make()
     return got
+
+
+def _phase(prim: str, name: str, rank: int, nranks: int, **args) -> Compact:
+    """A phase's arrays (one rank's schedule of a flat algorithm): made here where covered, else built and
+    converted; kept (read only) for the next rank or call that embeds it."""
+    key = (prim, name, rank, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
+    return _kept(key, lambda: arrays(prim, name, (rank,), nranks, args) if covers(prim, name) else
+                 convert([lookup(prim, name).build(rank, nranks, **args)], written=True))
 
 
 def _mapped(sub: Compact, group: np.ndarray) -> tuple:
@@ -289,18 +294,14 @@ def _hierarchical_reduce_scatter(ops: Ops, r, counts, hosts=None, inner: str = "
 def _ring_part(me: int, m: int, counts: list[int], chunk: int, reduce: bool) -> Compact:
     """``ring.reduce_scatter_phase(last=chunk)`` (``reduce``) or ``ring.allgather_phase(have=chunk)`` on a
     schedule of rank ``me`` of ``m``, alone: the arrays of ``torus._ring``'s phase (kept as ``_phase``'s)."""
-    key = ("ring part", me, m, tuple(counts), chunk, reduce)
-    got = _PHASES.get(key)
-    if got is None:
-        if len(_PHASES) >= 256:
-            _PHASES.clear()
+    def make() -> Compact:
         ops, c = Ops(m, (me,)), np.asarray(counts, np.int64)
         if reduce:
             _around(ops, ops.ranks, 0, c, chunk - 1 - me, chunk - 2 - me, red=1)
         else:
             _around(ops, ops.ranks, 0, c, chunk - me, chunk - 1 - me)
-        got = _PHASES[key] = ops.compact()
-    return got
+        return ops.compact()
+    return _kept(("ring part", me, m, tuple(counts), chunk, reduce), make)
 
 
 def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
