@@ -170,7 +170,7 @@ class World:
         self.segs = [first] + [HostSegment(r, n, area_bytes, fd=os.dup(first.fd)) for r in range(1, n)]
         self.n, self.seq, self.failed = n, 0, threading.Event()
         for s in self.segs:
-            s.spin, s.yields, s.waits = 0.0, 0, (0, 0)     # threads: no spinning under the GIL
+            s.spin, s.yields, s.waits = 0.0, 0, (0, 0, s.waits[2])     # threads: no spinning under the GIL
             s.check_alive = self._alive
 
     def _alive(self, p: int, seq: int) -> None:
@@ -443,7 +443,7 @@ _REFUSALS = textwrap.dedent('''
     ctx = types.SimpleNamespace(segment=seg, rank=0)
     s = registry.lookup("allreduce", "segment").schedule(0, 1, window=Window(64, 8), count=100)
     prog = onehost.program(s, 4)
-    x, settings = np.arange(100, dtype=np.float32), (0, 0, 0, 0)
+    x, settings = np.arange(100, dtype=np.float32), (0, 0, seg.waits[2], 0, 0)
 
     def refused(where, match, prog=prog):
         before = seg.round
@@ -480,8 +480,9 @@ _REFUSALS = textwrap.dedent('''
     good = (prog, 0, seg.layout, seg.round, (1, 2, 3), (x, x.copy(), None), settings)
     for at, bad, error in ((0, "text", TypeError), (1, 0.5, TypeError), (2, seg.layout[:-1], TypeError),
                            (2, list(seg.layout), TypeError), (3, -1.0, TypeError), (4, (1, 2), TypeError),
-                           (4, (1, 2, "3"), TypeError), (5, (x, x), TypeError), (6, settings[:3], TypeError),
-                           (6, (0, 0, 2 ** 40, 0), OverflowError), (6, (0, 0, 0, None), TypeError)):
+                           (4, (1, 2, "3"), TypeError), (5, (x, x), TypeError), (6, settings[:4], TypeError),
+                           (6, (0, 0, 1, 2 ** 40, 0), OverflowError), (6, (0, 0, 1, 0, None), TypeError),
+                           (6, (0, 0, 1.5, 0, 0), TypeError)):
         before = seg.round
         try:
             onehost._native.run(*good[:at], bad, *good[at + 1:])

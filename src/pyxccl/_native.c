@@ -78,7 +78,7 @@ typedef struct {
     uint64_t call[3];           /* seq, w0, w1 */
     uint32_t round;
     int parity;
-    int64_t spin_ns, yields;
+    int64_t spin_ns, yields, nap_ns;
     int dtype, op;
     char *posted;               /* what I posted this round (NULL: nothing) */
     int posted_nt;              /* copies into it use non-temporal stores (its buffer's Run.nt) */
@@ -142,7 +142,7 @@ static int wait_for(Run *r, int64_t p, uint32_t target) {
     __atomic_thread_fence(__ATOMIC_SEQ_CST);        /* my flag before their counter: no lost wake-up */
     uint32_t cur = __atomic_load_n(c, __ATOMIC_ACQUIRE);
     if (!ge(cur, target)) {
-        struct timespec nap = {0, 2000000};
+        struct timespec nap = {(time_t)(r->nap_ns / 1000000000), (long)(r->nap_ns % 1000000000)};
         syscall(SYS_futex, (void *)c, FUTEX_WAIT, cur, &nap, NULL, 0);
     }
     __atomic_store_n(flag, 0, __ATOMIC_RELAXED);
@@ -488,11 +488,12 @@ static const char *check(const int64_t *code, Py_ssize_t len, int64_t n, int64_t
  *   round:    the segment's round counter (returned advanced)
  *   call:     (seq, w0, w1), the call's fingerprint
  *   buffers:  (in, out, tmp), contiguous arrays or None (those the program does not use are ignored)
- *   settings: (spin_ns, yields, dtype code, op code)
+ *   settings: (spin_ns, yields, nap_ns, dtype code, op code): spin, then yield, then sleep at most nap_ns
+ *             before returning NAPPED (the caller looks at the deadline and the peers, and runs on)
  * A buffer the program uses that is None, read-only where it writes, or shorter than it reaches (or a
  * segment's window shorter than its window offsets) stops it before anything runs: status BUFFER,
  * peer = the buffer id, err = the bytes the program needs of it. */
-/* run()'s arguments, read as PyArg_ParseTuple's "y*n(KLLLLLLL)k(KKK)(OOO)(LLii)" would (the same
+/* run()'s arguments, read as PyArg_ParseTuple's "y*n(KLLLLLLL)k(KKK)(OOO)(LLLii)" would (the same
  * conversions: K and k without overflow checks, L and n with, i within int), written out because this
  * is on every call and the generic parser cost about as much as a small call's round. */
 static int items(PyObject *t, Py_ssize_t n, int arg) {
@@ -550,12 +551,12 @@ static PyObject *outcome(Run *r, int status, Py_ssize_t pc) {
  * copies reach with non-temporal stores (need, writes: check()'s). run() fills it on every call, Call once. */
 static void fixed(Run *r, unsigned long long base, long long line, long long hdr_at, long long head, long long area,
                   long long pids_at, long long me, long long n, unsigned long long w0, unsigned long long w1,
-                  long long spin, long long yields, int dtype, int op, const int64_t *need, const int *writes) {
+                  long long spin, long long yields, long long nap, int dtype, int op, const int64_t *need, const int *writes) {
     r->base = (char *)(uintptr_t)base;
     r->line = line; r->hdr_at = hdr_at; r->head = head; r->area = area; r->pids_at = pids_at;
     r->me = me; r->n = n;
     r->call[1] = w0; r->call[2] = w1;
-    r->spin_ns = spin; r->yields = yields; r->dtype = dtype; r->op = op;
+    r->spin_ns = spin; r->yields = yields; r->nap_ns = nap > 0 ? nap : 1; r->dtype = dtype; r->op = op;
     /* not into a buffer reduced into: what a copy put there is read back at once (from memory, then) */
     for (int b = 0; b < 3; b++) r->nt[b] = need[b] >= NT_BYTES && !(writes[b] & 2);
 }
@@ -566,7 +567,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     PyObject *objs[3];
     Py_ssize_t pc;
     unsigned long long base, s0, s1, s2, rnd_;
-    long long line, hdr_at, head, area, pids_at, me, n, spin, yields;
+    long long line, hdr_at, head, area, pids_at, me, n, spin, yields, nap;
     unsigned long rnd;
     int dtype, op;
     if (argc != 7) {
@@ -574,7 +575,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         return NULL;
     }
     PyObject *lay = argv[2], *call = argv[4], *bufs = argv[5], *set = argv[6];
-    if (!items(lay, 8, 3) || !items(call, 3, 5) || !items(bufs, 3, 6) || !items(set, 4, 7)) return NULL;
+    if (!items(lay, 8, 3) || !items(call, 3, 5) || !items(bufs, 3, 6) || !items(set, 5, 7)) return NULL;
     pc = PyNumber_AsSsize_t(argv[1], PyExc_OverflowError);
     if (pc == -1 && PyErr_Occurred()) return NULL;
     if (!as_ull(PyTuple_GET_ITEM(lay, 0), &base) || !as_ll(PyTuple_GET_ITEM(lay, 1), &line)
@@ -584,7 +585,8 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         || !as_ull(argv[3], &rnd_) || !as_ull(PyTuple_GET_ITEM(call, 0), &s0)
         || !as_ull(PyTuple_GET_ITEM(call, 1), &s1) || !as_ull(PyTuple_GET_ITEM(call, 2), &s2)
         || !as_ll(PyTuple_GET_ITEM(set, 0), &spin) || !as_ll(PyTuple_GET_ITEM(set, 1), &yields)
-        || !as_int(PyTuple_GET_ITEM(set, 2), &dtype) || !as_int(PyTuple_GET_ITEM(set, 3), &op))
+        || !as_ll(PyTuple_GET_ITEM(set, 2), &nap) || !as_int(PyTuple_GET_ITEM(set, 3), &dtype)
+        || !as_int(PyTuple_GET_ITEM(set, 4), &op))
         return NULL;
     rnd = (unsigned long)rnd_;          /* k: PyLong_AsUnsignedLongMask, the same bits on LP64 */
     for (int b = 0; b < 3; b++) objs[b] = PyTuple_GET_ITEM(bufs, b);
@@ -632,7 +634,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         if (status < 0) return NULL;        /* not a buffer at all: that TypeError */
         return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
     }
-    fixed(r, base, line, hdr_at, head, area, pids_at, me, n, s1, s2, spin, yields, dtype, op, need, writes);
+    fixed(r, base, line, hdr_at, head, area, pids_at, me, n, s1, s2, spin, yields, nap, dtype, op, need, writes);
     r->parity = r->round & 1;
     r->call[0] = s0;
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
@@ -992,10 +994,10 @@ static PyMethodDef call_methods[] = {
 static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *program, *seg, *ctx, *eng, *rec, *what, *record, *tally, *running, *done;
     unsigned long long w0, w1, recent;
-    long long spin, yields;
+    long long spin, yields, nap;
     int dtype, op, writes, finish;
     if (kw && PyDict_GET_SIZE(kw)) { PyErr_SetString(PyExc_TypeError, "Call takes no keywords"); return NULL; }
-    if (!PyArg_ParseTuple(args, "OO(KK)(LLii)OOOOOOppK(OO):Call", &program, &seg, &w0, &w1, &spin, &yields, &dtype,
+    if (!PyArg_ParseTuple(args, "OO(KK)(LLLii)OOOOOOppK(OO):Call", &program, &seg, &w0, &w1, &spin, &yields, &nap, &dtype,
                           &op, &ctx, &eng, &rec, &what, &record, &tally, &writes, &finish, &recent, &running, &done))
         return NULL;
     if (!recent || (recent & (recent - 1))) { PyErr_SetString(PyExc_ValueError, "Call: recent_calls must be a power of 2"); return NULL; }
@@ -1021,7 +1023,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         Py_DECREF(c);
         return NULL;
     }
-    fixed(&c->fixed, base, line, hdr_at, head, area, pids_at, me, n, w0, w1, spin, yields, dtype, op, c->need, c->writes);
+    fixed(&c->fixed, base, line, hdr_at, head, area, pids_at, me, n, w0, w1, spin, yields, nap, dtype, op, c->need, c->writes);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1;
     PyObject *lock = NULL, *exec_ = NULL, *ops = NULL;
     c->ctx_dict = PyObject_GetAttrString(ctx, "__dict__");

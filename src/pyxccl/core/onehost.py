@@ -304,7 +304,7 @@ def _stopped(ctx, seg, prog, mine, where, settings, deadline, op, done) -> None:
             if time.monotonic() > deadline:
                 raise seg.timed_out(peer)
             seg.check_alive(peer, mine[0])
-            settings = (0, 0, *settings[2:])
+            settings = (0, 0, _layout.longer(settings[2]), *settings[3:])
         elif status == _MISMATCH:
             theirs = seg.call_of(peer, seg.round & 1)
             raise ctx.mismatch(peer, mine[0], theirs[1:], their_seq=theirs[0])
