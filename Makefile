@@ -41,8 +41,8 @@ peers: $(VENV)/.installed-peers
 # The whole suite, then the one-host and collective tests again with the pure-Python executor
 # (what runs where pyxccl._native could not be built).
 test: install-test bytecode
-	$(PY) -m pytest -q
-	PYXCCL_NATIVE=0 $(PY) -m pytest -q tests/test_prepared.py tests/test_collectives.py tests/test_buffers.py \
+	$(PY) -m pytest -q --durations=15
+	PYXCCL_NATIVE=0 $(PY) -m pytest -q --durations=10 tests/test_prepared.py tests/test_collectives.py tests/test_buffers.py \
 		tests/test_call_forms.py \
 		tests/test_errors.py tests/test_compress.py -k "not sigkill and not close_leaves and not host_faults"
 
