@@ -77,6 +77,20 @@ def _check(scheds, net, inplace, working_set=0):
     start = np.random.default_rng(len(scheds)).uniform(0, want[0].time or 1e-6, size=max(s.rank for s in scheds) + 1)
     want = cost.run(scheds, 4, net, inplace, working_set, start)
     _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net, working_set, start))
+    _limited(compact.convert(scheds, inplace), net, working_set, start, want)
+
+
+def _limited(comp, net, working_set, start, want):
+    """With a limit (the tuner's best so far), the walk stops once past it: a time above the limit and not
+    above the whole walk's, no rank stuck; at or above the whole walk's time, the whole walk, bit for bit."""
+    whole = want[0].time
+    _same(want, fast.run_compact(comp, 4, net, working_set, start, whole))
+    _same(want, fast.run_compact(comp, 4, net, working_set, start, whole * 1.5))
+    for part in (0.0, 0.3, 0.7, 0.999):
+        limit = whole * part
+        if limit < whole:
+            est, stuck = fast.run_compact(comp, 4, net, working_set, start, limit)
+            assert limit < est.time <= whole and stuck == [], (part, est.time, whole)
 
 
 def _working_set(prim, c, nbytes, inplace):

@@ -20,7 +20,8 @@ from test_tuner_builders import _hosts
 COVERED = [("broadcast", "binomial"), ("reduce", "binomial"), ("gather", "binomial"), ("scatter", "binomial"),
            ("broadcast", "hierarchical"), ("broadcast", "chain"), ("broadcast", "scatter_allgather"),
            ("reduce", "reduce_scatter_gather"), ("gather", "direct"), ("scatter", "direct"),
-           ("gather", "hierarchical"), ("scatter", "hierarchical"), ("broadcast", "scatter_allgather/scatter_phase")]
+           ("gather", "hierarchical"), ("scatter", "hierarchical"), ("broadcast", "scatter_allgather/scatter_phase"),
+           ("reduce", "reduce_scatter_gather/gather_phase")]
 #: covered on hosts of consecutive ranks only (elsewhere the root regroups the blocks: None, built rank by rank)
 CONSECUTIVE = {("gather", "hierarchical"), ("scatter", "hierarchical")}
 

@@ -19,9 +19,13 @@
  *   sender's and the receiver's copies); 0: TCP on one host ("tcp_local": bytes * beta at the sender).
  *   fold: 0 none (channel a -> b), 1 Shift, 2 Xor (symmetric.py: channel keys, wakes to the rep,
  *   every resource on host 0).
+ *   Then movekind, start (each walked rank's clock at the start, or None) and limit: the walk stops at the
+ *   first step that ends after it (the tuner has an estimate at the limit already: this one is later, since
+ *   clocks only go on), with no rank called stuck and time the latest clock then, past the limit.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -342,11 +346,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Params P;
     int movekind;
     PyObject *start_o = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|O", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    double limit = INFINITY;        /* a step that ends past it ends the walk (its estimate is above it) */
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|Od", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
                           &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
-                          &movekind, &start_o))
+                          &movekind, &start_o, &limit))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
@@ -427,7 +432,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     for (int64_t i = 0; i < ns; i++) where[ranks[i]] = i;      /* {s.rank: i}: the last one wins */
 
     int64_t messages = 0, hlen = 0;
-    int oom = 0;
+    int oom = 0, cut = 0;
+    double cut_at = 0.0;            /* with cut: the time past the limit (a clock mid-step may be before it) */
     const double half_intra = P.ia / 2, half_inter = P.ea / 2;
     Py_BEGIN_ALLOW_THREADS
     if (has_start)
@@ -436,7 +442,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         for (int64_t i = 0; i < ns; i++) { Entry e = {0.0, i}; heap[hlen++] = e; }  /* sorted: a heap already */
     for (int64_t i = 0; i < ns; i++) queued[i] = 1;
     int64_t next = -1;              /* a rank that went back in the queue: it takes the top's place */
-    while ((hlen > 0 || next >= 0) && !oom) {
+    while ((hlen > 0 || next >= 0) && !oom && !cut) {
         int64_t i;
         if (next >= 0) {            /* heappush then heappop: the top comes out (the pushed is later) */
             i = heap[0].i;
@@ -471,6 +477,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                         double end = start + (double)nb * beta;
                         out_done[i] = dmax(out_done[i], end);
                         if (chans_push(&C, chan_key(&P, r, q), end + alpha, start) < 0) { oom = 1; break; }
+                        if (end > limit) { cut = 1; cut_at = end; break; }
                         continue;
                     }
                     double f = P.stretch, half = (inside ? half_intra : half_inter) * f;
@@ -486,8 +493,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     }
                     T[i] = t;
                     if (chans_push(&C, chan_key(&P, r, q), arrive, half) < 0) { oom = 1; break; }
+                    if (t > limit) { cut = 1; cut_at = t; break; }    /* (a step of many sends: a direct exchange's) */
                 }
-                if (oom) break;
+                if (oom || cut) break;
                 begun[i] = 1;
                 taken[i] = j;
                 for (int64_t x = sends; x < j; x++) {          /* wake the parked ranks sent to */
@@ -526,6 +534,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             clock[i] = dmax(out_done[i], T[i]);
             pc[i]++;
             begun[i] = 0;
+            if (clock[i] > limit) { cut = 1; cut_at = clock[i]; break; }          /* clocks only go on: the end is later still */
             if (hlen > 0 && clock[i] > heap[0].t) {            /* another rank's step comes first */
                 queued[i] = 1;
                 next = i;
@@ -543,10 +552,11 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             if (i == 0 || clock[i] > tmax) tmax = clock[i];
             if (i == 0 || sent[i] > smax) smax = sent[i];
         }
+        if (cut) tmax = dmax(tmax, cut_at);
         PyObject *stuck = PyList_New(0);
         if (!stuck) goto done;
         for (int64_t i = 0; i < ns; i++)
-            if (rank_start[tmpl[i]] + pc[i] < rank_start[tmpl[i] + 1]) {
+            if (!cut && rank_start[tmpl[i]] + pc[i] < rank_start[tmpl[i] + 1]) {
                 PyObject *v = PyLong_FromLongLong(ranks[i]);
                 if (!v || PyList_Append(stuck, v) < 0) { Py_XDECREF(v); Py_DECREF(stuck); goto done; }
                 Py_DECREF(v);

@@ -98,9 +98,12 @@ def _core(net) -> tuple[Shape, int] | None:
     return None if fold is None else (shape, fold)
 
 
-def run_compact(comp, itemsize: int, net, working_set: int = 0, start=None) -> tuple[Estimate, list[int]]:
+def run_compact(comp, itemsize: int, net, working_set: int = 0, start=None,
+                limit: float = float("inf")) -> tuple[Estimate, list[int]]:
     """The C core's walk of ``comp`` (a ``compact.Compact`` or ``compact.Derived``) on ``net`` (one with
-    a shape); ValueError when it cannot. ``start``: each rank's clock at the start (indexed by rank)."""
+    a shape); ValueError when it cannot. ``start``: each rank's clock at the start (indexed by rank).
+    ``limit``: the walk stops once a rank's clock passes it; the estimate's time is then above the limit
+    but not the whole walk's (a walk the tuner needs only to know is not below its best so far)."""
     core = _core(net)
     if core is None or _simcore is None:
         raise ValueError("the C core walks compact schedules on a net of hosts alike only (and must be built)")
@@ -117,16 +120,16 @@ def run_compact(comp, itemsize: int, net, working_set: int = 0, start=None) -> t
     t, sent, messages, stuck, ends = _simcore.walk(arrays.kind, arrays.red, arrays.peer, arrays.count,
                                                    arrays.step_start, arrays.rank_start, ranks, tmpl, move,
                                                    arrays.touch, _params(shape, fold, itemsize, working_set),
-                                                   movekind, start)
+                                                   movekind, start, float(limit))
     return Estimate(t, comp.steps, sent, messages, (ranks, np.frombuffer(ends))), stuck
 
 
 def run(scheds, itemsize: int, net, inplace: bool = False, working_set: int = 0,
-        start=None) -> tuple[Estimate, list[int]]:
+        start=None, limit: float = float("inf")) -> tuple[Estimate, list[int]]:
     """``cost.run``, in C when it can be; ``scheds`` may also be a ``compact.Compact`` or
-    ``compact.Derived``."""
+    ``compact.Derived``. ``limit``: ``run_compact``'s (the Python reference walks to the end)."""
     if isinstance(scheds, (_compact.Compact, _compact.Derived)):
-        return run_compact(scheds.inplace() if inplace else scheds, itemsize, net, working_set, start)
+        return run_compact(scheds.inplace() if inplace else scheds, itemsize, net, working_set, start, limit)
     core = _core(net) if available() and scheds else None
     if core is not None and _compact.message_schedules(scheds):
         n = core[0].nranks
@@ -134,7 +137,7 @@ def run(scheds, itemsize: int, net, inplace: bool = False, working_set: int = 0,
         if all(0 <= r < n for r in ranks) and len(set(ranks)) == len(ranks):    # (Timing indexes ranks)
             comp = _compact.convert(scheds, inplace)
             if not len(comp.peer) or (comp.peer.min() >= 0 and comp.peer.max() < n):
-                return run_compact(comp, itemsize, net, working_set, start)
+                return run_compact(comp, itemsize, net, working_set, start, limit)
     return cost.run(scheds, itemsize, net, inplace, working_set, start)
 
 

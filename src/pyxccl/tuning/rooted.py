@@ -420,10 +420,24 @@ def _reduce_scatter_gather(nranks: int, hosts, count: int, root: int) -> Compact
     rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
     ops.add(rank, 1 + k, SEND, (rank + 1) % n, pieces[(rank - k - 1) % n])
     ops.add(rank, 1 + k, RECV, (rank - 1) % n, pieces[(rank - k - 2) % n], red=1)
-    ops.add(ranks, _PHASE, COPY, 0, pieces, touch=_TOUCH)
+    _to_root(ops, ranks, pieces, root, _PHASE)
+    return ops.compact()
+
+
+def _to_root(ops: Ops, ranks: np.ndarray, pieces: np.ndarray, root: int, base: int) -> None:
+    """pipeline.gather_phase's steps from key ``base``: each rank's piece copied aside (onto "out" on the root),
+    then sent to the root, which receives them in rank order."""
+    ops.add(ranks, base, COPY, 0, pieces, touch=_TOUCH)
     other = ranks != root
-    ops.add(ranks[other], _PHASE + 1, SEND, root, pieces[other])
-    ops.add(np.full(n - 1, root), _PHASE + 1, RECV, ranks[other], pieces[other])
+    ops.add(ranks[other], base + 1, SEND, root, pieces[other])
+    ops.add(np.full(len(ranks) - 1, root), base + 1, RECV, ranks[other], pieces[other])
+
+
+def _gather_phase(nranks: int, hosts, count: int, root: int) -> Compact:
+    """pipeline.gather_phase (reduce_scatter_gather's second phase, priced apart: select.py): walked for every
+    rank, whose schedules, built one by one, cost O(ranks^2) (each its pieces' offsets: 4,096 ranks, 60 ms)."""
+    ops = Ops(nranks)
+    _to_root(ops, ops.ranks, np.asarray(split_counts(count, nranks), np.int64), root, 0)
     return ops.compact()
 
 
@@ -441,7 +455,8 @@ _FAST = {("broadcast", "binomial"): (_binomial_broadcast, True), ("reduce", "bin
          ("scatter", "hierarchical"): (_hierarchical_scatter, True),
          ("broadcast", "chain"): (_chain, False), ("broadcast", "scatter_allgather"): (_scatter_allgather, False),
          ("broadcast", "scatter_allgather/scatter_phase"): (_scatter_phase, True),
-         ("reduce", "reduce_scatter_gather"): (_reduce_scatter_gather, False)}
+         ("reduce", "reduce_scatter_gather"): (_reduce_scatter_gather, False),
+         ("reduce", "reduce_scatter_gather/gather_phase"): (_gather_phase, True)}
 
 
 def covers(primitive: str, name: str) -> bool:

@@ -260,7 +260,9 @@ class Tuner:
                              total.messages + est.messages)
         return total
 
-    def _estimate(self, algo, get, itemsize: int, walked=None) -> Estimate | None:
+    def _estimate(self, algo, get, itemsize: int, walked=None, limit: float = float("inf")) -> Estimate | None:
+        """The model's estimate; where ``limit`` is given, an estimate whose time is above it may be only a
+        time above it (its walk stopped there: ``fast.run_compact``)."""
         if walked is None and isinstance(get, _Ranks) and self._phased(algo):
             return self._phase_estimate(algo, get, itemsize)
         try:
@@ -271,7 +273,7 @@ class Tuner:
         # over shared memory looks cheaper than the segment for large calls, and on a host with more
         # ranks than cores it is not: measured here, 4 ranks on 2 cores, a 64 MiB allgather takes
         # 71 ms by recursive doubling and 22-30 ms on the segment (docs/sim.md, "Fidelity").
-        return fast.run(scheds, itemsize, net)[0]
+        return fast.run(scheds, itemsize, net, limit=limit)[0]
 
     def bound(self, sched, itemsize: int) -> float:
         """``bound.local`` of rank ``sched.rank`` (its schedule or arrays): a time the model's estimate cannot
@@ -338,7 +340,8 @@ class Tuner:
 
     def _argmin(self, primitive: str, nbytes: int, itemsize: int) -> tuple[dict[str, Estimate], dict[str, float]]:
         """The table's entries that can be the argmin, and the bounds of those left out: their bound
-        (``bound.py``) is above the best estimate so far, so their estimate cannot be below it.
+        (``bound.py``) is above the best estimate so far, so their estimate cannot be below it, or their
+        walk passed it (a walk stops there: ``fast.run_compact``'s limit).
 
         First the algorithms that are cheap to walk (on a communicator above ``FOLD_ABOVE`` ranks: those
         that fold, and the rooted trees whose every rank ``rooted.py`` makes at once), in the order of
@@ -366,10 +369,14 @@ class Tuner:
 
         def walk(name, algo, get, walked=None):
             nonlocal best
-            est = self._estimate(algo, get, itemsize, walked)
-            if est is not None:
+            est = self._estimate(algo, get, itemsize, walked, limit=best)
+            if est is None:
+                return
+            if est.time > best:
+                skipped[name] = est.time        # (its walk may have stopped there: a bound, then)
+            else:
                 costs[name] = est
-                best = min(best, est.time)
+                best = est.time
 
         every = []
         while todo:

@@ -8,7 +8,8 @@ building those schedules and converting them was most of pricing a size (issue 2
 the ring allreduce on 4,096 ranks, 65k steps, 60 ms built and 25 ms converted, against 26 ms walked).
 
 This is a second implementation of the builders it covers: the ring allreduce, allgather and
-reduce-scatter (``algorithms/ring.py``), the direct allgather, reduce-scatter and alltoall and the pairwise
+reduce-scatter (``algorithms/ring.py``), the direct allreduce (``algorithms/trees.py``: priced by its host link
+bound, from rank 0's schedule and a spot's), the direct allgather, reduce-scatter and alltoall and the pairwise
 alltoall (``algorithms/direct.py``), the ring phases of van de Geijn's broadcast and Rabenseifner's
 reduce (``algorithms/pipeline.py``, priced apart: ``select._phase_estimate``), the hierarchical allreduce,
 alltoall, allgather and reduce-scatter on even hosts of equal blocks (``algorithms/hierarchical.py``: each
@@ -76,6 +77,25 @@ def _ring_reduce_scatter(ops: Ops, r, counts) -> None:
     ops.add(r, 0, COPY, 0, off[-1], touch=_PLAIN)
     _around(ops, r, 1, c, -1, -2, red=1)
     ops.add(r, n, COPY, 0, c[r], touch=_PLAIN)
+
+
+def _direct_allreduce(ops: Ops, r, count: int) -> None:
+    """trees.allreduce_direct: the copy in place, then chunk q of the vector to rank q and every rank's chunk r
+    received into "tmp" (peers in rank order), reduced into "out" in rank order, sent to everyone."""
+    n = ops.n
+    pieces = np.asarray(split_counts(count, n), np.int64)
+    mine = pieces[r]
+    rank = np.repeat(r, n - 1)
+    k = np.tile(np.arange(n - 1, dtype=np.int64), len(r))
+    peer = k + (k >= rank)                  # the others, in rank order
+    ops.add(r, 0, COPY, 0, count, touch=_PLAIN, skip=True)
+    ops.add(r, 1, COPY, 0, mine, touch=_PLAIN)
+    ops.add(rank, 1, SEND, peer, pieces[peer])
+    ops.add(rank, 1, RECV, peer, pieces[rank])
+    ops.add(r, 2, COPY, 0, mine, touch=_PLAIN)
+    ops.add(rank, 2, COPY, 0, pieces[rank], red=1, touch=_REDUCING)
+    ops.add(rank, 3, SEND, peer, pieces[rank])
+    ops.add(rank, 3, RECV, peer, pieces[peer])
 
 
 def _exchange(ops: Ops, r, step, sends, recvs) -> None:
@@ -328,7 +348,7 @@ def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
     return None
 
 
-_MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allgather", "ring"): _ring_allgather,
+_MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allreduce", "direct"): _direct_allreduce, ("allgather", "ring"): _ring_allgather,
            ("reduce_scatter", "ring"): _ring_reduce_scatter, ("allgather", "direct"): _direct_allgather,
            ("reduce_scatter", "direct"): _direct_reduce_scatter, ("alltoall", "direct"): _direct_alltoall,
            ("alltoall", "pairwise"): _pairwise_alltoall,
