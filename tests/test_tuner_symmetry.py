@@ -111,3 +111,17 @@ def test_the_tuner_prices_the_same_with_and_without_declarations(hosts, per_host
         costs, skipped = _tuner(hosts, per_host)._argmin(prim, nbytes, 4)
         assert fast[prim] == (costs, skipped), prim
     assert hosts * per_host > select.FOLD_ABOVE and algorithms.algorithms("allreduce")
+
+
+@pytest.mark.parametrize("name", ["tree", "double_binary_tree", "reduce_broadcast", "direct"])
+def test_find_builds_two_ranks_of_what_does_not_fold(name):
+    """Host 1's first rank compared with rank 0 moved before host 0's every rank is built (host 1 is the
+    first sample): what does not fold costs two schedules, not host 0's and the samples' (the direct
+    allreduce, whose steps are alike on every rank but whose peers are in rank order, cost 18 here)."""
+    hosts, per_host = 16, 8
+    get = _builder("allreduce", name, hosts, per_host, 64 << 20)
+    built = []
+    sym, why = symmetric.find(lambda r: built.append(r) or get(r), hosts, per_host, False)
+    assert sym is None and why == symmetric._NOT_SAME and built == [0, per_host]
+    ring = _builder("allreduce", "ring", hosts, per_host, 64 << 20)
+    assert symmetric.find(ring, hosts, per_host, False)[0] is not None

@@ -116,11 +116,21 @@ def find(build, hosts: int, per_host: int, ring_of_hosts: bool, exact: bool = Fa
     first, other = build(0), build(per_host)
     if [len(st) for st in first.steps] != [len(st) for st in other.steps]:
         return None, _NOT_SAME          # host 1's first rank is not host 0's moved: no need to build more
+    kinds = _moves(hosts, per_host, ring_of_hosts)
+    from . import compact
+    if not (first.segment or other.segment):
+        # the moves under which host 1's first rank is host 0's first (host 1 is the first sample: a move
+        # that fails here fails there), before building host 0's every rank: a tree's do not fold
+        try:
+            one, moved = compact.convert([first], written=True), compact.convert([other], written=True)
+        except TypeError:
+            return None, _NOT_SAME
+        kinds = [k for k in kinds if compact.same_moved(moved, one, k(n, per_host), 1, per_host, exact)]
+        if not kinds:
+            return None, _NOT_SAME
     reps = [build(r) for r in range(per_host)]
     if any(s.segment for s in reps):
         return None, "segment schedules run on one host"
-    kinds = _moves(hosts, per_host, ring_of_hosts)
-    from . import compact
     try:
         base = compact.convert(reps, written=True)
     except TypeError:       # Get, Put, Post or Sync in a message schedule: _same says no
