@@ -15,10 +15,10 @@ from pyxccl.tuning import compact, shifted
 
 from test_tuner_rooted import _algorithm, _same, _with_and_without
 
-COVERED = [("allreduce", "ring"), ("allreduce", "direct"), ("allgather", "ring"), ("reduce_scatter", "ring"), ("allgather", "direct"),
+COVERED = [("allreduce", "ring"), ("allreduce", "direct"), ("allreduce", "reduce_broadcast"), ("allgather", "ring"), ("reduce_scatter", "ring"), ("allgather", "direct"),
            ("reduce_scatter", "direct"), ("alltoall", "direct"), ("alltoall", "pairwise"),
            ("broadcast", "scatter_allgather/ring_phase"),
-           ("reduce", "reduce_scatter_gather/reduce_scatter_phase_of")]
+           ("reduce", "reduce_scatter_gather/reduce_scatter_phase_of"), ("reduce", "reduce_scatter_gather")]
 SIZES = [0, 4, 12, 100, 4000, 3 << 18]
 
 

@@ -420,24 +420,27 @@ def _reduce_scatter_gather(nranks: int, hosts, count: int, root: int) -> Compact
     rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
     ops.add(rank, 1 + k, SEND, (rank + 1) % n, pieces[(rank - k - 1) % n])
     ops.add(rank, 1 + k, RECV, (rank - 1) % n, pieces[(rank - k - 2) % n], red=1)
-    _to_root(ops, ranks, pieces, root, _PHASE)
+    to_root(ops, ranks, pieces, root, _PHASE)
     return ops.compact()
 
 
-def _to_root(ops: Ops, ranks: np.ndarray, pieces: np.ndarray, root: int, base: int) -> None:
-    """pipeline.gather_phase's steps from key ``base``: each rank's piece copied aside (onto "out" on the root),
-    then sent to the root, which receives them in rank order."""
-    ops.add(ranks, base, COPY, 0, pieces, touch=_TOUCH)
-    other = ranks != root
-    ops.add(ranks[other], base + 1, SEND, root, pieces[other])
-    ops.add(np.full(len(ranks) - 1, root), base + 1, RECV, ranks[other], pieces[other])
+def to_root(ops: Ops, ranks: np.ndarray, pieces: np.ndarray, root: int, base: int) -> None:
+    """pipeline.gather_phase's steps from key ``base`` for ``ranks`` (increasing; ``pieces``: every rank's):
+    each rank's piece copied aside (onto "out" on the root), then sent to the root, which receives them in
+    rank order."""
+    ops.add(ranks, base, COPY, 0, pieces[ranks], touch=_TOUCH)
+    other = ranks[ranks != root]
+    ops.add(other, base + 1, SEND, root, pieces[other])
+    if len(other) < len(ranks):
+        senders = np.delete(np.arange(ops.n, dtype=np.int64), root)
+        ops.add(np.full(len(senders), root), base + 1, RECV, senders, pieces[senders])
 
 
 def _gather_phase(nranks: int, hosts, count: int, root: int) -> Compact:
     """pipeline.gather_phase (reduce_scatter_gather's second phase, priced apart: select.py): walked for every
     rank, whose schedules, built one by one, cost O(ranks^2) (each its pieces' offsets: 4,096 ranks, 60 ms)."""
     ops = Ops(nranks)
-    _to_root(ops, ops.ranks, np.asarray(split_counts(count, nranks), np.int64), root, 0)
+    to_root(ops, ops.ranks, np.asarray(split_counts(count, nranks), np.int64), root, 0)
     return ops.compact()
 
 

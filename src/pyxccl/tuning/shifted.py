@@ -8,10 +8,11 @@ building those schedules and converting them was most of pricing a size (issue 2
 the ring allreduce on 4,096 ranks, 65k steps, 60 ms built and 25 ms converted, against 26 ms walked).
 
 This is a second implementation of the builders it covers: the ring allreduce, allgather and
-reduce-scatter (``algorithms/ring.py``), the direct allreduce (``algorithms/trees.py``: priced by its host link
-bound, from rank 0's schedule and a spot's), the direct allgather, reduce-scatter and alltoall and the pairwise
-alltoall (``algorithms/direct.py``), the ring phases of van de Geijn's broadcast and Rabenseifner's
-reduce (``algorithms/pipeline.py``, priced apart: ``select._phase_estimate``), the hierarchical allreduce,
+reduce-scatter (``algorithms/ring.py``), the direct allreduce and the reduce-then-broadcast one
+(``algorithms/trees.py``: their bounds read rank 0's schedule, O(ranks) operations, and a spot's), the
+direct allgather, reduce-scatter and alltoall and the pairwise alltoall (``algorithms/direct.py``), the ring phases of van de Geijn's broadcast and Rabenseifner's
+reduce (``algorithms/pipeline.py``, priced apart: ``select._phase_estimate``) and that reduce whole (for its
+bound), the hierarchical allreduce,
 alltoall, allgather and reduce-scatter on even hosts of equal blocks (``algorithms/hierarchical.py``: each
 embedded phase is its flat algorithm's arrays, peers mapped through the group and steps moved, as
 ``schedule.embed`` does) and the 2D-torus allreduce (``algorithms/torus.py``); where a call is not covered
@@ -28,7 +29,7 @@ from ..algorithms import hierarchical, torus
 from ..algorithms.registry import lookup
 from ..schedule import split_counts
 from .compact import COPY, RECV, SEND, Compact, convert
-from .rooted import Ops
+from .rooted import Ops, to_root
 
 #: bytes of the call's buffers ("in", "out", "tmp": ``cost.CALL_BUFFERS``) a copy touches per byte: a plain
 #: copy's source and destination; a reducing copy's destination twice (read and written)
@@ -77,6 +78,22 @@ def _ring_reduce_scatter(ops: Ops, r, counts) -> None:
     ops.add(r, 0, COPY, 0, off[-1], touch=_PLAIN)
     _around(ops, r, 1, c, -1, -2, red=1)
     ops.add(r, n, COPY, 0, c[r], touch=_PLAIN)
+
+
+def _reduce_broadcast(ops: Ops, r, count: int) -> None:
+    """trees.allreduce_master: every vector to rank 0, which receives them into "tmp" beside its own, reduces
+    them into "out" in rank order and sends the result back (priced by its local bound, from rank 0's)."""
+    n = ops.n
+    others = r[r != 0]
+    ops.add(others, 0, SEND, 0, count)
+    ops.add(others, 1, RECV, 0, count)
+    if len(r) and r[0] == 0:
+        peers, root = np.arange(1, n, dtype=np.int64), np.zeros(n - 1, np.int64)
+        ops.add([0], 0, COPY, 0, count, touch=_PLAIN)
+        ops.add(root, 0, RECV, peers, count)
+        ops.add([0], 1, COPY, 0, count, touch=_PLAIN)
+        ops.add(root, 1, COPY, 0, count, red=1, touch=_REDUCING)
+        ops.add(root, 2, SEND, peers, count)
 
 
 def _direct_allreduce(ops: Ops, r, count: int) -> None:
@@ -156,12 +173,19 @@ def _sag_ring_phase(ops: Ops, r, count: int, root: int) -> None:
     _around(ops, r, 0, pieces, -root, -root - 1)
 
 
-def _rsg_ring_phase(ops: Ops, r, count: int, root: int) -> None:
+def _rsg_ring_phase(ops: Ops, r, count: int, root: int) -> np.ndarray:
     """pipeline.reduce_scatter_phase_of: the input copied to "tmp", the reduce-scatter that leaves piece r on
-    rank r."""
+    rank r (the pieces returned)."""
     pieces = np.asarray(split_counts(count, ops.n), np.int64)
     ops.add(r, 0, COPY, 0, int(pieces.sum()), touch=_PLAIN)
     _around(ops, r, 1, pieces, -1, -2, red=1)
+    return pieces
+
+
+def _reduce_scatter_gather(ops: Ops, r, count: int, root: int) -> None:
+    """pipeline.reduce_rs_gather: its ring phase, then every piece to the root (priced by phases: this is
+    for its local bound, which reads rank 0's schedule)."""
+    to_root(ops, r, _rsg_ring_phase(ops, r, count, root), root, ops.n)
 
 
 #: the phases made lately (``_phase``): every rank of a host, and every call of one pricing, embeds the same
@@ -348,12 +372,14 @@ def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
     return None
 
 
-_MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allreduce", "direct"): _direct_allreduce, ("allgather", "ring"): _ring_allgather,
+_MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allreduce", "direct"): _direct_allreduce,
+           ("allreduce", "reduce_broadcast"): _reduce_broadcast, ("allgather", "ring"): _ring_allgather,
            ("reduce_scatter", "ring"): _ring_reduce_scatter, ("allgather", "direct"): _direct_allgather,
            ("reduce_scatter", "direct"): _direct_reduce_scatter, ("alltoall", "direct"): _direct_alltoall,
            ("alltoall", "pairwise"): _pairwise_alltoall,
            ("broadcast", "scatter_allgather/ring_phase"): _sag_ring_phase,
            ("reduce", "reduce_scatter_gather/reduce_scatter_phase_of"): _rsg_ring_phase,
+           ("reduce", "reduce_scatter_gather"): _reduce_scatter_gather,
            ("allreduce", "hierarchical"): _hierarchical_allreduce,
            ("alltoall", "hierarchical"): _hierarchical_alltoall,
            ("allgather", "hierarchical"): _hierarchical_allgather,
