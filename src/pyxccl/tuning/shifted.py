@@ -7,19 +7,18 @@ on a few other ranks; these algorithms hold O(ranks) operations a rank, so at th
 building those schedules and converting them was most of pricing a size (issue 26: host 0's 8 ranks of
 the ring allreduce on 4,096 ranks, 65k steps, 60 ms built and 25 ms converted, against 26 ms walked).
 
-This is a second implementation of the builders it covers: the ring allreduce, allgather and
-reduce-scatter (``algorithms/ring.py``), the direct allreduce and the reduce-then-broadcast one
-(``algorithms/trees.py``: their bounds read rank 0's schedule, O(ranks) operations, and a spot's), the
-direct allgather, reduce-scatter and alltoall and the pairwise alltoall (``algorithms/direct.py``), the ring phases of van de Geijn's broadcast and Rabenseifner's
-reduce (``algorithms/pipeline.py``, priced apart: ``select._phase_estimate``) and that reduce whole (for its
-bound), the hierarchical allreduce,
-alltoall, allgather and reduce-scatter on even hosts of equal blocks (``algorithms/hierarchical.py``: each
-embedded phase is its flat algorithm's arrays, peers mapped through the group and steps moved, as
-``schedule.embed`` does) and the 2D-torus allreduce (``algorithms/torus.py``); where a call is not covered
-(uneven hosts, blocks of different sizes) it declines and the builders run. :func:`arrays` gives, bit for
-bit, what ``compact.convert([the ranks' schedules], written=True)`` gives (``tests/test_tuner_shifted.py``
-compares them over many layouts and sizes, empty blocks included). Like ``rooted.py``'s, the arrays hold
-only what the walk reads.
+This is a second implementation of the builders it covers: the ring allreduce, allgather and reduce-scatter
+(``algorithms/ring.py``), the direct allreduce and the reduce-then-broadcast one (``algorithms/trees.py``:
+their bounds read rank 0's schedule, O(ranks) operations, and a spot's), the direct allgather, reduce-scatter
+and alltoall and the pairwise alltoall (``algorithms/direct.py``), the ring phases of van de Geijn's broadcast
+and Rabenseifner's reduce (``algorithms/pipeline.py``, priced apart: ``select._phase_estimate``) and that
+reduce whole (for its bound), the hierarchical allreduce, alltoall, allgather and reduce-scatter on even hosts
+of equal blocks (``algorithms/hierarchical.py``: each embedded phase is its flat algorithm's arrays, peers
+mapped through the group and steps moved, as ``schedule.embed`` does) and the 2D-torus allreduce
+(``algorithms/torus.py``); where a call is not covered (uneven hosts, blocks of different sizes) it declines
+and the builders run. :func:`arrays` gives, bit for bit, what ``compact.convert([the ranks' schedules],
+written=True)`` gives (``tests/test_tuner_shifted.py`` compares them over many layouts and sizes, empty blocks
+included). Like ``rooted.py``'s, the arrays hold only what the walk reads.
 """
 from __future__ import annotations
 
