@@ -350,6 +350,10 @@ def test_single_copy_reads_stay_inside_what_the_owner_posted(two_segments):
         raise AssertionError("a read of an unmapped address succeeded")
 
 
+#: the native run's settings for a program that moves bytes only: no spin, no yields, the first nap, no dtype or op
+_MOVES = (0, 0, 2_000_000, -1, -1)
+
+
 def test_native_single_copy_reads_stay_inside_what_the_owner_posted(two_segments):
     """The same defense in the native executor: a Get past the end of the buffer the owner posted
     stops with a ProtocolError naming the owner, before a byte is read."""
@@ -371,11 +375,11 @@ def test_native_single_copy_reads_stay_inside_what_the_owner_posted(two_segments
         got = np.zeros(count, np.int32)
         reader.round = 0
         if fits:
-            onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
+            onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), _MOVES, 1e18, "t")
             assert (got == data).all()
         else:
             with pytest.raises(pyxccl.ProtocolError, match="rank 0 posted"):
-                onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), (0, 0, -1, -1), 1e18, "t")
+                onehost.native(ctx, onehost.program(s, 4), words, (None, got, None), _MOVES, 1e18, "t")
             assert not got.any()
 
 
@@ -459,11 +463,11 @@ def test_native_single_copy_writes_stay_inside_what_the_owner_posted(two_segment
         src = np.arange(count, dtype=np.int32) + 1
         writer.round = 0
         if fits:
-            onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), (0, 0, -1, -1), 1e18, "t")
+            onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), _MOVES, 1e18, "t")
             assert (target == src).all()
         else:
             with pytest.raises(pyxccl.ProtocolError, match="writing up to byte 68 of the 64-byte buffer rank 0 posted"):
-                onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), (0, 0, -1, -1), 1e18, "t")
+                onehost.native(ctx, onehost.program(s, 4), words, (src, None, None), _MOVES, 1e18, "t")
             assert not target.any()
 
 

@@ -61,6 +61,14 @@ class Compact:
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
                        self.rank_start, self.ranks, None, self.touch[keep])
 
+    def take(self, a: int, b: int) -> "Compact":
+        """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
+        i, j = self.rank_start[a], self.rank_start[b]
+        x, y = self.step_start[i], self.step_start[j]
+        return Compact(self.kind[x:y], self.red[x:y], self.peer[x:y], self.count[x:y], self.step_start[i:j + 1] - x,
+                       self.rank_start[a:b + 1] - i, self.ranks[a:b], None if self.skip is None else self.skip[x:y],
+                       None if self.touch is None else self.touch[x:y])
+
     @property
     def steps(self) -> int:
         """The most steps of any schedule."""
@@ -123,11 +131,7 @@ def _part(s: Schedule) -> Compact | None:
     got = s.__dict__.get(_KEPT)
     if type(got) is tuple:
         c, i = got
-        a, b = c.rank_start[i], c.rank_start[i + 1]
-        x, y = c.step_start[a], c.step_start[b]
-        got = s.__dict__[_KEPT] = Compact(c.kind[x:y], c.red[x:y], c.peer[x:y], c.count[x:y],
-                                          c.step_start[a:b + 1] - x, np.array([0, b - a], np.int64),
-                                          c.ranks[i:i + 1], None if c.skip is None else c.skip[x:y], c.touch[x:y])
+        got = s.__dict__[_KEPT] = c.take(i, i + 1)
     return got
 
 
@@ -324,6 +328,14 @@ class Derived:
     sym: object
     hosts: int
     per_host: int
+
+    def take(self, a: int, b: int) -> "Compact":
+        """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
+        i, j = self.rank_start[a], self.rank_start[b]
+        x, y = self.step_start[i], self.step_start[j]
+        return Compact(self.kind[x:y], self.red[x:y], self.peer[x:y], self.count[x:y], self.step_start[i:j + 1] - x,
+                       self.rank_start[a:b + 1] - i, self.ranks[a:b], None if self.skip is None else self.skip[x:y],
+                       None if self.touch is None else self.touch[x:y])
 
     @property
     def steps(self) -> int:

@@ -172,20 +172,23 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=
         return None
     from . import compact
     n = hosts * per_host
-    # spot by spot, the moves still standing checked on each: where none holds (a ring at a few bytes),
-    # it stops having built a spot and its rank of host 0, not host 0's every rank
-    arrays = (lambda r: part((r,))) if part is not None and part((0,)) is not None else None
+    spots = spot_ranks(hosts, per_host)
+    if part is not None and part((0,)) is not None:
+        # host 0's ranks and the spots made at once (the spots are on other hosts: after host 0's)
+        both, spots = part((*range(per_host), *sorted(spots))), sorted(spots)
+        host0 = both.take(0, per_host)
+        for i, r in enumerate(spots):
+            got, rep = both.take(per_host + i, per_host + i + 1), host0.take(r % per_host, r % per_host + 1)
+            kinds = [k for k in kinds if compact.same_moved(got, rep, k(n, per_host), r // per_host, per_host)]
+        return (kinds[0](n, per_host), host0) if kinds else None
     try:
-        for r in spot_ranks(hosts, per_host):
-            if arrays is not None:
-                got, rep = arrays(r), arrays(r % per_host)
-            else:
-                got, rep = compact.convert([build(r)], written=True), compact.convert([build(r % per_host)], written=True)
+        # spot by spot, the moves still standing checked on each: where none holds (a ring at a few bytes),
+        # it stops having built a spot and its rank of host 0, not host 0's every rank
+        for r in spots:
+            got, rep = compact.convert([build(r)], written=True), compact.convert([build(r % per_host)], written=True)
             kinds = [k for k in kinds if compact.same_moved(got, rep, k(n, per_host), r // per_host, per_host)]
             if not kinds:
                 return None
-        if arrays is not None:
-            return kinds[0](n, per_host), part(range(per_host))
         reps = [build(r) for r in range(per_host)]
         if any(s.segment for s in reps):
             return None
