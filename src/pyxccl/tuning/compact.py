@@ -329,14 +329,6 @@ class Derived:
     hosts: int
     per_host: int
 
-    def take(self, a: int, b: int) -> "Compact":
-        """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
-        i, j = self.rank_start[a], self.rank_start[b]
-        x, y = self.step_start[i], self.step_start[j]
-        return Compact(self.kind[x:y], self.red[x:y], self.peer[x:y], self.count[x:y], self.step_start[i:j + 1] - x,
-                       self.rank_start[a:b + 1] - i, self.ranks[a:b], None if self.skip is None else self.skip[x:y],
-                       None if self.touch is None else self.touch[x:y])
-
     @property
     def steps(self) -> int:
         return self.reps.steps
