@@ -20,8 +20,8 @@
  *   fold: 0 none (channel a -> b), 1 Shift, 2 Xor (symmetric.py: channel keys, wakes to the rep,
  *   every resource on host 0).
  *   Then movekind, start (each walked rank's clock at the start, or None) and limit: the walk stops at the
- *   first step that ends after it (the tuner has an estimate at the limit already: this one is later, since
- *   clocks only go on), with no rank called stuck and time the latest clock then, past the limit.
+ *   first step, or send within a step, that ends after it (the tuner has an estimate at the limit already:
+ *   this one is later, since clocks only go on), with no rank called stuck and a time past the limit.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

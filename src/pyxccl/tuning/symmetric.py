@@ -175,7 +175,8 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=
     spots = spot_ranks(hosts, per_host)
     if part is not None and part((0,)) is not None:
         # host 0's ranks and the spots made at once (the spots are on other hosts: after host 0's)
-        both, spots = part((*range(per_host), *sorted(spots))), sorted(spots)
+        spots = sorted(spots)
+        both = part((*range(per_host), *spots))
         host0 = both.take(0, per_host)
         for i, r in enumerate(spots):
             got, rep = both.take(per_host + i, per_host + i + 1), host0.take(r % per_host, r % per_host + 1)
