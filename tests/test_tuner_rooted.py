@@ -36,6 +36,8 @@ SIZES = [0, 4, 12, 1000, 4 * (hierarchical.SHARD_MIN - 1), 4 * hierarchical.SHAR
 
 
 def _same(got: compact.Compact, want: compact.Compact) -> bool:
+    """``got`` (its repeated steps written out: ``Compact.expanded``) is ``want``, bit for bit."""
+    got = got.expanded()
     if not got.equal(want) or (got.skip is None) != (want.skip is None):
         return False
     if got.skip is not None and not np.array_equal(got.skip, want.skip):
@@ -161,3 +163,26 @@ def test_a_pair_of_another_class_walks_the_builds(monkeypatch):
     monkeypatch.setattr(select._Ranks, "arrays", lambda self: None)
     assert fast == [({a: repr(e) for a, e in tuner().table(prim, 1 << 20).items()}, tuner().choose(prim, 1 << 20))
                     for prim in ("broadcast", "gather")]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_operations_repeated_are_those_written_out(seed):
+    """``Ops.add``'s ``rep``: operations that stand for themselves at several step keys, cut where others
+    begin or end among those keys, give the arrays of the same operations added key by key, written out
+    (``Compact.expanded``); steps alike in a row are held once."""
+    rng = random.Random(seed)
+    n, ranks = 6, sorted(rng.sample(range(6), rng.randint(1, 6)))
+    held, out = rooted.Ops(n, ranks), rooted.Ops(n, ranks)
+    for _ in range(rng.randint(1, 12)):
+        m = rng.randint(1, 4)
+        rank = [rng.choice(ranks) for _ in range(m)]
+        step, rep = [rng.randint(0, 20) for _ in range(m)], [rng.choice((1, 1, 2, 5, 9)) for _ in range(m)]
+        kind, peer = rng.choice((compact.COPY, compact.SEND, compact.RECV)), [rng.randrange(n) for _ in range(m)]
+        count = [rng.choice((0, 3, 7)) for _ in range(m)]
+        held.add(rank, step, kind, 0 if kind == compact.COPY else peer, count, red=int(kind == compact.RECV), rep=rep)
+        for i in range(m):
+            for k in range(rep[i]):
+                out.add([rank[i]], step[i] + k, kind, 0 if kind == compact.COPY else peer[i], count[i], red=int(kind == compact.RECV))
+    got, want = held.compact(), out.compact()
+    assert got.expanded().equal(want) and want.rep is None
+    assert got.steps == want.steps and len(got.kind) <= len(want.kind)

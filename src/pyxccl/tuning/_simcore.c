@@ -22,6 +22,8 @@
  *   Then movekind, start (each walked rank's clock at the start, or None) and limit: the walk stops at the
  *   first step, or send within a step, that ends after it (the tuner has an estimate at the limit already:
  *   this one is later, since clocks only go on), with no rank called stuck and a time past the limit.
+ *   Then rep (int64 per step, or None: each once): a step is run rep times in a row, as that many copies of
+ *   it would be (compact.py's run-length steps: a ring's n - 1 alike steps held once).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -347,11 +349,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int movekind;
     PyObject *start_o = Py_None;
     double limit = INFINITY;        /* a step that ends past it ends the walk (its estimate is above it) */
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|Od", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    PyObject *rep_o = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|OdO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
                           &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
-                          &movekind, &start_o, &limit))
+                          &movekind, &start_o, &limit, &rep_o))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
@@ -363,6 +366,13 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Arr S;                          /* each walked rank's clock at the start (none: 0) */
     int has_start = start_o != Py_None;
     if (has_start && get_arr(start_o, &S, "start", 8) < 0) goto fail_buffers;
+    Arr R;                          /* each step's repeats (none: once each) */
+    int has_rep = rep_o != Py_None;
+    if (has_rep && get_arr(rep_o, &R, "rep", 8) < 0) {
+        if (has_start) PyBuffer_Release(&S.b);
+        goto fail_buffers;
+    }
+    const int64_t *rep = has_rep ? R.b.buf : NULL;
     const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
     const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
                   *ranks = A[6].b.buf, *tmpl = A[7].b.buf, *move = A[8].b.buf;
@@ -376,7 +386,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         P.dims[0] < 1 || P.dims[1] < 1 || P.dims[2] < 1 ||
         (P.ring == 2 && P.dims[0] * P.dims[1] * P.dims[2] != P.hosts) ||
         (P.ring == 3 && (P.groups < 1 || P.hosts % P.groups)) || (P.ring >= 2 && P.fold) ||
-        (has_start && S.b.len / 8 != ns)) {
+        (has_start && S.b.len / 8 != ns) || (has_rep && R.b.len / 8 != nsteps)) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
         goto fail_start;
     }
@@ -395,7 +405,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             goto fail_start;
         }
     for (int64_t s = 0; s < nsteps; s++) {
-        if (step_start[s + 1] < step_start[s]) goto bad_order;
+        if (step_start[s + 1] < step_start[s] || (rep && rep[s] < 1)) goto bad_order;
         for (int64_t j = step_start[s] + 1; j < step_start[s + 1]; j++)
             if (kind[j] < kind[j - 1]) goto bad_order;
     }
@@ -416,14 +426,15 @@ static PyObject *walk(PyObject *self, PyObject *args) {
            *recv_free = calloc(ns + 1, sizeof(double)), *out_done = calloc(ns + 1, sizeof(double));
     Busy *busy = calloc(L.total ? L.total : 1, sizeof(Busy));
     int64_t *pc = calloc(ns + 1, sizeof(int64_t)), *taken = calloc(ns + 1, sizeof(int64_t)),
-            *sent = calloc(ns + 1, sizeof(int64_t)), *where = malloc(sizeof(int64_t) * P.n),
+            *sent = calloc(ns + 1, sizeof(int64_t)), *again = calloc(ns + 1, sizeof(int64_t)),
+            *where = malloc(sizeof(int64_t) * P.n),
             *res = malloc(sizeof(int64_t) * maxres);
     char *begun = calloc(ns + 1, 1), *queued = calloc(ns + 1, 1), *parked = calloc(ns + 1, 1);
     Entry *heap = malloc(sizeof(Entry) * (ns + 1));
     Chans C;
     int chans_ok = chans_init(&C) == 0;
     PyObject *result = NULL;
-    if (!clock || !T || !recv_free || !out_done || !busy || !pc || !taken || !sent || !where || !res || !begun ||
+    if (!clock || !T || !recv_free || !out_done || !busy || !pc || !taken || !sent || !again || !where || !res || !begun ||
         !queued || !parked || !heap || !chans_ok) {
         PyErr_NoMemory();
         goto done;
@@ -532,7 +543,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             taken[i] = j;
             if (j < b) break;                                  /* waits: parks */
             clock[i] = dmax(out_done[i], T[i]);
-            pc[i]++;
+            if (rep && ++again[i] < rep[s]) {
+                /* the same step again */
+            } else {
+                pc[i]++;
+                again[i] = 0;
+            }
             begun[i] = 0;
             if (clock[i] > limit) { cut = 1; cut_at = clock[i]; break; }          /* clocks only go on: the end is later still */
             if (hlen > 0 && clock[i] > heap[0].t) {            /* another rank's step comes first */
@@ -568,17 +584,19 @@ static PyObject *walk(PyObject *self, PyObject *args) {
 done:
     free(clock); free(T); free(recv_free); free(out_done);
     if (busy) for (int64_t x = 0; x < L.total; x++) { free(busy[x].s); free(busy[x].e); }
-    free(busy); free(pc); free(taken); free(sent);
+    free(busy); free(pc); free(taken); free(sent); free(again);
     free(where); free(res); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
     for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);
     if (has_start) PyBuffer_Release(&S.b);
+    if (has_rep) PyBuffer_Release(&R.b);
     return result;
 bad_order:
     PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "
-                    "receives) or the boundaries go backwards");
+                    "receives), the boundaries go backwards or a step is repeated less than once");
 fail_start:
     if (has_start) PyBuffer_Release(&S.b);
+    if (has_rep) PyBuffer_Release(&R.b);
 fail_buffers:
     for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
     return NULL;

@@ -89,7 +89,7 @@ def local(sched, shape, itemsize: int, classes_ok) -> float:
         return 0.0
     copy, send, recv, _ = _terms(c, np.full(len(c.kind), rank), shape, itemsize)
     s = [_per_step(x, c.step_start) for x in (copy, send, recv)]
-    return float((s[0] + np.maximum(s[1], s[2])).sum()) * MARGIN
+    return float(((s[0] + np.maximum(s[1], s[2])) * c.reps()).sum()) * MARGIN
 
 
 def host_link(first, spot, shape, itemsize: int, classes_ok) -> float:
@@ -140,8 +140,9 @@ def _sent(c: compact.Compact, rank: int, n: int) -> tuple[np.ndarray, np.ndarray
     rank + d (mod n)."""
     mine = c.kind == compact.SEND
     d = (c.peer[mine] - rank) % n
-    return (np.bincount(d, weights=c.count[mine], minlength=n).astype(np.int64),
-            np.bincount(d, minlength=n).astype(np.int64))
+    times = c.op_reps()[mine]           # (a step repeated sends its messages as often)
+    return (np.bincount(d, weights=c.count[mine] * times, minlength=n).astype(np.int64),
+            np.bincount(d, weights=times, minlength=n).astype(np.int64))
 
 
 class _Rank:

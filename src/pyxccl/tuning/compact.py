@@ -8,6 +8,11 @@ steps, ``rank_start`` (one more than the schedules) cuts the steps into schedule
 ``ranks`` names the rank of each schedule. With ``inplace``, a ``Copy("in", o, "out", o)``
 is left out, as ``Timing.local`` leaves it out (the same buffer: the engine does not copy).
 
+A step may be held once for many alike steps in a row (``rep``: how many times it runs; None: each once):
+a ring's n - 1 steps, the same on every step but the chunk's index, are one step where the chunks are of
+one size (``rooted.Ops`` makes them so, ``shifted.py``'s rings use it). The walk runs it ``rep`` times, as
+it would run that many copies; :meth:`Compact.expanded` makes the copies.
+
 Symmetric algorithms (``symmetric.py``: Shift, Xor) need not be built rank by rank:
 :func:`all_ranks` derives every host's arrays from host 0's by moving the peers.
 """
@@ -47,6 +52,32 @@ class Compact:
     skip: np.ndarray | None = None   # bool per op: a Copy("in", o, "out", o) an in-place call leaves out
     touch: np.ndarray | None = None  # int8 per op, copies: bytes in user buffers per byte (Timing._work's
                                      # touches: the source's, and the destination's twice when it reduces)
+    rep: np.ndarray | None = None    # int64 per step: times it runs in a row (None: once each)
+
+    def reps(self) -> np.ndarray:
+        """Each step's repeats (ones where none are held)."""
+        return np.ones(len(self.step_start) - 1, np.int64) if self.rep is None else self.rep
+
+    def op_reps(self) -> np.ndarray:
+        """Each operation's repeats (its step's)."""
+        return np.repeat(self.reps(), np.diff(self.step_start))
+
+    def expanded(self) -> "Compact":
+        """These arrays with every repeated step written out as that many steps (themselves where none is)."""
+        if self.rep is None:
+            return self
+        lens = np.diff(self.step_start)
+        step = np.repeat(np.arange(len(lens), dtype=np.int64), self.rep)     # the steps, each as often as it runs
+        nlens = lens[step]
+        first = np.repeat(self.step_start[:-1][step], nlens)
+        at = np.zeros(len(step) + 1, np.int64)
+        np.cumsum(nlens, out=at[1:])
+        idx = first + np.arange(int(at[-1]), dtype=np.int64) - np.repeat(at[:-1], nlens)
+        cum = np.zeros(len(self.rep) + 1, np.int64)
+        np.cumsum(self.rep, out=cum[1:])
+        return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], at, cum[self.rank_start],
+                       self.ranks, None if self.skip is None else self.skip[idx],
+                       None if self.touch is None else self.touch[idx])
 
     def inplace(self) -> "Compact":
         """These arrays for an in-place call: without the copies of a buffer onto itself."""
@@ -59,7 +90,7 @@ class Compact:
         step_start = np.zeros(len(self.step_start), np.int64)
         np.cumsum(lens, out=step_start[1:])
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
-                       self.rank_start, self.ranks, None, self.touch[keep])
+                       self.rank_start, self.ranks, None, self.touch[keep], self.rep)
 
     def take(self, a: int, b: int) -> "Compact":
         """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
@@ -67,16 +98,24 @@ class Compact:
         x, y = self.step_start[i], self.step_start[j]
         return Compact(self.kind[x:y], self.red[x:y], self.peer[x:y], self.count[x:y], self.step_start[i:j + 1] - x,
                        self.rank_start[a:b + 1] - i, self.ranks[a:b], None if self.skip is None else self.skip[x:y],
-                       None if self.touch is None else self.touch[x:y])
+                       None if self.touch is None else self.touch[x:y], None if self.rep is None else self.rep[i:j])
 
     @property
     def steps(self) -> int:
-        """The most steps of any schedule."""
-        return int(np.diff(self.rank_start).max()) if len(self.ranks) else 0
+        """The most steps of any schedule (a repeated step counted as often as it runs)."""
+        if not len(self.ranks):
+            return 0
+        if self.rep is None:
+            return int(np.diff(self.rank_start).max())
+        cum = np.zeros(len(self.rep) + 1, np.int64)
+        np.cumsum(self.rep, out=cum[1:])
+        return int(np.diff(cum[self.rank_start]).max())
 
     def equal(self, other: "Compact") -> bool:
+        """The same arrays (repeats held alike: see :meth:`expanded`)."""
         return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in
-                   ("kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "touch"))
+                   ("kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "touch")) and (
+            np.array_equal(self.reps(), other.reps()))
 
 
 def message_schedules(scheds) -> bool:
@@ -119,7 +158,7 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
         np.cumsum(np.bincount(step_of, minlength=nsteps), out=step_start[1:])
         keep = None
     return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep,
-                   touch)
+                   touch, c.rep)
 
 
 _KEPT = "_compact"
@@ -316,7 +355,7 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     np.cumsum(np.tile(np.diff(reps.rank_start), hosts), out=rank_start[1:])
     return Compact(kind, np.tile(reps.red, hosts), peer, np.tile(reps.count, hosts), step_start, rank_start,
                    np.arange(n, dtype=np.int64), None if reps.skip is None else np.tile(reps.skip, hosts),
-                   np.tile(reps.touch, hosts))
+                   np.tile(reps.touch, hosts), None if reps.rep is None else np.tile(reps.rep, hosts))
 
 
 @dataclass
@@ -350,7 +389,10 @@ class Derived:
 def same_moved(got: Compact, reps: Compact, sym, h: int, per_host: int, exact: bool = False) -> bool:
     """Host ``h``'s arrays (``got``, its ranks in order) are host 0's (``reps``) moved by ``sym.mover(h)``:
     the rules of ``symmetric._same`` (same steps, kinds, peers moved and reduce flags; counts within one
-    element or 1%, or equal with ``exact``), vectorized."""
+    element or 1%, or equal with ``exact``), vectorized. Steps repeated are compared as written out where
+    they are not held alike (a ring's chunks of two sizes cut its steps' runs where the rank says)."""
+    if not np.array_equal(got.reps(), reps.reps()):
+        got, reps = got.expanded(), reps.expanded()
     if not (np.array_equal(got.rank_start, reps.rank_start) and np.array_equal(got.step_start, reps.step_start)
             and np.array_equal(got.kind, reps.kind) and np.array_equal(got.red, reps.red)):
         return False

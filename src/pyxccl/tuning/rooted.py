@@ -37,48 +37,79 @@ _NO_BIT = 1 << 62
 _TOUCH = 2
 
 
-def _column(x, dtype, m: int) -> np.ndarray:
-    """``x`` as a column of ``m`` values of ``dtype`` (a scalar repeated)."""
-    if type(x) is np.ndarray and x.shape == (m,):
-        return x if x.dtype == dtype else x.astype(dtype)
-    if np.ndim(x) == 0:
-        return np.full(m, x, dtype)
+#: the columns of ``Ops.add`` after the rank, and their types
+_COLUMNS = (np.int64, np.int8, np.int64, np.int64, np.int8, np.int8, bool, np.int64)
+
+
+def _column(x, dtype, m: int):
+    """``x`` as a column of ``m`` values of ``dtype``, or a scalar (a Python or numpy number: the same for
+    every row, made a column by ``_joined``)."""
+    if type(x) is np.ndarray:
+        if x.ndim == 0:
+            return x.item()
+        if x.shape == (m,):
+            return x if x.dtype == dtype else x.astype(dtype)
+        return np.broadcast_to(np.asarray(x, dtype), (m,))
+    if type(x) in (int, bool) or np.ndim(x) == 0:
+        return x
     return np.broadcast_to(np.asarray(x, dtype), (m,))
+
+
+def _joined(values, lens, dtype) -> np.ndarray:
+    """The parts' values of one column (each a column or a scalar) as one column."""
+    if not any(type(v) is np.ndarray for v in values):
+        return np.repeat(np.asarray(values, dtype), lens)
+    return np.concatenate([v if type(v) is np.ndarray else np.full(m, v, dtype) for v, m in zip(values, lens)])
 
 
 class Ops:
     """The operations of many ranks, added in any rank order: each with its rank and a step key; a
     rank's operations of one key form one of its steps (keys in increasing order), in the order added.
-    ``ranks``: the ranks whose schedules are made, in increasing order (by default all ``nranks``)."""
+    ``ranks``: the ranks whose schedules are made, in increasing order (by default all ``nranks``).
+    An operation added with ``rep`` > 1 stands for itself at keys step, step + 1, ..., step + rep - 1
+    (``compact.Compact.rep``): where others share some of those keys it is cut there, so that every step
+    made is one set of operations run ``rep`` times."""
 
     def __init__(self, nranks: int, ranks=None):
         self.n = nranks
         self.ranks = np.arange(nranks, dtype=np.int64) if ranks is None else np.asarray(ranks, np.int64)
         self.parts: list[tuple] = []
+        self.repeats = False
 
-    def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False) -> None:
+    def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False, rep=1) -> None:
         rank = np.asarray(rank, np.int64)
         m = len(rank)
         if m:
-            self.parts.append((rank, *(_column(x, t, m) for x, t in (
-                (step, np.int64), (kind, np.int8), (peer, np.int64), (count, np.int64), (red, np.int8),
-                (touch, np.int8), (skip, bool)))))
+            row = (rank, *(_column(x, t, m) for x, t in zip((step, kind, peer, count, red, touch, skip, rep), _COLUMNS)))
+            self.parts.append(row)
+            self.repeats = self.repeats or type(row[-1]) is np.ndarray or row[-1] != 1
 
     def compact(self) -> Compact:
         n = self.n
         if self.parts:
-            rank, step, kind, peer, count, red, touch, skip = (np.concatenate(x) for x in zip(*self.parts))
+            cols = list(zip(*self.parts))
+            lens = [len(r) for r in cols[0]]
+            rank = np.concatenate(cols[0])
+            step, kind, peer, count, red, touch, skip, rep = (_joined(v, lens, t) for v, t in zip(cols[1:], _COLUMNS))
         else:
-            rank, step, peer, count = (np.zeros(0, np.int64) for _ in range(4))
+            rank, step, peer, count, rep = (np.zeros(0, np.int64) for _ in range(5))
             kind, red, touch, skip = np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, bool)
         keep = count > 0                # what Schedule.step and embed leave out (and steps left empty)
+        if self.repeats:
+            if not keep.all():
+                rank, step, kind, peer, count, red, touch, skip, rep = (
+                    x[keep] for x in (rank, step, kind, peer, count, red, touch, skip, rep))
+                keep = np.ones(len(rank), bool)
+            rank, step, kind, peer, count, red, touch, skip, rep = _cut(rank, step, rep, kind, peer, count, red,
+                                                                         touch, skip)
         order = None if keep.all() else np.flatnonzero(keep)           # (None: every op, in the order added)
         key = rank * _STEPS + step if order is None else rank[order] * _STEPS + step[order]
         if len(key) > 1 and not (key[1:] >= key[:-1]).all():       # (added in order: nothing to sort)
             by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
             order, key = (by if order is None else order[by]), key[by]
         if order is not None:
-            rank, kind, red, peer, count, skip, touch = (x[order] for x in (rank, kind, red, peer, count, skip, touch))
+            rank, kind, red, peer, count, skip, touch, rep = (x[order] for x in (rank, kind, red, peer, count, skip,
+                                                                                  touch, rep))
         m = len(key)
         new = np.ones(m, bool)
         np.not_equal(key[1:], key[:-1], out=new[1:])
@@ -88,7 +119,28 @@ class Ops:
         at = rank[starts] if len(ranks) == n else np.searchsorted(ranks, rank[starts])
         rank_start = np.zeros(len(ranks) + 1, np.int64)
         np.cumsum(np.bincount(at, minlength=len(ranks)), out=rank_start[1:])
-        return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch)
+        return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch,
+                       rep[starts] if self.repeats else None)
+
+
+def _cut(rank, step, rep, *cols):
+    """The operations (rank, step key, repeats, other columns) with each one cut where another of its
+    rank's begins or ends within its keys: then the operations of one rank and key all end at one key
+    (one step, one number of repeats)."""
+    start = rank * _STEPS + step
+    end = start + rep
+    bounds = np.sort(np.concatenate((start, end)))
+    if len(bounds):
+        bounds = bounds[np.append(True, bounds[1:] != bounds[:-1])]     # (np.unique's first call imports numpy.ma)
+    lo, hi = np.searchsorted(bounds, start), np.searchsorted(bounds, end)
+    pieces = hi - lo
+    if (pieces == 1).all():
+        return (rank, step, *cols, rep)
+    which = np.repeat(np.arange(len(start), dtype=np.int64), pieces)
+    at = lo[which] + np.arange(len(which), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    first = bounds[at]
+    rank = rank[which]
+    return (rank, first - rank * _STEPS, *(c[which] for c in cols), bounds[at + 1] - first)
 
 
 class _Groups:

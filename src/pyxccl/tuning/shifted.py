@@ -45,12 +45,27 @@ def _offsets(counts) -> tuple[np.ndarray, np.ndarray]:
 def _around(ops: Ops, r: np.ndarray, first: int, chunk, send_at: int, recv_at: int, red: int = 0) -> None:
     """A ring phase (``ring.reduce_scatter_phase``, ``ring.allgather_phase``) from step key ``first``: in its
     k-th step rank r sends chunk (r + send_at - k) % n to r + 1 and receives chunk (r + recv_at - k) % n from
-    r - 1 (``red``: and reduces it)."""
+    r - 1 (``red``: and reduces it). Steps alike in a row (chunks of one size) are added once, repeated
+    (``Ops.add``'s ``rep``): n - 1 steps a rank are n - 1 operations to make only where the sizes differ."""
     n = ops.n
-    rank = np.repeat(r, n - 1)
-    k = np.tile(np.arange(n - 1, dtype=np.int64), len(r))
-    ops.add(rank, first + k, SEND, (rank + 1) % n, chunk[(rank + send_at - k) % n])
-    ops.add(rank, first + k, RECV, (rank - 1) % n, chunk[(rank + recv_at - k) % n], red=red)
+    if n < 2 or not len(r):
+        return
+    r = np.asarray(r, np.int64)
+    if (chunk == chunk[0]).all():           # every step alike: one, n - 1 times
+        rank, k, rep = r, np.zeros(len(r), np.int64), n - 1
+    else:                                   # runs of steps whose two chunks are of the sizes of the last
+        ks = np.arange(n - 1, dtype=np.int64)
+        sends = chunk[(r[:, None] + send_at - ks) % n]
+        recvs = chunk[(r[:, None] + recv_at - ks) % n]
+        new = np.ones(sends.shape, bool)
+        new[:, 1:] = (sends[:, 1:] != sends[:, :-1]) | (recvs[:, 1:] != recvs[:, :-1])
+        row, k = np.nonzero(new)
+        rank = r[row]
+        ends = np.append(k[1:], n - 1)
+        ends[np.append(row[1:] != row[:-1], True)] = n - 1
+        rep = ends - k
+    ops.add(rank, first + k, SEND, (rank + 1) % n, chunk[(rank + send_at - k) % n], rep=rep)
+    ops.add(rank, first + k, RECV, (rank - 1) % n, chunk[(rank + recv_at - k) % n], red=red, rep=rep)
 
 
 def _ring_allreduce(ops: Ops, r, count: int) -> None:
@@ -201,20 +216,40 @@ def _kept(key, make) -> Compact:
     return got
 
 
-def _phase(prim: str, name: str, rank: int, nranks: int, **args) -> Compact:
+def _phase(prim: str, name: str, rank: int, nranks: int, every: bool = False, **args) -> Compact:
     """A phase's arrays (one rank's schedule of a flat algorithm): made here where covered, else built and
-    converted; kept (read only) for the next rank or call that embeds it."""
+    converted; kept (read only) for the next rank or call that embeds it. ``every``: every rank's made at
+    once the first time (a phase inside a host: each of its ranks embeds it)."""
     key = (prim, name, rank, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
+    got = _PHASES.get(key)
+    if got is not None:
+        return got
+    if every and covers(prim, name):
+        whole = arrays(prim, name, range(nranks), nranks, args)
+        for q in range(nranks):
+            _kept((prim, name, q, *key[3:]), lambda: whole.take(q, q + 1))
+        return _kept(key, lambda: whole.take(rank, rank + 1))
     return _kept(key, lambda: arrays(prim, name, (rank,), nranks, args) if covers(prim, name) else
                  convert([lookup(prim, name).build(rank, nranks, **args)], written=True))
 
 
+def _span(sub: Compact) -> int:
+    """The steps of a phase (one rank's arrays), a repeated step counted as often as it runs."""
+    return len(sub.step_start) - 1 if sub.rep is None else int(sub.rep.sum())
+
+
 def _mapped(sub: Compact, group: np.ndarray) -> tuple:
     """``schedule.embed(into, sub, group, bufs)``'s operations, as columns (step in ``sub``, kind, peer, count,
-    reduce flag, touch), for a phase whose buffers are mapped onto "out" and "tmp" (none onto "in": no copy
-    of it is one an in-place call leaves out)."""
-    steps = np.repeat(np.arange(len(sub.step_start) - 1, dtype=np.int64), np.diff(sub.step_start))
-    return steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch
+    reduce flag, touch, repeats), for a phase whose buffers are mapped onto "out" and "tmp" (none onto "in": no
+    copy of it is one an in-place call leaves out)."""
+    lens = np.diff(sub.step_start)
+    if sub.rep is None:
+        steps, rep = np.repeat(np.arange(len(lens), dtype=np.int64), lens), 1
+    else:
+        first = np.zeros(len(lens), np.int64)         # each step's place, its repeats written out
+        np.cumsum(sub.rep[:-1], out=first[1:])
+        steps, rep = np.repeat(first, lens), np.repeat(sub.rep, lens)
+    return steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch, rep
 
 
 def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "ring", outer: str = "ring"):
@@ -230,21 +265,22 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
         ops.add([rank], 0, COPY, 0, count, touch=_PLAIN, skip=True)
         chunks = (max(1, min(hierarchical.PIPELINE_CHUNKS, count // hierarchical.PIPELINE_MIN))
                   if len(cross) > 1 and L > 1 else 1)
-        placed, mapped = [], {}
+        placed, phases = [], {}
         for c, part in enumerate(split_counts(count, chunks)):
-            shards = split_counts(part, L)
-            rs = _phase("reduce_scatter", inner, me, L, counts=shards)
-            ar = _phase("allreduce", outer, t.host, len(cross), count=shards[me])
-            ag = _phase("allgather", inner, me, L, counts=shards)
-            at = 1 + c * (len(ar.step_start) - 1)
-            for sub, group in ((rs, local), (ar, cross), (ag, local)):
-                cols = mapped.get(id(sub))
-                if cols is None:
-                    cols = mapped[id(sub)] = _mapped(sub, group)
+            got = phases.get(part)          # (the chunks are of at most two sizes)
+            if got is None:
+                shards = split_counts(part, L)
+                ar = _phase("allreduce", outer, t.host, len(cross), count=shards[me])
+                got = phases[part] = (_span(ar), [(_mapped(sub, group), _span(sub)) for sub, group in (
+                    (_phase("reduce_scatter", inner, me, L, True, counts=shards), local), (ar, cross),
+                    (_phase("allgather", inner, me, L, True, counts=shards), local))])
+            at = 1 + c * got[0]
+            for cols, span in got[1]:
                 placed.append((at, cols))
-                at += len(sub.step_start) - 1
+                at += span
         steps = np.concatenate([at + cols[0] for at, cols in placed])
-        ops.add(np.full(len(steps), rank), steps, *(np.concatenate([cols[i] for _, cols in placed]) for i in range(1, 6)))
+        ops.add(np.full(len(steps), rank), steps, *(np.concatenate([cols[i] for _, cols in placed]) for i in range(1, 6)),
+                rep=np.concatenate([np.broadcast_to(cols[6], cols[0].shape) for _, cols in placed]))
     return None
 
 
@@ -258,16 +294,17 @@ def _in_turn(ops: Ops, rank: int, parts, step: int = 0) -> None:
             step += 1
         elif part is not None:
             cols = _mapped(*part)
-            ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:])
-            step += len(part[0].step_start) - 1
+            ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:6], rep=cols[6])
+            step += _span(part[0])
 
 
-def _even_layout(n: int, rank: int, hosts, *blocks):
-    """The rank's ``hierarchical.Layout`` where the hierarchical builders run their even hosts' phases on
+def _even_layouts(n: int, ranks, hosts, *blocks):
+    """The ranks' ``hierarchical.Layout``s where the hierarchical builders run their even hosts' phases on
     blocks of one size (``blocks``: the call's lists of blocks), else None."""
-    t = hierarchical.Layout(rank, n, hosts)
-    if t.flat or not t.even or any(len(set(b)) > 1 for b in blocks) or any(b != blocks[0] for b in blocks):
+    if any(len(set(b)) > 1 for b in blocks) or any(b != blocks[0] for b in blocks):
         return None
+    out = [hierarchical.Layout(rank, n, hosts) for rank in ranks]
+    return None if any(t.flat or not t.even for t in out) else out
     return t
 
 
@@ -279,10 +316,10 @@ def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, in
     n = ops.n
     c = send_counts[0] if n else 0
     runs: list = []         # each regrouping's copies: the same on every rank (its keys moved by the rank)
-    for rank in r.tolist():
-        t = _even_layout(n, rank, hosts, send_counts, recv_counts)
-        if t is None:
-            return False
+    layouts = _even_layouts(n, r.tolist(), hosts, send_counts, recv_counts)
+    if layouts is None:
+        return False
+    for rank, t in zip(r.tolist(), layouts):
         H, L, me = t.H, t.L, t.me
         grid, host_order, ar = t.arrays()
         local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[me], np.int64)
@@ -291,7 +328,7 @@ def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, in
                      ((local[:, None] * n + col[None, :]).ravel(), (local[None, :] * n + col[:, None]).ravel()),
                      None if np.array_equal(host_order, ar) else (host_order * n + rank, ar * n + rank))
             runs += [None if m is None or c <= 0 else hierarchical.block_runs(*m)[2] * c for m in moves]
-        intra = _phase("alltoall", inner, me, L, send_counts=[H * c] * L, recv_counts=[H * c] * L)
+        intra = _phase("alltoall", inner, me, L, True, send_counts=[H * c] * L, recv_counts=[H * c] * L)
         cross = _phase("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
         _in_turn(ops, rank, (runs[0], (intra, local), runs[1], (cross, col), runs[2]))
     return None
@@ -302,15 +339,15 @@ def _hierarchical_allgather(ops: Ops, r, counts, hosts=None, inner: str = "ring"
     declined; there "out" holds the columns, and a copy of "in" onto it may be one an in-place call leaves
     out): the outer allgather across its column, the inner one of the columns, the blocks put in rank order."""
     n, runs = ops.n, []
-    for rank in r.tolist():
-        t = _even_layout(n, rank, hosts, counts)
-        if t is None or np.array_equal(t.arrays()[0], t.arrays()[2]):
-            return False
+    layouts = _even_layouts(n, r.tolist(), hosts, counts)
+    if layouts is None or any(np.array_equal(t.arrays()[0], t.arrays()[2]) for t in layouts):
+        return False
+    for rank, t in zip(r.tolist(), layouts):
         if not runs:
             grid, _, ar = t.arrays()
             runs.append(hierarchical.block_runs(grid, ar)[2] * counts[0] if counts[0] > 0 else None)
         cross = _phase("allgather", outer, t.host, t.H, counts=[counts[0]] * t.H)        # (blocks of one size)
-        intra = _phase("allgather", inner, t.me, t.L, counts=[counts[0] * t.H] * t.L)
+        intra = _phase("allgather", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)
         _in_turn(ops, rank, ((cross, np.asarray(t.cols[t.me], np.int64)), (intra, np.asarray(t.local, np.int64)),
                              runs[0]))
     return None
@@ -320,15 +357,15 @@ def _hierarchical_reduce_scatter(ops: Ops, r, counts, hosts=None, inner: str = "
     """hierarchical.reduce_scatter on even hosts of equal blocks (else False: declined): the input put in
     column order (unless it is), the inner reduce-scatter of the columns, the outer one across its column."""
     n, runs = ops.n, []
-    for rank in r.tolist():
-        t = _even_layout(n, rank, hosts, counts)
-        if t is None:
-            return False
+    layouts = _even_layouts(n, r.tolist(), hosts, counts)
+    if layouts is None:
+        return False
+    for rank, t in zip(r.tolist(), layouts):
         grid, _, ar = t.arrays()
         if not runs:
             runs.append(None if np.array_equal(grid, ar) or counts[0] <= 0 else
                         hierarchical.block_runs(ar, grid)[2] * counts[0])
-        intra = _phase("reduce_scatter", inner, t.me, t.L, counts=[counts[0] * t.H] * t.L)   # (blocks of one size)
+        intra = _phase("reduce_scatter", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)   # (blocks of one size)
         cross = _phase("reduce_scatter", outer, t.host, t.H, counts=[counts[0]] * t.H)
         _in_turn(ops, rank, (runs[0], (intra, np.asarray(t.local, np.int64)), (cross, np.asarray(t.cols[t.me], np.int64))))
     return None
