@@ -69,21 +69,31 @@ def _ends(e) -> dict:
     return dict(zip(map(int, e.ends[0]), map(float, e.ends[1])))
 
 
-def _held_once(c: compact.Compact) -> compact.Compact:
-    """``c`` with each run of alike steps in a row of a schedule held once, repeated (``Compact.rep``)."""
+def _held_once(c: compact.Compact, n: int) -> compact.Compact:
+    """``c`` with each run of steps in a row of a schedule that are alike but for peers moving by a stride
+    each step (the same peers: a stride of 0) held once, repeated (``Compact.rep``, ``Compact.stride``)."""
     cols = ("kind", "red", "peer", "count", "touch") + (("skip",) if c.skip is not None else ())
     ops = list(zip(*(getattr(c, f).tolist() for f in cols)))
-    steps, reps, rank_start = [], [], [0]
+    steps, reps, strides, rank_start = [], [], [], [0]
+
+    def same_but_peers(a, b):
+        return len(a) == len(b) and all(x[:2] == y[:2] and x[3:] == y[3:] for x, y in zip(a, b))
+
     for i in range(len(c.ranks)):
-        last = None
+        base = None
         for s in range(int(c.rank_start[i]), int(c.rank_start[i + 1])):
             step = ops[c.step_start[s]:c.step_start[s + 1]]
-            if step == last:
-                reps[-1] += 1
-            else:
-                steps.append(step)
-                reps.append(1)
-                last = step
+            if base is not None and same_but_peers(step, base):
+                k = reps[-1]
+                d = strides[-1] if k > 1 else [(y[2] - x[2]) % n for x, y in zip(base, step)]
+                if all((x[2] + k * e) % n == y[2] for x, y, e in zip(base, step, d)):
+                    reps[-1] += 1
+                    strides[-1] = d
+                    continue
+            steps.append(step)
+            reps.append(1)
+            strides.append([0] * len(step))
+            base = step
         rank_start.append(len(steps))
     flat = [o for st in steps for o in st]
     step_start = np.zeros(len(steps) + 1, np.int64)
@@ -91,7 +101,8 @@ def _held_once(c: compact.Compact) -> compact.Compact:
     dtypes = [np.int8, np.int8, np.int64, np.int64, np.int8, bool]
     got = [np.array([o[k] for o in flat], dtypes[k]) for k in range(len(cols))]
     return compact.Compact(got[0], got[1], got[2], got[3], step_start, np.array(rank_start, np.int64), c.ranks,
-                           got[5] if c.skip is not None else None, got[4], np.array(reps, np.int64))
+                           got[5] if c.skip is not None else None, got[4], np.array(reps, np.int64),
+                           np.array([e for d in strides for e in d], np.int64), n)
 
 
 def _check(scheds, net, inplace, working_set=0):
@@ -99,7 +110,7 @@ def _check(scheds, net, inplace, working_set=0):
     _same(want, fast.run(scheds, 4, net, inplace, working_set))
     _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net, working_set))   # the C core, surely
     # alike steps in a row held once and repeated: the same walk, to the bit
-    once = _held_once(compact.convert(scheds, inplace))
+    once = _held_once(compact.convert(scheds, inplace), net.shape().nranks if hasattr(net, "shape") and net.shape() else 0)
     assert once.expanded().equal(compact.convert(scheds, inplace))
     _same(want, fast.run_compact(once, 4, net, working_set))
     # every rank starting at its own clock (a phase after another: select._phase_estimate)
@@ -108,7 +119,7 @@ def _check(scheds, net, inplace, working_set=0):
     _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net, working_set, start))
     _limited(compact.convert(scheds, inplace), net, working_set, start, want)
     _same(want, fast.run_compact(once, 4, net, working_set, start))
-    return bool((once.rep > 1).any())
+    return bool((once.rep > 1).any()), bool(once.stride.any())
 
 
 def _limited(comp, net, working_set, start, want):
@@ -136,7 +147,7 @@ def _working_set(prim, c, nbytes, inplace):
 def test_c_core_equals_the_python_walk(prim, cname):
     c = CLUSTERS[cname]
     inplace = prim == "allreduce"
-    walked = folded = held = 0
+    walked = folded = held = strided = 0
     for name in _message_algos(prim, c):
         for nbytes in SIZES:
             build = _builder(prim, name, c, nbytes)
@@ -145,14 +156,16 @@ def test_c_core_equals_the_python_walk(prim, cname):
             except ValueError:          # the algorithm cannot run here (e.g. not a power of two)
                 continue
             ws = _working_set(prim, c, nbytes, inplace)
-            held += _check(scheds, ClusterNet(c), inplace, ws)
+            rep, stride = _check(scheds, ClusterNet(c), inplace, ws)
+            held, strided = held + rep, strided + stride
             walked += 1
             sym, reps = symmetric.find(build, c.hosts, c.per_host, c.topology == "ring")
             if sym is not None and c.topology in FOLDABLE:
                 _check(reps, ClusterNet(c, sym), inplace, ws)
                 folded += 1
-    assert walked and (held or prim in ("alltoall", "gather", "scatter"))     # (a ring's steps repeated)
-    print(prim, cname, "walked", walked, "folded", folded, "with steps repeated", held)
+    assert walked and (held or prim in ("gather", "scatter"))     # (a ring's steps repeated)
+    assert strided or prim != "alltoall"        # (a pairwise exchange's peers moving)
+    print(prim, cname, "walked", walked, "folded", folded, "with steps repeated", held, "peers moving", strided)
 
 
 def test_c_core_on_large_messages_of_a_cpu_machine():

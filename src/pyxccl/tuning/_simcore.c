@@ -23,7 +23,9 @@
  *   first step, or send within a step, that ends after it (the tuner has an estimate at the limit already:
  *   this one is later, since clocks only go on), with no rank called stuck and a time past the limit.
  *   Then rep (int64 per step, or None: each once): a step is run rep times in a row, as that many copies of
- *   it would be (compact.py's run-length steps: a ring's n - 1 alike steps held once).
+ *   it would be (compact.py's run-length steps: a ring's n - 1 alike steps held once), and stride (int64
+ *   per op, or None: 0): in the k-th run of its step an op's peer is (peer + k * stride) mod n (a pairwise
+ *   exchange's n - 1 steps, to r + k and from r - k).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -342,6 +344,8 @@ static int get_arr(PyObject *o, Arr *a, const char *name, Py_ssize_t itemsize) {
 }
 
 #define MOVE(q) (movekind == 0 ? (q) : movekind == 1 ? ((q) + d) % P.n : ((q) ^ d))
+/* op j's peer in run k of its step */
+#define PEER(j, k) (stride && stride[j] ? ((peer[j] + (k) % P.n * (stride[j] % P.n)) % P.n + P.n) % P.n : peer[j])
 
 static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *o[10];
@@ -349,12 +353,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int movekind;
     PyObject *start_o = Py_None;
     double limit = INFINITY;        /* a step that ends past it ends the walk (its estimate is above it) */
-    PyObject *rep_o = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|OdO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    PyObject *rep_o = Py_None, *stride_o = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|OdOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
                           &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
-                          &movekind, &start_o, &limit, &rep_o))
+                          &movekind, &start_o, &limit, &rep_o, &stride_o))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
@@ -373,6 +377,14 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         goto fail_buffers;
     }
     const int64_t *rep = has_rep ? R.b.buf : NULL;
+    Arr D;                          /* each op's peer stride per run of its step (none: 0) */
+    int has_stride = stride_o != Py_None;
+    if (has_stride && get_arr(stride_o, &D, "stride", 8) < 0) {
+        if (has_start) PyBuffer_Release(&S.b);
+        if (has_rep) PyBuffer_Release(&R.b);
+        goto fail_buffers;
+    }
+    const int64_t *stride = has_stride ? D.b.buf : NULL;
     const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
     const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
                   *ranks = A[6].b.buf, *tmpl = A[7].b.buf, *move = A[8].b.buf;
@@ -386,7 +398,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         P.dims[0] < 1 || P.dims[1] < 1 || P.dims[2] < 1 ||
         (P.ring == 2 && P.dims[0] * P.dims[1] * P.dims[2] != P.hosts) ||
         (P.ring == 3 && (P.groups < 1 || P.hosts % P.groups)) || (P.ring >= 2 && P.fold) ||
-        (has_start && S.b.len / 8 != ns) || (has_rep && R.b.len / 8 != nsteps)) {
+        (has_start && S.b.len / 8 != ns) || (has_rep && R.b.len / 8 != nsteps) || (has_stride && D.b.len / 8 != nops)) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
         goto fail_start;
     }
@@ -476,7 +488,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 T[i] = recv_free[i] = out_done[i] = clock[i];
                 int64_t sends = j;
                 for (; j < b && kind[j] == 1; j++) {         /* sends */
-                    int64_t q = MOVE(peer[j]), nb = count[j] * P.itemsize;
+                    int64_t q = MOVE(PEER(j, again[i])), nb = count[j] * P.itemsize;
                     int inside = r / P.p == q / P.p;
                     double alpha = inside ? P.ia : P.ea, beta = inside ? P.ib : P.eb;
                     int nr = route(&P, &L, r, q, res);
@@ -510,7 +522,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 begun[i] = 1;
                 taken[i] = j;
                 for (int64_t x = sends; x < j; x++) {          /* wake the parked ranks sent to */
-                    int64_t q = MOVE(peer[x]), w = where[P.fold ? q % P.p : q];
+                    int64_t q = MOVE(PEER(x, again[i])), w = where[P.fold ? q % P.p : q];
                     if (w >= 0 && parked[w]) {
                         parked[w] = 0;
                         if (!queued[w]) {
@@ -523,7 +535,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             }
             int64_t j = taken[i];
             for (; j < b; j++) {                              /* receives, in the order written */
-                int64_t q = MOVE(peer[j]), nb = count[j] * P.itemsize;
+                int64_t q = MOVE(PEER(j, again[i])), nb = count[j] * P.itemsize;
                 double arrive, extra;
                 if (!chans_pop(&C, chan_key(&P, q, r), &arrive, &extra)) break;
                 if (!P.cpu) {
@@ -590,6 +602,7 @@ done:
     for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);
     if (has_start) PyBuffer_Release(&S.b);
     if (has_rep) PyBuffer_Release(&R.b);
+    if (has_stride) PyBuffer_Release(&D.b);
     return result;
 bad_order:
     PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "
@@ -597,6 +610,7 @@ bad_order:
 fail_start:
     if (has_start) PyBuffer_Release(&S.b);
     if (has_rep) PyBuffer_Release(&R.b);
+    if (has_stride) PyBuffer_Release(&D.b);
 fail_buffers:
     for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
     return NULL;

@@ -11,7 +11,8 @@ is left out, as ``Timing.local`` leaves it out (the same buffer: the engine does
 A step may be held once for many alike steps in a row (``rep``: how many times it runs; None: each once):
 a ring's n - 1 steps, the same on every step but the chunk's index, are one step where the chunks are of
 one size (``rooted.Ops`` makes them so, ``shifted.py``'s rings use it). The walk runs it ``rep`` times, as
-it would run that many copies; :meth:`Compact.expanded` makes the copies.
+it would run that many copies; :meth:`Compact.expanded` makes the copies. An operation may move its peer by
+``stride`` each run (mod n: a pairwise exchange's steps, to r + k and from r - k, are one step so).
 
 Symmetric algorithms (``symmetric.py``: Shift, Xor) need not be built rank by rank:
 :func:`all_ranks` derives every host's arrays from host 0's by moving the peers.
@@ -53,6 +54,8 @@ class Compact:
     touch: np.ndarray | None = None  # int8 per op, copies: bytes in user buffers per byte (Timing._work's
                                      # touches: the source's, and the destination's twice when it reduces)
     rep: np.ndarray | None = None    # int64 per step: times it runs in a row (None: once each)
+    stride: np.ndarray | None = None  # int64 per op: its peer moves by this each run of its step (None: 0)
+    nranks: int = 0                  # the ranks the peers are of (what a stride moves them modulo)
 
     def reps(self) -> np.ndarray:
         """Each step's repeats (ones where none are held)."""
@@ -75,7 +78,11 @@ class Compact:
         idx = first + np.arange(int(at[-1]), dtype=np.int64) - np.repeat(at[:-1], nlens)
         cum = np.zeros(len(self.rep) + 1, np.int64)
         np.cumsum(self.rep, out=cum[1:])
-        return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], at, cum[self.rank_start],
+        peer = self.peer[idx]
+        if self.stride is not None:     # run k of a step: its peers moved k strides
+            k = np.repeat(np.arange(len(step), dtype=np.int64) - np.repeat(cum[:-1], self.rep), nlens)
+            peer = np.where(self.kind[idx] == COPY, 0, (peer + k * self.stride[idx]) % self.nranks)
+        return Compact(self.kind[idx], self.red[idx], peer, self.count[idx], at, cum[self.rank_start],
                        self.ranks, None if self.skip is None else self.skip[idx],
                        None if self.touch is None else self.touch[idx])
 
@@ -90,7 +97,8 @@ class Compact:
         step_start = np.zeros(len(self.step_start), np.int64)
         np.cumsum(lens, out=step_start[1:])
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
-                       self.rank_start, self.ranks, None, self.touch[keep], self.rep)
+                       self.rank_start, self.ranks, None, self.touch[keep], self.rep,
+                       None if self.stride is None else self.stride[keep], self.nranks)
 
     def take(self, a: int, b: int) -> "Compact":
         """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
@@ -98,7 +106,8 @@ class Compact:
         x, y = self.step_start[i], self.step_start[j]
         return Compact(self.kind[x:y], self.red[x:y], self.peer[x:y], self.count[x:y], self.step_start[i:j + 1] - x,
                        self.rank_start[a:b + 1] - i, self.ranks[a:b], None if self.skip is None else self.skip[x:y],
-                       None if self.touch is None else self.touch[x:y], None if self.rep is None else self.rep[i:j])
+                       None if self.touch is None else self.touch[x:y], None if self.rep is None else self.rep[i:j],
+                       None if self.stride is None else self.stride[x:y], self.nranks)
 
     @property
     def steps(self) -> int:
@@ -115,7 +124,12 @@ class Compact:
         """The same arrays (repeats held alike: see :meth:`expanded`)."""
         return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in
                    ("kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "touch")) and (
-            np.array_equal(self.reps(), other.reps()))
+            np.array_equal(self.reps(), other.reps())) and (
+            (self.stride is None and other.stride is None) or np.array_equal(self.strides(), other.strides()))
+
+    def strides(self) -> np.ndarray:
+        """Each operation's stride (zeros where none are held)."""
+        return np.zeros(len(self.kind), np.int64) if self.stride is None else self.stride
 
 
 def message_schedules(scheds) -> bool:
@@ -136,7 +150,7 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
     the receives, each kind in the order written; with ``inplace``, without the skipped copies."""
     nsteps = len(c.step_start) - 1
     lens = np.diff(c.step_start)
-    kind, red, peer, count, touch = c.kind, c.red, c.peer, c.count, c.touch
+    kind, red, peer, count, touch, stride = c.kind, c.red, c.peer, c.count, c.touch, c.stride
     keep = None if c.skip is None else ~c.skip
     step_of = None
     if len(kind) > 1:
@@ -146,6 +160,8 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
             order = np.argsort(key, kind="stable")
             kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
             touch = touch[order]
+            if stride is not None:
+                stride = stride[order]
             if keep is not None:
                 keep = keep[order]
     step_start = c.step_start
@@ -154,11 +170,13 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
             step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
         kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
         touch = touch[keep]
+        if stride is not None:
+            stride = stride[keep]
         step_start = np.zeros(nsteps + 1, np.int64)
         np.cumsum(np.bincount(step_of, minlength=nsteps), out=step_start[1:])
         keep = None
     return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep,
-                   touch, c.rep)
+                   touch, c.rep, stride, c.nranks)
 
 
 _KEPT = "_compact"
@@ -343,6 +361,8 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     peer moved by ``sym.mover(h)``; steps, counts and reduce flags are the rep's."""
     if not np.array_equal(reps.ranks, np.arange(per_host)):
         raise ValueError("all_ranks needs host 0's schedules, ranks 0..per_host-1 in order")
+    if reps.stride is not None:
+        reps = reps.expanded()          # (a stride moves a peer before the fold moves it: not so under XOR)
     n = hosts * per_host
     m = len(reps.kind)
     kind = np.tile(reps.kind, hosts)
@@ -391,7 +411,8 @@ def same_moved(got: Compact, reps: Compact, sym, h: int, per_host: int, exact: b
     the rules of ``symmetric._same`` (same steps, kinds, peers moved and reduce flags; counts within one
     element or 1%, or equal with ``exact``), vectorized. Steps repeated are compared as written out where
     they are not held alike (a ring's chunks of two sizes cut its steps' runs where the rank says)."""
-    if not np.array_equal(got.reps(), reps.reps()):
+    if (not np.array_equal(got.reps(), reps.reps()) or not np.array_equal(got.strides(), reps.strides())
+            or (got.stride is not None and sym.name != "shift")):
         got, reps = got.expanded(), reps.expanded()
     if not (np.array_equal(got.rank_start, reps.rank_start) and np.array_equal(got.step_start, reps.step_start)
             and np.array_equal(got.kind, reps.kind) and np.array_equal(got.red, reps.red)):

@@ -120,7 +120,8 @@ def run_compact(comp, itemsize: int, net, working_set: int = 0, start=None,
     t, sent, messages, stuck, ends = _simcore.walk(arrays.kind, arrays.red, arrays.peer, arrays.count,
                                                    arrays.step_start, arrays.rank_start, ranks, tmpl, move,
                                                    arrays.touch, _params(shape, fold, itemsize, working_set),
-                                                   movekind, start, float(limit), arrays.rep)
+                                                   movekind, start, float(limit), arrays.rep,
+                                                   arrays.stride)
     return Estimate(t, comp.steps, sent, messages, (ranks, np.frombuffer(ends))), stuck
 
 

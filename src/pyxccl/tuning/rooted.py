@@ -37,8 +37,8 @@ _NO_BIT = 1 << 62
 _TOUCH = 2
 
 
-#: the columns of ``Ops.add`` after the rank, and their types
-_COLUMNS = (np.int64, np.int8, np.int64, np.int64, np.int8, np.int8, bool, np.int64)
+#: the columns of ``Ops.add`` after the rank (step, kind, peer, count, red, touch, skip, rep, stride), their types
+_COLUMNS = (np.int64, np.int8, np.int64, np.int64, np.int8, np.int8, bool, np.int64, np.int64)
 
 
 def _column(x, dtype, m: int):
@@ -68,21 +68,24 @@ class Ops:
     ``ranks``: the ranks whose schedules are made, in increasing order (by default all ``nranks``).
     An operation added with ``rep`` > 1 stands for itself at keys step, step + 1, ..., step + rep - 1
     (``compact.Compact.rep``): where others share some of those keys it is cut there, so that every step
-    made is one set of operations run ``rep`` times."""
+    made is one set of operations run ``rep`` times. ``stride``: in its k-th run, the operation's peer is
+    peer + k * stride (mod ``nranks``; ``compact.Compact.stride``)."""
 
     def __init__(self, nranks: int, ranks=None):
         self.n = nranks
         self.ranks = np.arange(nranks, dtype=np.int64) if ranks is None else np.asarray(ranks, np.int64)
         self.parts: list[tuple] = []
-        self.repeats = False
+        self.repeats = self.strides = False
 
-    def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False, rep=1) -> None:
+    def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False, rep=1, stride=0) -> None:
         rank = np.asarray(rank, np.int64)
         m = len(rank)
         if m:
-            row = (rank, *(_column(x, t, m) for x, t in zip((step, kind, peer, count, red, touch, skip, rep), _COLUMNS)))
+            row = (rank, *(_column(x, t, m) for x, t in zip((step, kind, peer, count, red, touch, skip, rep, stride),
+                                                            _COLUMNS)))
             self.parts.append(row)
-            self.repeats = self.repeats or type(row[-1]) is np.ndarray or row[-1] != 1
+            self.repeats = self.repeats or type(row[-2]) is np.ndarray or row[-2] != 1
+            self.strides = self.strides or type(row[-1]) is np.ndarray or row[-1] != 0
 
     def compact(self) -> Compact:
         n = self.n
@@ -90,26 +93,27 @@ class Ops:
             cols = list(zip(*self.parts))
             lens = [len(r) for r in cols[0]]
             rank = np.concatenate(cols[0])
-            step, kind, peer, count, red, touch, skip, rep = (_joined(v, lens, t) for v, t in zip(cols[1:], _COLUMNS))
+            step, kind, peer, count, red, touch, skip, rep, stride = (_joined(v, lens, t)
+                                                                     for v, t in zip(cols[1:], _COLUMNS))
         else:
-            rank, step, peer, count, rep = (np.zeros(0, np.int64) for _ in range(5))
+            rank, step, peer, count, rep, stride = (np.zeros(0, np.int64) for _ in range(6))
             kind, red, touch, skip = np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, bool)
         keep = count > 0                # what Schedule.step and embed leave out (and steps left empty)
         if self.repeats:
             if not keep.all():
-                rank, step, kind, peer, count, red, touch, skip, rep = (
-                    x[keep] for x in (rank, step, kind, peer, count, red, touch, skip, rep))
+                rank, step, kind, peer, count, red, touch, skip, rep, stride = (
+                    x[keep] for x in (rank, step, kind, peer, count, red, touch, skip, rep, stride))
                 keep = np.ones(len(rank), bool)
-            rank, step, kind, peer, count, red, touch, skip, rep = _cut(rank, step, rep, kind, peer, count, red,
-                                                                         touch, skip)
+            rank, step, rep, peer, stride, kind, count, red, touch, skip = _cut(rank, step, rep, peer, stride, n, kind,
+                                                                               count, red, touch, skip)
         order = None if keep.all() else np.flatnonzero(keep)           # (None: every op, in the order added)
         key = rank * _STEPS + step if order is None else rank[order] * _STEPS + step[order]
         if len(key) > 1 and not (key[1:] >= key[:-1]).all():       # (added in order: nothing to sort)
             by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
             order, key = (by if order is None else order[by]), key[by]
         if order is not None:
-            rank, kind, red, peer, count, skip, touch, rep = (x[order] for x in (rank, kind, red, peer, count, skip,
-                                                                                  touch, rep))
+            rank, kind, red, peer, count, skip, touch, rep, stride = (
+                x[order] for x in (rank, kind, red, peer, count, skip, touch, rep, stride))
         m = len(key)
         new = np.ones(m, bool)
         np.not_equal(key[1:], key[:-1], out=new[1:])
@@ -120,13 +124,13 @@ class Ops:
         rank_start = np.zeros(len(ranks) + 1, np.int64)
         np.cumsum(np.bincount(at, minlength=len(ranks)), out=rank_start[1:])
         return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch,
-                       rep[starts] if self.repeats else None)
+                       rep[starts] if self.repeats else None, stride if self.repeats and self.strides else None, n)
 
 
-def _cut(rank, step, rep, *cols):
-    """The operations (rank, step key, repeats, other columns) with each one cut where another of its
-    rank's begins or ends within its keys: then the operations of one rank and key all end at one key
-    (one step, one number of repeats)."""
+def _cut(rank, step, rep, peer, stride, n: int, *cols):
+    """The operations (rank, step key, repeats, peer, stride, other columns) with each one cut where another
+    of its rank's begins or ends within its keys: then the operations of one rank and key all end at one key
+    (one step, one number of repeats); a part from the k-th key on has its peer moved k strides."""
     start = rank * _STEPS + step
     end = start + rep
     bounds = np.sort(np.concatenate((start, end)))
@@ -135,12 +139,14 @@ def _cut(rank, step, rep, *cols):
     lo, hi = np.searchsorted(bounds, start), np.searchsorted(bounds, end)
     pieces = hi - lo
     if (pieces == 1).all():
-        return (rank, step, *cols, rep)
+        return (rank, step, rep, peer, stride, *cols)
     which = np.repeat(np.arange(len(start), dtype=np.int64), pieces)
     at = lo[which] + np.arange(len(which), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
     first = bounds[at]
+    stride = stride[which]
+    peer = np.where(stride != 0, (peer[which] + (first - start[which]) * stride) % max(n, 1), peer[which])
     rank = rank[which]
-    return (rank, first - rank * _STEPS, *(c[which] for c in cols), bounds[at + 1] - first)
+    return (rank, first - rank * _STEPS, bounds[at + 1] - first, peer, stride, *(c[which] for c in cols))
 
 
 class _Groups:

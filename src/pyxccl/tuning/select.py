@@ -164,6 +164,8 @@ class Tuner:
         if self._by_rule():
             return True                 # "tcp" between hosts, by the rule
         c = scheds if isinstance(scheds, compact.Compact) else compact.convert(scheds, written=True)
+        if c.stride is not None:
+            c = c.expanded()            # (every peer a run of a step moves to)
         ops = np.diff(c.step_start[c.rank_start])
         rank = np.repeat(c.ranks, ops)
         msg = c.kind != compact.COPY

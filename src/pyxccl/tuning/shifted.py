@@ -171,9 +171,14 @@ def _direct_alltoall(ops: Ops, r, send_counts, recv_counts) -> None:
 
 
 def _pairwise_alltoall(ops: Ops, r, send_counts, recv_counts) -> None:
-    """direct.alltoall: in step k, to r + k and from r - k."""
+    """direct.alltoall: in step k, to r + k and from r - k (blocks of one size: one step, run n - 1 times, its
+    peers moving by one each run)."""
     n = ops.n
     sc, rc = _alltoall_copy(ops, r, send_counts, recv_counts)
+    if n > 1 and (sc == sc[0]).all() and (rc == rc[0]).all():
+        ops.add(r, 1, SEND, (r + 1) % n, sc[0], rep=n - 1, stride=1)
+        ops.add(r, 1, RECV, (r - 1) % n, rc[0], rep=n - 1, stride=-1)
+        return
     rank = np.repeat(r, n - 1)
     k = np.tile(np.arange(1, n, dtype=np.int64), len(r))
     to, frm = (rank + k) % n, (rank - k) % n
@@ -238,10 +243,19 @@ def _span(sub: Compact) -> int:
     return len(sub.step_start) - 1 if sub.rep is None else int(sub.rep.sum())
 
 
-def _mapped(sub: Compact, group: np.ndarray) -> tuple:
+def _mapped(sub: Compact, group: np.ndarray, n: int) -> tuple:
     """``schedule.embed(into, sub, group, bufs)``'s operations, as columns (step in ``sub``, kind, peer, count,
-    reduce flag, touch, repeats), for a phase whose buffers are mapped onto "out" and "tmp" (none onto "in": no
-    copy of it is one an in-place call leaves out)."""
+    reduce flag, touch, repeats, strides), for a phase whose buffers are mapped onto "out" and "tmp" (none onto
+    "in": no copy of it is one an in-place call leaves out), in a call of ``n`` ranks. A peer that moves by a
+    stride each run moves by that many group steps where the group is every d-th rank of all n (a column
+    of hosts alike), and is written out elsewhere (a host's own ranks: a few steps)."""
+    m, stride = len(group), 0
+    if sub.stride is not None:
+        d = int(group[1] - group[0]) % n if m > 1 else 0
+        if m > 1 and d * m == n and np.array_equal(group, (group[0] + d * np.arange(m)) % n):
+            stride = sub.stride * d
+        else:
+            sub = sub.expanded()
     lens = np.diff(sub.step_start)
     if sub.rep is None:
         steps, rep = np.repeat(np.arange(len(lens), dtype=np.int64), lens), 1
@@ -249,7 +263,7 @@ def _mapped(sub: Compact, group: np.ndarray) -> tuple:
         first = np.zeros(len(lens), np.int64)         # each step's place, its repeats written out
         np.cumsum(sub.rep[:-1], out=first[1:])
         steps, rep = np.repeat(first, lens), np.repeat(sub.rep, lens)
-    return steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch, rep
+    return steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch, rep, stride
 
 
 def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "ring", outer: str = "ring"):
@@ -271,7 +285,7 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
             if got is None:
                 shards = split_counts(part, L)
                 ar = _phase("allreduce", outer, t.host, len(cross), count=shards[me])
-                got = phases[part] = (_span(ar), [(_mapped(sub, group), _span(sub)) for sub, group in (
+                got = phases[part] = (_span(ar), [(_mapped(sub, group, n), _span(sub)) for sub, group in (
                     (_phase("reduce_scatter", inner, me, L, True, counts=shards), local), (ar, cross),
                     (_phase("allgather", inner, me, L, True, counts=shards), local))])
             at = 1 + c * got[0]
@@ -280,7 +294,8 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
                 at += span
         steps = np.concatenate([at + cols[0] for at, cols in placed])
         ops.add(np.full(len(steps), rank), steps, *(np.concatenate([cols[i] for _, cols in placed]) for i in range(1, 6)),
-                rep=np.concatenate([np.broadcast_to(cols[6], cols[0].shape) for _, cols in placed]))
+                rep=np.concatenate([np.broadcast_to(cols[6], cols[0].shape) for _, cols in placed]),
+                stride=np.concatenate([np.broadcast_to(cols[7], cols[0].shape) for _, cols in placed]))
     return None
 
 
@@ -293,8 +308,8 @@ def _in_turn(ops: Ops, rank: int, parts, step: int = 0) -> None:
             ops.add(np.full(len(part), rank), step, COPY, 0, part, touch=_PLAIN)
             step += 1
         elif part is not None:
-            cols = _mapped(*part)
-            ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:6], rep=cols[6])
+            cols = _mapped(*part, ops.n)
+            ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:6], rep=cols[6], stride=cols[7])
             step += _span(part[0])
 
 
