@@ -204,7 +204,20 @@ static inline double *S_(const Busy *b, int64_t k) { return b->s + phys(b, k); }
 static inline double *E_(const Busy *b, int64_t k) { return b->e + phys(b, k); }
 
 static inline int64_t after(const Busy *b, double s) {     /* bisect_right(ends, s) */
-    int64_t lo = 0, hi = b->len;
+    /* searched from the gap out, doubling: a rank books near where it booked last (the gap), so the
+     * interval sought is mostly within a few of it; the answer is bisect_right's all the same */
+    int64_t lo, hi, g = b->g, n = b->len, step = 1;
+    if (g > 0 && s < *E_(b, g - 1)) {            /* before the gap: in [lo, g - 1] */
+        hi = g - 1;
+        lo = hi - 1;
+        while (lo > 0 && s < *E_(b, lo)) { hi = lo; lo -= (step *= 2); }
+        if (lo < 0) lo = 0;
+    } else {                                    /* at or after the gap: in [g, hi] */
+        lo = g;
+        hi = g;
+        while (hi < n && !(s < *E_(b, hi))) { lo = hi + 1; hi += (step *= 2); }
+        if (hi > n) hi = n;
+    }
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
         if (s < *E_(b, mid)) hi = mid; else lo = mid + 1;

@@ -131,22 +131,29 @@ def _cut(rank, step, rep, peer, stride, n: int, *cols):
     """The operations (rank, step key, repeats, peer, stride, other columns) with each one cut where another
     of its rank's begins or ends within its keys: then the operations of one rank and key all end at one key
     (one step, one number of repeats); a part from the k-th key on has its peer moved k strides."""
+    long = np.flatnonzero(rep > 1)          # (only these can be cut: the others hold one key)
+    if not len(long):
+        return (rank, step, rep, peer, stride, *cols)
     start = rank * _STEPS + step
     end = start + rep
     bounds = np.sort(np.concatenate((start, end)))
-    if len(bounds):
-        bounds = bounds[np.append(True, bounds[1:] != bounds[:-1])]     # (np.unique's first call imports numpy.ma)
-    lo, hi = np.searchsorted(bounds, start), np.searchsorted(bounds, end)
-    pieces = hi - lo
-    if (pieces == 1).all():
+    bounds = bounds[np.append(True, bounds[1:] != bounds[:-1])]         # (np.unique's first call imports numpy.ma)
+    lo = np.searchsorted(bounds, start[long])
+    cuts = np.searchsorted(bounds, end[long]) - lo
+    if (cuts == 1).all():
         return (rank, step, rep, peer, stride, *cols)
+    pieces = np.ones(len(start), np.int64)
+    pieces[long] = cuts
+    first_of = np.zeros(len(start), np.int64)           # each op's first boundary
+    first_of[long] = lo
     which = np.repeat(np.arange(len(start), dtype=np.int64), pieces)
-    at = lo[which] + np.arange(len(which), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
-    first = bounds[at]
+    k = np.arange(len(which), dtype=np.int64) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+    first = np.where(k == 0, start[which], bounds[np.minimum(first_of[which] + k, len(bounds) - 1)])
+    last = np.where(k == pieces[which] - 1, end[which], bounds[np.minimum(first_of[which] + k + 1, len(bounds) - 1)])
     stride = stride[which]
     peer = np.where(stride != 0, (peer[which] + (first - start[which]) * stride) % max(n, 1), peer[which])
     rank = rank[which]
-    return (rank, first - rank * _STEPS, bounds[at + 1] - first, peer, stride, *(c[which] for c in cols))
+    return (rank, first - rank * _STEPS, last - first, peer, stride, *(c[which] for c in cols))
 
 
 class _Groups:

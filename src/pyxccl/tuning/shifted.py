@@ -249,16 +249,19 @@ def _mapped(sub: Compact, group: np.ndarray, n: int) -> tuple:
     "in": no copy of it is one an in-place call leaves out), in a call of ``n`` ranks. A peer that moves by a
     stride each run moves by that many group steps where the group is every d-th rank of all n (a column
     of hosts alike), and is written out elsewhere (a host's own ranks: a few steps)."""
-    m, stride = len(group), 0
+    m, stride = len(group), None
     if sub.stride is not None:
         d = int(group[1] - group[0]) % n if m > 1 else 0
         if m > 1 and d * m == n and np.array_equal(group, (group[0] + d * np.arange(m)) % n):
             stride = sub.stride * d
         else:
             sub = sub.expanded()
+    if stride is None:
+        stride = np.zeros(len(sub.kind), np.int64)
     lens = np.diff(sub.step_start)
     if sub.rep is None:
-        steps, rep = np.repeat(np.arange(len(lens), dtype=np.int64), lens), 1
+        steps = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+        rep = np.ones(len(steps), np.int64)
     else:
         first = np.zeros(len(lens), np.int64)         # each step's place, its repeats written out
         np.cumsum(sub.rep[:-1], out=first[1:])
@@ -294,8 +297,7 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
                 at += span
         steps = np.concatenate([at + cols[0] for at, cols in placed])
         ops.add(np.full(len(steps), rank), steps, *(np.concatenate([cols[i] for _, cols in placed]) for i in range(1, 6)),
-                rep=np.concatenate([np.broadcast_to(cols[6], cols[0].shape) for _, cols in placed]),
-                stride=np.concatenate([np.broadcast_to(cols[7], cols[0].shape) for _, cols in placed]))
+                rep=np.concatenate([cols[6] for _, cols in placed]), stride=np.concatenate([cols[7] for _, cols in placed]))
     return None
 
 
@@ -386,17 +388,19 @@ def _hierarchical_reduce_scatter(ops: Ops, r, counts, hosts=None, inner: str = "
     return None
 
 
-def _ring_part(me: int, m: int, counts: list[int], chunk: int, reduce: bool) -> Compact:
-    """``ring.reduce_scatter_phase(last=chunk)`` (``reduce``) or ``ring.allgather_phase(have=chunk)`` on a
-    schedule of rank ``me`` of ``m``, alone: the arrays of ``torus._ring``'s phase (kept as ``_phase``'s)."""
+def _ring_part(me: int, m: int, counts: list[int], reduce: bool) -> Compact:
+    """``ring.reduce_scatter_phase(last=me)`` (``reduce``) or ``ring.allgather_phase(have=me)`` on a schedule
+    of rank ``me`` of ``m``, alone: the arrays of ``torus._ring``'s phase (kept as ``_phase``'s; every rank's
+    made at once: a torus's ranks of a host each take another's)."""
     def make() -> Compact:
-        ops, c = Ops(m, (me,)), np.asarray(counts, np.int64)
+        ops, c = Ops(m), np.asarray(counts, np.int64)
         if reduce:
-            _around(ops, ops.ranks, 0, c, chunk - 1 - me, chunk - 2 - me, red=1)
+            _around(ops, ops.ranks, 0, c, -1, -2, red=1)
         else:
-            _around(ops, ops.ranks, 0, c, chunk - me, chunk - 1 - me)
+            _around(ops, ops.ranks, 0, c, 0, -1)
         return ops.compact()
-    return _kept(("ring part", me, m, tuple(counts), chunk, reduce), make)
+    whole = _kept(("ring part", m, tuple(counts), reduce), make)
+    return _kept(("ring part", me, m, tuple(counts), reduce), lambda: whole.take(me, me + 1))
 
 
 def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
@@ -415,11 +419,11 @@ def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
         across = None, None
         if parts[j]:
             subs = split_counts(parts[j], len(column))
-            across = ((_ring_part(i, len(column), subs, i, True), column),
-                      (_ring_part(i, len(column), subs, i, False), column))
+            across = ((_ring_part(i, len(column), subs, True), column),
+                      (_ring_part(i, len(column), subs, False), column))
         row = np.asarray(row, np.int64)
-        _in_turn(ops, rank, ((_ring_part(j, len(row), parts, j, True), row), *across,
-                             (_ring_part(j, len(row), parts, j, False), row)), 1)
+        _in_turn(ops, rank, ((_ring_part(j, len(row), parts, True), row), *across,
+                             (_ring_part(j, len(row), parts, False), row)), 1)
     return None
 
 
