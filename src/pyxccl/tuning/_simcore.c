@@ -253,22 +253,27 @@ static int grow(Busy *b) {
 
 /* Booked.take: the start of the earliest d seconds free on every resource of res at or after t, booked
  * on each; -1 on no memory */
-static double book(Busy *B, const int64_t *res, int nr, double t, double d, int *oom) {
+static double book(Busy *B, const int64_t *res, int nr, double t, double d, int *oom, int64_t *cur) {
     if (d <= 0) return t;
     double s = t;
+    /* cur[x]: after(res[x], s); s only goes on, so each is moved forward from where it was */
+    for (int x = 0; x < nr; x++) cur[x] = B[res[x]].len ? after(&B[res[x]], s) : 0;
     for (int moved = 1; moved;) {
         moved = 0;
         for (int x = 0; x < nr; x++) {
             Busy *b = &B[res[x]];
             if (!b->len) continue;
-            int64_t j = after(b, s);
+            int64_t j = cur[x];
+            while (j < b->len && !(s < *E_(b, j))) j++;
+            cur[x] = j;
             if (j < b->len && *S_(b, j) < s + d) { s = *E_(b, j); moved = 1; }
         }
     }
     double e = s + d;
     for (int x = 0; x < nr; x++) {
         Busy *b = &B[res[x]];
-        int64_t j = after(b, s);
+        int64_t j = cur[x];
+        while (j < b->len && !(s < *E_(b, j))) j++;         /* after(b, s) */
         if (j && *E_(b, j - 1) == s) {
             if (j < b->len && *S_(b, j) == e) {       /* joins the two around it */
                 *E_(b, j - 1) = *E_(b, j);
@@ -453,13 +458,13 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int64_t *pc = calloc(ns + 1, sizeof(int64_t)), *taken = calloc(ns + 1, sizeof(int64_t)),
             *sent = calloc(ns + 1, sizeof(int64_t)), *again = calloc(ns + 1, sizeof(int64_t)),
             *where = malloc(sizeof(int64_t) * P.n),
-            *res = malloc(sizeof(int64_t) * maxres);
+            *res = malloc(sizeof(int64_t) * maxres), *cur = malloc(sizeof(int64_t) * maxres);
     char *begun = calloc(ns + 1, 1), *queued = calloc(ns + 1, 1), *parked = calloc(ns + 1, 1);
     Entry *heap = malloc(sizeof(Entry) * (ns + 1));
     Chans C;
     int chans_ok = chans_init(&C) == 0;
     PyObject *result = NULL;
-    if (!clock || !T || !recv_free || !out_done || !busy || !pc || !taken || !sent || !again || !where || !res || !begun ||
+    if (!clock || !T || !recv_free || !out_done || !busy || !pc || !taken || !sent || !again || !where || !res || !cur || !begun ||
         !queued || !parked || !heap || !chans_ok) {
         PyErr_NoMemory();
         goto done;
@@ -508,7 +513,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     sent[i] += nb;
                     messages++;
                     if (!P.cpu) {
-                        double start = book(busy, res, nr, T[i], (double)nb * beta, &oom);
+                        double start = book(busy, res, nr, T[i], (double)nb * beta, &oom, cur);
                         if (oom) break;
                         double end = start + (double)nb * beta;
                         out_done[i] = dmax(out_done[i], end);
@@ -519,7 +524,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     double f = P.stretch, half = (inside ? half_intra : half_inter) * f;
                     double t = T[i] + half, arrive;
                     if (nr) {
-                        double m = book(busy, res, nr, t, (double)nb * beta, &oom);
+                        double m = book(busy, res, nr, t, (double)nb * beta, &oom, cur);
                         if (oom) break;
                         arrive = m + (double)nb * beta;
                         t = dmax(t, arrive - (double)(nb < P.sockbuf ? nb : P.sockbuf) * beta);
@@ -610,7 +615,7 @@ done:
     free(clock); free(T); free(recv_free); free(out_done);
     if (busy) for (int64_t x = 0; x < L.total; x++) { free(busy[x].s); free(busy[x].e); }
     free(busy); free(pc); free(taken); free(sent); free(again);
-    free(where); free(res); free(begun); free(queued); free(parked); free(heap);
+    free(where); free(res); free(cur); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
     for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);
     if (has_start) PyBuffer_Release(&S.b);
