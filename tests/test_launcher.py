@@ -360,3 +360,27 @@ def test_local_ranks_are_bound_to_their_own_cpus(tmp_path, capfd, monkeypatch):
     assert shares(n + 1) is None and shares(1) is None         # more ranks than CPUs, or one rank
     monkeypatch.delenv("PYXCCL_BIND")
     assert [len(s) for s in shares(2)] == [len(cpus) // 2 + len(cpus) % 2, len(cpus) // 2]
+
+
+def test_each_rank_gets_one_thread_for_its_math_libraries(tmp_path, capfd, monkeypatch):
+    """More than one rank on the node: OMP_NUM_THREADS=1 unless set (torchrun's default), so numpy's
+    OpenBLAS starts no pool of threads in each rank, even with more ranks than CPUs (unbound); a value
+    the user set is kept."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    script = _script(tmp_path, """
+        import os
+        before = len(os.listdir("/proc/self/task"))
+        import numpy
+        numpy.ones((64, 64)) @ numpy.ones((64, 64))
+        print("threads", os.environ["RANK"], os.environ.get("OMP_NUM_THREADS"),
+              len(os.listdir("/proc/self/task")) - before)
+    """)
+    n = len(os.sched_getaffinity(0)) + 1            # more ranks than CPUs: not bound
+    assert run(n, [script]) == 0
+    got = [line.split()[3:] for line in capfd.readouterr().out.splitlines() if " threads " in line]
+    assert got == [["1", "0"]] * n, got
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert run(2, [script]) == 0
+    got = [line.split()[3] for line in capfd.readouterr().out.splitlines() if " threads " in line]
+    assert got == ["2", "2"], got

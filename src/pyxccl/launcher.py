@@ -26,6 +26,11 @@ numbers of ranks (a pyxccl extension; torchrun gets there through its elastic
 rendezvous): ``--nproc-per-node 2,1,2`` gives every node's count, the same
 list on every node, and ranks are numbered node after node.
 
+With more than one rank on the node, each gets OMP_NUM_THREADS=1 unless the
+environment sets it (as torchrun does): otherwise every rank's numpy (OpenBLAS)
+and torch start a pool of threads as large as the CPUs it sees, so a host's
+threads would grow with its ranks times its cores.
+
 When a node runs no more ranks than it has CPUs for us, each local rank is
 bound to its own share of them (as MPI launchers bind by default): two ranks
 that wait on each other are then never queued on one core while another core
@@ -232,6 +237,8 @@ def run(nproc, cmd: list[str], *, nnodes: int = 1, node_rank: int = 0, master_ad
     cpus = os.sched_getaffinity(0)
     bound = shares(local_n) if bind else None
     base_env = dict(os.environ if env is None else env)
+    if local_n > 1 and not base_env.get("OMP_NUM_THREADS"):
+        base_env["OMP_NUM_THREADS"] = "1"       # (torchrun's default: thread pools sized to one rank's work)
     if nnodes == 1 and not base_env.get("PYXCCL_SECRET"):
         # The ranks and their store prove this to each other; it travels only in the children's
         # environment (readable by this user and root, as the processes themselves are).
