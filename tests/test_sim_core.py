@@ -70,23 +70,34 @@ def _ends(e) -> dict:
 
 
 def _held_once(c: compact.Compact, n: int) -> compact.Compact:
-    """``c`` with each run of steps in a row of a schedule that are alike but for peers moving by a stride
-    each step (the same peers: a stride of 0) held once, repeated (``Compact.rep``, ``Compact.stride``)."""
+    """``c`` held once where it can be: alike copies in a row of a step as one made that many times
+    (``Compact.times``), and each run of steps in a row of a schedule that are alike but for peers moving by a
+    stride each step (the same peers: a stride of 0) as one step repeated (``Compact.rep``, ``Compact.stride``)."""
     cols = ("kind", "red", "peer", "count", "touch") + (("skip",) if c.skip is not None else ())
     ops = list(zip(*(getattr(c, f).tolist() for f in cols)))
     steps, reps, strides, rank_start = [], [], [], [0]
 
+    def merged(step):               # [(op, times)]: alike copies in a row as one
+        out = []
+        for o in step:
+            if out and o[0] == compact.COPY and out[-1][0] == o:
+                out[-1] = (o, out[-1][1] + 1)
+            else:
+                out.append((o, 1))
+        return out
+
     def same_but_peers(a, b):
-        return len(a) == len(b) and all(x[:2] == y[:2] and x[3:] == y[3:] for x, y in zip(a, b))
+        return len(a) == len(b) and all(x[0][:2] == y[0][:2] and x[0][3:] == y[0][3:] and x[1] == y[1]
+                                        for x, y in zip(a, b))
 
     for i in range(len(c.ranks)):
         base = None
         for s in range(int(c.rank_start[i]), int(c.rank_start[i + 1])):
-            step = ops[c.step_start[s]:c.step_start[s + 1]]
+            step = merged(ops[c.step_start[s]:c.step_start[s + 1]])
             if base is not None and same_but_peers(step, base):
                 k = reps[-1]
-                d = strides[-1] if k > 1 else [(y[2] - x[2]) % n for x, y in zip(base, step)]
-                if all((x[2] + k * e) % n == y[2] for x, y, e in zip(base, step, d)):
+                d = strides[-1] if k > 1 else [(y[0][2] - x[0][2]) % n for x, y in zip(base, step)]
+                if all((x[0][2] + k * e) % n == y[0][2] for x, y, e in zip(base, step, d)):
                     reps[-1] += 1
                     strides[-1] = d
                     continue
@@ -99,10 +110,11 @@ def _held_once(c: compact.Compact, n: int) -> compact.Compact:
     step_start = np.zeros(len(steps) + 1, np.int64)
     np.cumsum([len(st) for st in steps], out=step_start[1:])
     dtypes = [np.int8, np.int8, np.int64, np.int64, np.int8, bool]
-    got = [np.array([o[k] for o in flat], dtypes[k]) for k in range(len(cols))]
+    got = [np.array([o[0][k] for o in flat], dtypes[k]) for k in range(len(cols))]
     return compact.Compact(got[0], got[1], got[2], got[3], step_start, np.array(rank_start, np.int64), c.ranks,
                            got[5] if c.skip is not None else None, got[4], np.array(reps, np.int64),
-                           np.array([e for d in strides for e in d], np.int64), n)
+                           np.array([e for d in strides for e in d], np.int64), n,
+                           np.array([o[1] for o in flat], np.int64))
 
 
 def _check(scheds, net, inplace, working_set=0):
@@ -119,7 +131,7 @@ def _check(scheds, net, inplace, working_set=0):
     _same(want, fast.run_compact(compact.convert(scheds, inplace), 4, net, working_set, start))
     _limited(compact.convert(scheds, inplace), net, working_set, start, want)
     _same(want, fast.run_compact(once, 4, net, working_set, start))
-    return bool((once.rep > 1).any()), bool(once.stride.any())
+    return bool((once.rep > 1).any()), bool(once.stride.any()) or bool((once.times > 1).any())
 
 
 def _limited(comp, net, working_set, start, want):

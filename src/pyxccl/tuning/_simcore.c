@@ -25,7 +25,8 @@
  *   Then rep (int64 per step, or None: each once): a step is run rep times in a row, as that many copies of
  *   it would be (compact.py's run-length steps: a ring's n - 1 alike steps held once), and stride (int64
  *   per op, or None: 0): in the k-th run of its step an op's peer is (peer + k * stride) mod n (a pairwise
- *   exchange's n - 1 steps, to r + k and from r - k).
+ *   exchange's n - 1 steps, to r + k and from r - k). Then times (int64 per op, or None: 1): a copy is made
+ *   that many times in a row (a regrouping's thousands of alike copies held once); other ops must have 1.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -371,12 +372,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int movekind;
     PyObject *start_o = Py_None;
     double limit = INFINITY;        /* a step that ends past it ends the walk (its estimate is above it) */
-    PyObject *rep_o = Py_None, *stride_o = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|OdOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+    PyObject *rep_o = Py_None, *stride_o = Py_None, *times_o = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|OdOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
                           &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
-                          &movekind, &start_o, &limit, &rep_o, &stride_o))
+                          &movekind, &start_o, &limit, &rep_o, &stride_o, &times_o))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
@@ -403,6 +404,15 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         goto fail_buffers;
     }
     const int64_t *stride = has_stride ? D.b.buf : NULL;
+    Arr M;                          /* each copy's times in a row (none: 1) */
+    int has_times = times_o != Py_None;
+    if (has_times && get_arr(times_o, &M, "times", 8) < 0) {
+        if (has_start) PyBuffer_Release(&S.b);
+        if (has_rep) PyBuffer_Release(&R.b);
+        if (has_stride) PyBuffer_Release(&D.b);
+        goto fail_buffers;
+    }
+    const int64_t *times = has_times ? M.b.buf : NULL;
     const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
     const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
                   *ranks = A[6].b.buf, *tmpl = A[7].b.buf, *move = A[8].b.buf;
@@ -416,7 +426,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         P.dims[0] < 1 || P.dims[1] < 1 || P.dims[2] < 1 ||
         (P.ring == 2 && P.dims[0] * P.dims[1] * P.dims[2] != P.hosts) ||
         (P.ring == 3 && (P.groups < 1 || P.hosts % P.groups)) || (P.ring >= 2 && P.fold) ||
-        (has_start && S.b.len / 8 != ns) || (has_rep && R.b.len / 8 != nsteps) || (has_stride && D.b.len / 8 != nops)) {
+        (has_start && S.b.len / 8 != ns) || (has_rep && R.b.len / 8 != nsteps) || (has_stride && D.b.len / 8 != nops) || (has_times && M.b.len / 8 != nops)) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
         goto fail_start;
     }
@@ -430,8 +440,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         goto fail_start;
     }
     for (int64_t j = 0; j < nops; j++)
-        if ((kind[j] != 0 && (peer[j] < 0 || peer[j] >= P.n)) || kind[j] < 0 || kind[j] > 2) {
-            PyErr_SetString(PyExc_ValueError, "walk: an operation's kind or peer is out of range");
+        if ((kind[j] != 0 && (peer[j] < 0 || peer[j] >= P.n)) || kind[j] < 0 || kind[j] > 2 ||
+            (times && (times[j] < 1 || (kind[j] != 0 && times[j] != 1)))) {
+            PyErr_SetString(PyExc_ValueError, "walk: an operation's kind, peer or times is out of range (times: a copy's, at least 1)");
             goto fail_start;
         }
     for (int64_t s = 0; s < nsteps; s++) {
@@ -502,7 +513,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             if (!begun[i]) {
                 int64_t j = a;
                 for (; j < b && kind[j] == 0; j++)          /* local copies */
-                    clock[i] += cost(&P, count[j] * P.itemsize, red[j] ? P.gamma : P.copy, touch[j]);
+                    for (int64_t m = times ? times[j] : 1; m > 0; m--)
+                        clock[i] += cost(&P, count[j] * P.itemsize, red[j] ? P.gamma : P.copy, touch[j]);
                 T[i] = recv_free[i] = out_done[i] = clock[i];
                 int64_t sends = j;
                 for (; j < b && kind[j] == 1; j++) {         /* sends */
@@ -621,6 +633,7 @@ done:
     if (has_start) PyBuffer_Release(&S.b);
     if (has_rep) PyBuffer_Release(&R.b);
     if (has_stride) PyBuffer_Release(&D.b);
+    if (has_times) PyBuffer_Release(&M.b);
     return result;
 bad_order:
     PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "
@@ -629,6 +642,7 @@ fail_start:
     if (has_start) PyBuffer_Release(&S.b);
     if (has_rep) PyBuffer_Release(&R.b);
     if (has_stride) PyBuffer_Release(&D.b);
+    if (has_times) PyBuffer_Release(&M.b);
 fail_buffers:
     for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
     return NULL;

@@ -76,8 +76,8 @@ def _per_step(x: np.ndarray, step_start: np.ndarray) -> np.ndarray:
 def _one(sched) -> tuple[compact.Compact | None, int]:
     """(the arrays of ``sched``, a rank's message schedule or its arrays already made, in the order
     written; None for a segment schedule) and its rank."""
-    if isinstance(sched, compact.Compact):      # (peers that move each run: written out, one rank's)
-        return (sched if sched.stride is None else sched.expanded()), int(sched.ranks[0])
+    if isinstance(sched, compact.Compact):      # (peers that move each run, copies held once: written out)
+        return (sched if sched.stride is None and sched.times is None else sched.expanded()), int(sched.ranks[0])
     return (compact.convert([sched], written=True) if compact.message_schedules([sched]) else None), sched.rank
 
 

@@ -12,7 +12,8 @@ A step may be held once for many alike steps in a row (``rep``: how many times i
 a ring's n - 1 steps, the same on every step but the chunk's index, are one step where the chunks are of
 one size (``rooted.Ops`` makes them so, ``shifted.py``'s rings use it). The walk runs it ``rep`` times, as
 it would run that many copies; :meth:`Compact.expanded` makes the copies. An operation may move its peer by
-``stride`` each run (mod n: a pairwise exchange's steps, to r + k and from r - k, are one step so).
+``stride`` each run (mod n: a pairwise exchange's steps, to r + k and from r - k, are one step so), and a copy
+may stand for ``times`` alike copies in a row (a hierarchical regrouping's block by block).
 
 Symmetric algorithms (``symmetric.py``: Shift, Xor) need not be built rank by rank:
 :func:`all_ranks` derives every host's arrays from host 0's by moving the peers.
@@ -56,6 +57,7 @@ class Compact:
     rep: np.ndarray | None = None    # int64 per step: times it runs in a row (None: once each)
     stride: np.ndarray | None = None  # int64 per op: its peer moves by this each run of its step (None: 0)
     nranks: int = 0                  # the ranks the peers are of (what a stride moves them modulo)
+    times: np.ndarray | None = None  # int64 per op: a copy made this many times in a row (None: 1; others: 1)
 
     def reps(self) -> np.ndarray:
         """Each step's repeats (ones where none are held)."""
@@ -66,7 +68,10 @@ class Compact:
         return np.repeat(self.reps(), np.diff(self.step_start))
 
     def expanded(self) -> "Compact":
-        """These arrays with every repeated step written out as that many steps (themselves where none is)."""
+        """These arrays with every repeated step written out as that many steps and every copy as its times
+        (themselves where none is)."""
+        if self.times is not None:
+            return self._ops_written_out().expanded()
         if self.rep is None:
             return self
         lens = np.diff(self.step_start)
@@ -86,6 +91,17 @@ class Compact:
                        self.ranks, None if self.skip is None else self.skip[idx],
                        None if self.touch is None else self.touch[idx])
 
+    def _ops_written_out(self) -> "Compact":
+        """These arrays with each copy written out as its times."""
+        idx = np.repeat(np.arange(len(self.kind), dtype=np.int64), self.times)
+        cum = np.zeros(len(self.kind) + 1, np.int64)
+        np.cumsum(self.times, out=cum[1:])
+        step_start = cum[self.step_start]
+        return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], step_start, self.rank_start,
+                       self.ranks, None if self.skip is None else self.skip[idx],
+                       None if self.touch is None else self.touch[idx], self.rep,
+                       None if self.stride is None else self.stride[idx], self.nranks)
+
     def inplace(self) -> "Compact":
         """These arrays for an in-place call: without the copies of a buffer onto itself."""
         if self.skip is None or not self.skip.any():
@@ -98,7 +114,8 @@ class Compact:
         np.cumsum(lens, out=step_start[1:])
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
                        self.rank_start, self.ranks, None, self.touch[keep], self.rep,
-                       None if self.stride is None else self.stride[keep], self.nranks)
+                       None if self.stride is None else self.stride[keep], self.nranks,
+                       None if self.times is None else self.times[keep])
 
     def take(self, a: int, b: int) -> "Compact":
         """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
@@ -107,7 +124,8 @@ class Compact:
         return Compact(self.kind[x:y], self.red[x:y], self.peer[x:y], self.count[x:y], self.step_start[i:j + 1] - x,
                        self.rank_start[a:b + 1] - i, self.ranks[a:b], None if self.skip is None else self.skip[x:y],
                        None if self.touch is None else self.touch[x:y], None if self.rep is None else self.rep[i:j],
-                       None if self.stride is None else self.stride[x:y], self.nranks)
+                       None if self.stride is None else self.stride[x:y], self.nranks,
+                       None if self.times is None else self.times[x:y])
 
     @property
     def steps(self) -> int:
@@ -124,8 +142,12 @@ class Compact:
         """The same arrays (repeats held alike: see :meth:`expanded`)."""
         return all(np.array_equal(getattr(self, f), getattr(other, f)) for f in
                    ("kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "touch")) and (
-            np.array_equal(self.reps(), other.reps())) and (
-            (self.stride is None and other.stride is None) or np.array_equal(self.strides(), other.strides()))
+            np.array_equal(self.reps(), other.reps())) and np.array_equal(self.strides(), other.strides()) and (
+            np.array_equal(self.op_times(), other.op_times()))
+
+    def op_times(self) -> np.ndarray:
+        """Each operation's times (ones where none are held)."""
+        return np.ones(len(self.kind), np.int64) if self.times is None else self.times
 
     def strides(self) -> np.ndarray:
         """Each operation's stride (zeros where none are held)."""
@@ -150,7 +172,7 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
     the receives, each kind in the order written; with ``inplace``, without the skipped copies."""
     nsteps = len(c.step_start) - 1
     lens = np.diff(c.step_start)
-    kind, red, peer, count, touch, stride = c.kind, c.red, c.peer, c.count, c.touch, c.stride
+    kind, red, peer, count, touch, stride, times = c.kind, c.red, c.peer, c.count, c.touch, c.stride, c.times
     keep = None if c.skip is None else ~c.skip
     step_of = None
     if len(kind) > 1:
@@ -162,6 +184,8 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
             touch = touch[order]
             if stride is not None:
                 stride = stride[order]
+            if times is not None:
+                times = times[order]
             if keep is not None:
                 keep = keep[order]
     step_start = c.step_start
@@ -172,11 +196,13 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
         touch = touch[keep]
         if stride is not None:
             stride = stride[keep]
+        if times is not None:
+            times = times[keep]
         step_start = np.zeros(nsteps + 1, np.int64)
         np.cumsum(np.bincount(step_of, minlength=nsteps), out=step_start[1:])
         keep = None
     return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep,
-                   touch, c.rep, stride, c.nranks)
+                   touch, c.rep, stride, c.nranks, times)
 
 
 _KEPT = "_compact"
@@ -361,7 +387,7 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     peer moved by ``sym.mover(h)``; steps, counts and reduce flags are the rep's."""
     if not np.array_equal(reps.ranks, np.arange(per_host)):
         raise ValueError("all_ranks needs host 0's schedules, ranks 0..per_host-1 in order")
-    if reps.stride is not None:
+    if reps.stride is not None or reps.times is not None:
         reps = reps.expanded()          # (a stride moves a peer before the fold moves it: not so under XOR)
     n = hosts * per_host
     m = len(reps.kind)
@@ -412,7 +438,7 @@ def same_moved(got: Compact, reps: Compact, sym, h: int, per_host: int, exact: b
     element or 1%, or equal with ``exact``), vectorized. Steps repeated are compared as written out where
     they are not held alike (a ring's chunks of two sizes cut its steps' runs where the rank says)."""
     if (not np.array_equal(got.reps(), reps.reps()) or not np.array_equal(got.strides(), reps.strides())
-            or (got.stride is not None and sym.name != "shift")):
+            or (got.stride is not None and sym.name != "shift") or not np.array_equal(got.op_times(), reps.op_times())):
         got, reps = got.expanded(), reps.expanded()
     if not (np.array_equal(got.rank_start, reps.rank_start) and np.array_equal(got.step_start, reps.step_start)
             and np.array_equal(got.kind, reps.kind) and np.array_equal(got.red, reps.red)):

@@ -121,7 +121,7 @@ def run_compact(comp, itemsize: int, net, working_set: int = 0, start=None,
                                                    arrays.step_start, arrays.rank_start, ranks, tmpl, move,
                                                    arrays.touch, _params(shape, fold, itemsize, working_set),
                                                    movekind, start, float(limit), arrays.rep,
-                                                   arrays.stride)
+                                                   arrays.stride, arrays.times)
     return Estimate(t, comp.steps, sent, messages, (ranks, np.frombuffer(ends))), stuck
 
 

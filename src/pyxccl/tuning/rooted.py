@@ -37,8 +37,9 @@ _NO_BIT = 1 << 62
 _TOUCH = 2
 
 
-#: the columns of ``Ops.add`` after the rank (step, kind, peer, count, red, touch, skip, rep, stride), their types
-_COLUMNS = (np.int64, np.int8, np.int64, np.int64, np.int8, np.int8, bool, np.int64, np.int64)
+#: the columns of ``Ops.add`` after the rank (step, kind, peer, count, red, touch, skip, rep, stride, times), their
+#: types
+_COLUMNS = (np.int64, np.int8, np.int64, np.int64, np.int8, np.int8, bool, np.int64, np.int64, np.int64)
 
 
 def _column(x, dtype, m: int):
@@ -69,23 +70,25 @@ class Ops:
     An operation added with ``rep`` > 1 stands for itself at keys step, step + 1, ..., step + rep - 1
     (``compact.Compact.rep``): where others share some of those keys it is cut there, so that every step
     made is one set of operations run ``rep`` times. ``stride``: in its k-th run, the operation's peer is
-    peer + k * stride (mod ``nranks``; ``compact.Compact.stride``)."""
+    peer + k * stride (mod ``nranks``; ``compact.Compact.stride``). ``times``: a copy made that many times in a
+    row (``compact.Compact.times``)."""
 
     def __init__(self, nranks: int, ranks=None):
         self.n = nranks
         self.ranks = np.arange(nranks, dtype=np.int64) if ranks is None else np.asarray(ranks, np.int64)
         self.parts: list[tuple] = []
-        self.repeats = self.strides = False
+        self.repeats = self.strides = self.times = False
 
-    def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False, rep=1, stride=0) -> None:
+    def add(self, rank, step, kind, peer, count, red=0, touch=0, skip=False, rep=1, stride=0, times=1) -> None:
         rank = np.asarray(rank, np.int64)
         m = len(rank)
         if m:
-            row = (rank, *(_column(x, t, m) for x, t in zip((step, kind, peer, count, red, touch, skip, rep, stride),
-                                                            _COLUMNS)))
+            row = (rank, *(_column(x, t, m) for x, t in zip(
+                (step, kind, peer, count, red, touch, skip, rep, stride, times), _COLUMNS)))
             self.parts.append(row)
-            self.repeats = self.repeats or type(row[-2]) is np.ndarray or row[-2] != 1
-            self.strides = self.strides or type(row[-1]) is np.ndarray or row[-1] != 0
+            self.repeats = self.repeats or type(row[-3]) is np.ndarray or row[-3] != 1
+            self.strides = self.strides or type(row[-2]) is np.ndarray or row[-2] != 0
+            self.times = self.times or type(row[-1]) is np.ndarray or row[-1] != 1
 
     def compact(self) -> Compact:
         n = self.n
@@ -93,27 +96,27 @@ class Ops:
             cols = list(zip(*self.parts))
             lens = [len(r) for r in cols[0]]
             rank = np.concatenate(cols[0])
-            step, kind, peer, count, red, touch, skip, rep, stride = (_joined(v, lens, t)
-                                                                     for v, t in zip(cols[1:], _COLUMNS))
+            step, kind, peer, count, red, touch, skip, rep, stride, times = (_joined(v, lens, t)
+                                                                            for v, t in zip(cols[1:], _COLUMNS))
         else:
-            rank, step, peer, count, rep, stride = (np.zeros(0, np.int64) for _ in range(6))
+            rank, step, peer, count, rep, stride, times = (np.zeros(0, np.int64) for _ in range(7))
             kind, red, touch, skip = np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, bool)
         keep = count > 0                # what Schedule.step and embed leave out (and steps left empty)
         if self.repeats:
             if not keep.all():
-                rank, step, kind, peer, count, red, touch, skip, rep, stride = (
-                    x[keep] for x in (rank, step, kind, peer, count, red, touch, skip, rep, stride))
+                rank, step, kind, peer, count, red, touch, skip, rep, stride, times = (
+                    x[keep] for x in (rank, step, kind, peer, count, red, touch, skip, rep, stride, times))
                 keep = np.ones(len(rank), bool)
-            rank, step, rep, peer, stride, kind, count, red, touch, skip = _cut(rank, step, rep, peer, stride, n, kind,
-                                                                               count, red, touch, skip)
+            rank, step, rep, peer, stride, kind, count, red, touch, skip, times = _cut(
+                rank, step, rep, peer, stride, n, kind, count, red, touch, skip, times)
         order = None if keep.all() else np.flatnonzero(keep)           # (None: every op, in the order added)
         key = rank * _STEPS + step if order is None else rank[order] * _STEPS + step[order]
         if len(key) > 1 and not (key[1:] >= key[:-1]).all():       # (added in order: nothing to sort)
             by = np.argsort(key, kind="stable")          # stable: a step's ops in the order added
             order, key = (by if order is None else order[by]), key[by]
         if order is not None:
-            rank, kind, red, peer, count, skip, touch, rep, stride = (
-                x[order] for x in (rank, kind, red, peer, count, skip, touch, rep, stride))
+            rank, kind, red, peer, count, skip, touch, rep, stride, times = (
+                x[order] for x in (rank, kind, red, peer, count, skip, touch, rep, stride, times))
         m = len(key)
         new = np.ones(m, bool)
         np.not_equal(key[1:], key[:-1], out=new[1:])
@@ -124,7 +127,8 @@ class Ops:
         rank_start = np.zeros(len(ranks) + 1, np.int64)
         np.cumsum(np.bincount(at, minlength=len(ranks)), out=rank_start[1:])
         return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch,
-                       rep[starts] if self.repeats else None, stride if self.repeats and self.strides else None, n)
+                       rep[starts] if self.repeats else None, stride if self.repeats and self.strides else None, n,
+                       times if self.times else None)
 
 
 def _cut(rank, step, rep, peer, stride, n: int, *cols):

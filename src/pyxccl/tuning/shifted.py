@@ -250,6 +250,8 @@ def _mapped(sub: Compact, group: np.ndarray, n: int) -> tuple:
     stride each run moves by that many group steps where the group is every d-th rank of all n (a column
     of hosts alike), and is written out elsewhere (a host's own ranks: a few steps)."""
     m, stride = len(group), None
+    if sub.times is not None:
+        sub = sub.expanded()            # (no phase holds copies so: a flat algorithm's are few)
     if sub.stride is not None:
         d = int(group[1] - group[0]) % n if m > 1 else 0
         if m > 1 and d * m == n and np.array_equal(group, (group[0] + d * np.arange(m)) % n):
@@ -307,7 +309,10 @@ def _in_turn(ops: Ops, rank: int, parts, step: int = 0) -> None:
     None (nothing)."""
     for part in parts:
         if type(part) is np.ndarray:
-            ops.add(np.full(len(part), rank), step, COPY, 0, part, touch=_PLAIN)
+            if len(part) > 1 and (part == part[0]).all():     # alike copies: one, made that many times
+                ops.add([rank], step, COPY, 0, part[0], touch=_PLAIN, times=len(part))
+            else:
+                ops.add(np.full(len(part), rank), step, COPY, 0, part, touch=_PLAIN)
             step += 1
         elif part is not None:
             cols = _mapped(*part, ops.n)
