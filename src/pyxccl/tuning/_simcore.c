@@ -370,49 +370,33 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *o[10];
     Params P;
     int movekind;
-    PyObject *start_o = Py_None;
     double limit = INFINITY;        /* a step that ends past it ends the walk (its estimate is above it) */
-    PyObject *rep_o = Py_None, *stride_o = Py_None, *times_o = Py_None;
+    /* the optional arrays (None: every walked rank's clock 0 at the start, each step once, no stride, each
+     * copy once), all of 8-byte items */
+    enum { O_START, O_REP, O_STRIDE, O_TIMES, NOPT };
+    static const char *opt_names[NOPT] = {"start", "rep", "stride", "times"};
+    PyObject *opt_o[NOPT] = {Py_None, Py_None, Py_None, Py_None};
     if (!PyArg_ParseTuple(args, "OOOOOOOOOO(LLLLiiiiiiLLdddddddddLLLL)i|OdOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
                           &o[6], &o[7], &o[8], &o[9], &P.n, &P.p, &P.hosts, &P.nics, &P.cpu, &P.overlap, &P.shared,
                           &P.ring, &P.fold, &P.shm_in, &P.itemsize, &P.sockbuf, &P.ia, &P.ib, &P.ea, &P.eb, &P.gamma, &P.copy,
                           &P.stretch, &P.memshare, &P.membyte, &P.dims[0], &P.dims[1], &P.dims[2], &P.groups,
-                          &movekind, &start_o, &limit, &rep_o, &stride_o, &times_o))
+                          &movekind, &opt_o[O_START], &limit, &opt_o[O_REP], &opt_o[O_STRIDE], &opt_o[O_TIMES]))
         return NULL;
     static const char *names[10] = {"kind", "red", "peer", "count", "step_start", "rank_start", "ranks", "tmpl",
                                     "move", "touch"};
     static const Py_ssize_t sizes[10] = {1, 1, 8, 8, 8, 8, 8, 8, 8, 1};
-    Arr A[10];
-    int got = 0;
+    Arr A[10], X[NOPT];
+    int got = 0, has[NOPT] = {0};
     for (; got < 10; got++)
         if (get_arr(o[got], &A[got], names[got], sizes[got]) < 0) goto fail_buffers;
-    Arr S;                          /* each walked rank's clock at the start (none: 0) */
-    int has_start = start_o != Py_None;
-    if (has_start && get_arr(start_o, &S, "start", 8) < 0) goto fail_buffers;
-    Arr R;                          /* each step's repeats (none: once each) */
-    int has_rep = rep_o != Py_None;
-    if (has_rep && get_arr(rep_o, &R, "rep", 8) < 0) {
-        if (has_start) PyBuffer_Release(&S.b);
-        goto fail_buffers;
+    for (int k = 0; k < NOPT; k++) {
+        if (opt_o[k] == Py_None) continue;
+        if (get_arr(opt_o[k], &X[k], opt_names[k], 8) < 0) goto fail_start;
+        has[k] = 1;
     }
-    const int64_t *rep = has_rep ? R.b.buf : NULL;
-    Arr D;                          /* each op's peer stride per run of its step (none: 0) */
-    int has_stride = stride_o != Py_None;
-    if (has_stride && get_arr(stride_o, &D, "stride", 8) < 0) {
-        if (has_start) PyBuffer_Release(&S.b);
-        if (has_rep) PyBuffer_Release(&R.b);
-        goto fail_buffers;
-    }
-    const int64_t *stride = has_stride ? D.b.buf : NULL;
-    Arr M;                          /* each copy's times in a row (none: 1) */
-    int has_times = times_o != Py_None;
-    if (has_times && get_arr(times_o, &M, "times", 8) < 0) {
-        if (has_start) PyBuffer_Release(&S.b);
-        if (has_rep) PyBuffer_Release(&R.b);
-        if (has_stride) PyBuffer_Release(&D.b);
-        goto fail_buffers;
-    }
-    const int64_t *times = has_times ? M.b.buf : NULL;
+    const double *start = has[O_START] ? X[O_START].b.buf : NULL;
+    const int64_t *rep = has[O_REP] ? X[O_REP].b.buf : NULL, *stride = has[O_STRIDE] ? X[O_STRIDE].b.buf : NULL,
+                  *times = has[O_TIMES] ? X[O_TIMES].b.buf : NULL;
     const int8_t *kind = A[0].b.buf, *red = A[1].b.buf;
     const int64_t *peer = A[2].b.buf, *count = A[3].b.buf, *step_start = A[4].b.buf, *rank_start = A[5].b.buf,
                   *ranks = A[6].b.buf, *tmpl = A[7].b.buf, *move = A[8].b.buf;
@@ -426,7 +410,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         P.dims[0] < 1 || P.dims[1] < 1 || P.dims[2] < 1 ||
         (P.ring == 2 && P.dims[0] * P.dims[1] * P.dims[2] != P.hosts) ||
         (P.ring == 3 && (P.groups < 1 || P.hosts % P.groups)) || (P.ring >= 2 && P.fold) ||
-        (has_start && S.b.len / 8 != ns) || (has_rep && R.b.len / 8 != nsteps) || (has_stride && D.b.len / 8 != nops) || (has_times && M.b.len / 8 != nops)) {
+        (start && X[O_START].b.len / 8 != ns) || (rep && X[O_REP].b.len / 8 != nsteps) ||
+        (stride && X[O_STRIDE].b.len / 8 != nops) || (times && X[O_TIMES].b.len / 8 != nops)) {
         PyErr_SetString(PyExc_ValueError, "walk: inconsistent arrays or parameters");
         goto fail_start;
     }
@@ -488,8 +473,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     double cut_at = 0.0;            /* with cut: the time past the limit (a clock mid-step may be before it) */
     const double half_intra = P.ia / 2, half_inter = P.ea / 2;
     Py_BEGIN_ALLOW_THREADS
-    if (has_start)
-        for (int64_t i = 0; i < ns; i++) { clock[i] = ((const double *)S.b.buf)[i]; heap_push(heap, &hlen, (Entry){clock[i], i}); }
+    if (start)
+        for (int64_t i = 0; i < ns; i++) { clock[i] = start[i]; heap_push(heap, &hlen, (Entry){clock[i], i}); }
     else
         for (int64_t i = 0; i < ns; i++) { Entry e = {0.0, i}; heap[hlen++] = e; }  /* sorted: a heap already */
     for (int64_t i = 0; i < ns; i++) queued[i] = 1;
@@ -585,9 +570,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             taken[i] = j;
             if (j < b) break;                                  /* waits: parks */
             clock[i] = dmax(out_done[i], T[i]);
-            if (rep && ++again[i] < rep[s]) {
-                /* the same step again */
-            } else {
+            if (!rep || ++again[i] >= rep[s]) {         /* (else the same step again) */
                 pc[i]++;
                 again[i] = 0;
             }
@@ -630,19 +613,13 @@ done:
     free(where); free(res); free(cur); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
     for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);
-    if (has_start) PyBuffer_Release(&S.b);
-    if (has_rep) PyBuffer_Release(&R.b);
-    if (has_stride) PyBuffer_Release(&D.b);
-    if (has_times) PyBuffer_Release(&M.b);
+    for (int k = 0; k < NOPT; k++) if (has[k]) PyBuffer_Release(&X[k].b);
     return result;
 bad_order:
     PyErr_SetString(PyExc_ValueError, "walk: a step's operations are not in the walker's order (copies, sends, "
                     "receives), the boundaries go backwards or a step is repeated less than once");
 fail_start:
-    if (has_start) PyBuffer_Release(&S.b);
-    if (has_rep) PyBuffer_Release(&R.b);
-    if (has_stride) PyBuffer_Release(&D.b);
-    if (has_times) PyBuffer_Release(&M.b);
+    for (int k = 0; k < NOPT; k++) if (has[k]) PyBuffer_Release(&X[k].b);
 fail_buffers:
     for (int k = 0; k < got; k++) PyBuffer_Release(&A[k].b);
     return NULL;

@@ -42,6 +42,18 @@ _BUF = {b: i + 1 for i, b in enumerate(CALL_BUFFERS)}
 
 
 
+def _at(x: np.ndarray | None, idx):
+    """An optional column at ``idx`` (None stays None)."""
+    return None if x is None else x[idx]
+
+
+def _cum(x: np.ndarray) -> np.ndarray:
+    """Sums of ``x`` before each place, and the total: ``len(x) + 1`` of them."""
+    out = np.zeros(len(x) + 1, np.int64)
+    np.cumsum(x, out=out[1:])
+    return out
+
+
 @dataclass
 class Compact:
     kind: np.ndarray         # int8 per op
@@ -78,29 +90,22 @@ class Compact:
         step = np.repeat(np.arange(len(lens), dtype=np.int64), self.rep)     # the steps, each as often as it runs
         nlens = lens[step]
         first = np.repeat(self.step_start[:-1][step], nlens)
-        at = np.zeros(len(step) + 1, np.int64)
-        np.cumsum(nlens, out=at[1:])
+        at = _cum(nlens)
         idx = first + np.arange(int(at[-1]), dtype=np.int64) - np.repeat(at[:-1], nlens)
-        cum = np.zeros(len(self.rep) + 1, np.int64)
-        np.cumsum(self.rep, out=cum[1:])
+        cum = _cum(self.rep)
         peer = self.peer[idx]
         if self.stride is not None:     # run k of a step: its peers moved k strides
             k = np.repeat(np.arange(len(step), dtype=np.int64) - np.repeat(cum[:-1], self.rep), nlens)
             peer = np.where(self.kind[idx] == COPY, 0, (peer + k * self.stride[idx]) % self.nranks)
         return Compact(self.kind[idx], self.red[idx], peer, self.count[idx], at, cum[self.rank_start],
-                       self.ranks, None if self.skip is None else self.skip[idx],
-                       None if self.touch is None else self.touch[idx])
+                       self.ranks, _at(self.skip, idx), _at(self.touch, idx))
 
     def _ops_written_out(self) -> "Compact":
         """These arrays with each copy written out as its times."""
         idx = np.repeat(np.arange(len(self.kind), dtype=np.int64), self.times)
-        cum = np.zeros(len(self.kind) + 1, np.int64)
-        np.cumsum(self.times, out=cum[1:])
-        step_start = cum[self.step_start]
-        return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], step_start, self.rank_start,
-                       self.ranks, None if self.skip is None else self.skip[idx],
-                       None if self.touch is None else self.touch[idx], self.rep,
-                       None if self.stride is None else self.stride[idx], self.nranks)
+        return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], _cum(self.times)[self.step_start],
+                       self.rank_start, self.ranks, _at(self.skip, idx), _at(self.touch, idx), self.rep,
+                       _at(self.stride, idx), self.nranks)
 
     def inplace(self) -> "Compact":
         """These arrays for an in-place call: without the copies of a buffer onto itself."""
@@ -113,19 +118,17 @@ class Compact:
         step_start = np.zeros(len(self.step_start), np.int64)
         np.cumsum(lens, out=step_start[1:])
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
-                       self.rank_start, self.ranks, None, self.touch[keep], self.rep,
-                       None if self.stride is None else self.stride[keep], self.nranks,
-                       None if self.times is None else self.times[keep])
+                       self.rank_start, self.ranks, None, self.touch[keep], self.rep, _at(self.stride, keep),
+                       self.nranks, _at(self.times, keep))
 
     def take(self, a: int, b: int) -> "Compact":
         """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
         i, j = self.rank_start[a], self.rank_start[b]
         x, y = self.step_start[i], self.step_start[j]
-        return Compact(self.kind[x:y], self.red[x:y], self.peer[x:y], self.count[x:y], self.step_start[i:j + 1] - x,
-                       self.rank_start[a:b + 1] - i, self.ranks[a:b], None if self.skip is None else self.skip[x:y],
-                       None if self.touch is None else self.touch[x:y], None if self.rep is None else self.rep[i:j],
-                       None if self.stride is None else self.stride[x:y], self.nranks,
-                       None if self.times is None else self.times[x:y])
+        ops = slice(x, y)
+        return Compact(self.kind[ops], self.red[ops], self.peer[ops], self.count[ops], self.step_start[i:j + 1] - x,
+                       self.rank_start[a:b + 1] - i, self.ranks[a:b], _at(self.skip, ops), _at(self.touch, ops),
+                       _at(self.rep, slice(i, j)), _at(self.stride, ops), self.nranks, _at(self.times, ops))
 
     @property
     def steps(self) -> int:
@@ -134,9 +137,7 @@ class Compact:
             return 0
         if self.rep is None:
             return int(np.diff(self.rank_start).max())
-        cum = np.zeros(len(self.rep) + 1, np.int64)
-        np.cumsum(self.rep, out=cum[1:])
-        return int(np.diff(cum[self.rank_start]).max())
+        return int(np.diff(_cum(self.rep)[self.rank_start]).max())
 
     def equal(self, other: "Compact") -> bool:
         """The same arrays (repeats held alike: see :meth:`expanded`)."""
@@ -181,23 +182,13 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
         if not (key[1:] >= key[:-1]).all():          # a step's ops are not yet in the walker's order
             order = np.argsort(key, kind="stable")
             kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
-            touch = touch[order]
-            if stride is not None:
-                stride = stride[order]
-            if times is not None:
-                times = times[order]
-            if keep is not None:
-                keep = keep[order]
+            touch, stride, times, keep = touch[order], _at(stride, order), _at(times, order), _at(keep, order)
     step_start = c.step_start
     if keep is not None and inplace:
         if step_of is None:
             step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
         kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
-        touch = touch[keep]
-        if stride is not None:
-            stride = stride[keep]
-        if times is not None:
-            times = times[keep]
+        touch, stride, times = touch[keep], _at(stride, keep), _at(times, keep)
         step_start = np.zeros(nsteps + 1, np.int64)
         np.cumsum(np.bincount(step_of, minlength=nsteps), out=step_start[1:])
         keep = None
@@ -388,7 +379,8 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     if not np.array_equal(reps.ranks, np.arange(per_host)):
         raise ValueError("all_ranks needs host 0's schedules, ranks 0..per_host-1 in order")
     if reps.stride is not None or reps.times is not None:
-        reps = reps.expanded()          # (a stride moves a peer before the fold moves it: not so under XOR)
+        # written out (a stride moves a peer before the fold moves it: not so under XOR)
+        reps = reps.expanded()
     n = hosts * per_host
     m = len(reps.kind)
     kind = np.tile(reps.kind, hosts)

@@ -225,17 +225,17 @@ def _phase(prim: str, name: str, rank: int, nranks: int, every: bool = False, **
     """A phase's arrays (one rank's schedule of a flat algorithm): made here where covered, else built and
     converted; kept (read only) for the next rank or call that embeds it. ``every``: every rank's made at
     once the first time (a phase inside a host: each of its ranks embeds it)."""
-    key = (prim, name, rank, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
-    got = _PHASES.get(key)
-    if got is not None:
-        return got
+    key = (prim, name, nranks, *((k, tuple(v) if type(v) is list else v) for k, v in sorted(args.items())))
     if every and covers(prim, name):
-        whole = arrays(prim, name, range(nranks), nranks, args)
-        for q in range(nranks):
-            _kept((prim, name, q, *key[3:]), lambda: whole.take(q, q + 1))
-        return _kept(key, lambda: whole.take(rank, rank + 1))
-    return _kept(key, lambda: arrays(prim, name, (rank,), nranks, args) if covers(prim, name) else
+        return _one_of(key, rank, lambda: arrays(prim, name, range(nranks), nranks, args))
+    return _kept((*key, rank), lambda: arrays(prim, name, (rank,), nranks, args) if covers(prim, name) else
                  convert([lookup(prim, name).build(rank, nranks, **args)], written=True))
+
+
+def _one_of(key, rank: int, make) -> Compact:
+    """Rank ``rank``'s arrays of the phase ``key`` whose every rank ``make()`` makes (once, kept)."""
+    whole = _kept(key, make)
+    return _kept((*key, rank), lambda: whole.take(rank, rank + 1))
 
 
 def _span(sub: Compact) -> int:
@@ -249,26 +249,14 @@ def _mapped(sub: Compact, group: np.ndarray, n: int) -> tuple:
     "in": no copy of it is one an in-place call leaves out), in a call of ``n`` ranks. A peer that moves by a
     stride each run moves by that many group steps where the group is every d-th rank of all n (a column
     of hosts alike), and is written out elsewhere (a host's own ranks: a few steps)."""
-    m, stride = len(group), None
-    if sub.times is not None:
+    m = len(group)
+    d = int(group[1] - group[0]) % n if m > 1 else 0
+    every_dth = d * m == n and np.array_equal(group, (group[0] + d * np.arange(m)) % n)
+    if sub.times is not None or (sub.stride is not None and not every_dth):
         sub = sub.expanded()            # (no phase holds copies so: a flat algorithm's are few)
-    if sub.stride is not None:
-        d = int(group[1] - group[0]) % n if m > 1 else 0
-        if m > 1 and d * m == n and np.array_equal(group, (group[0] + d * np.arange(m)) % n):
-            stride = sub.stride * d
-        else:
-            sub = sub.expanded()
-    if stride is None:
-        stride = np.zeros(len(sub.kind), np.int64)
-    lens = np.diff(sub.step_start)
-    if sub.rep is None:
-        steps = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
-        rep = np.ones(len(steps), np.int64)
-    else:
-        first = np.zeros(len(lens), np.int64)         # each step's place, its repeats written out
-        np.cumsum(sub.rep[:-1], out=first[1:])
-        steps, rep = np.repeat(first, lens), np.repeat(sub.rep, lens)
-    return steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch, rep, stride
+    steps = np.repeat(_offsets(sub.reps())[1][:-1], np.diff(sub.step_start))     # each step's place, written out
+    return (steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch,
+            sub.op_reps(), sub.strides() * d)
 
 
 def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "ring", outer: str = "ring"):
@@ -327,7 +315,6 @@ def _even_layouts(n: int, ranks, hosts, *blocks):
         return None
     out = [hierarchical.Layout(rank, n, hosts) for rank in ranks]
     return None if any(t.flat or not t.even for t in out) else out
-    return t
 
 
 def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, inner: str = "pairwise",
@@ -404,8 +391,7 @@ def _ring_part(me: int, m: int, counts: list[int], reduce: bool) -> Compact:
         else:
             _around(ops, ops.ranks, 0, c, 0, -1)
         return ops.compact()
-    whole = _kept(("ring part", m, tuple(counts), reduce), make)
-    return _kept(("ring part", me, m, tuple(counts), reduce), lambda: whole.take(me, me + 1))
+    return _one_of(("ring part", m, tuple(counts), reduce), me, make)
 
 
 def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
