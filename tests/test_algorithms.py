@@ -162,9 +162,11 @@ def test_checker_catches_wrong_schedules(monkeypatch):
 
 # --- the one-host fast path: segment schedules --------------------------------------------------
 #: windows that make messages go in pieces, reductions take the two-round path, blocks move by
-#: single-copy reads; then the window the runtime computes for float32 on a 2 MiB area
-WINDOWS = (Window(elements=4, oneshot=2), Window(elements=64, oneshot=100), Window(elements=64, oneshot=8,
-           single_copy=3), Window(elements=5, oneshot=1, single_copy=1), Window.of(2 << 20, 4, True))
+#: single-copy reads, a broadcast go in pieces smaller than a window; then the windows the runtime computes
+#: for float32 on a 2 MiB area (ranks with a core each, and not)
+WINDOWS = (Window(elements=4, oneshot=2), Window(elements=64, oneshot=100, piece=5), Window(elements=64, oneshot=8,
+           single_copy=3), Window(elements=5, oneshot=1, single_copy=1), Window.of(2 << 20, 4, True, True),
+           Window.of(2 << 20, 4, True))
 
 
 @pytest.mark.timeout(900)
@@ -280,6 +282,22 @@ def test_broadcast_by_puts_on_a_rank_pool(pools, n):
     fails = [f"rank {r}: {f}" for r, (fs, _) in enumerate(out) for f in fs]
     assert not fails, "\n".join(fails[:20])
     assert all(algos == ["segment"] for _, algos in out), out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", (2, 3))
+def test_broadcast_in_pieces_on_a_rank_pool(pools, n):
+    """Real processes on the segment, below BROADCAST_CMA_BYTES: where every rank has a core of its own (all
+    ranks agree on it at init) a broadcast goes in PIECE_BYTES pieces, else in windows; every root, a count
+    of several pieces and one of a piece and a bit, plain and prepared: the root's buffer, bit for bit."""
+    from pyxccl.algorithms.segment import PIECE_BYTES
+    out = pools(n).run(rf.segment_broadcast_in_pieces, (5 * PIECE_BYTES // 4 + 3, PIECE_BYTES + 1),
+                       transport="shm", timeout=250)
+    fails = [f"rank {r}: {f}" for r, (fs, *_) in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:20])
+    assert all(algos == ["segment"] for _, algos, _, _ in out), out
+    cpus = min(c for *_, c in out)
+    assert [p for _, _, p, _ in out] == [n <= cpus] * n, out
 
 
 def test_checker_catches_a_broken_put(monkeypatch):

@@ -30,6 +30,7 @@ from .registry import register
 ONESHOT_BYTES = 64 << 10   # up to this, every rank reduces everything: one round, least latency
 CMA_BYTES = 256 << 10      # blocks from this size move by single-copy reads, when the kernel allows them
 BROADCAST_CMA_BYTES = 4 << 20   # a broadcast from this size: by single-copy reads (see broadcast)
+PIECE_BYTES = 32 << 10     # a broadcast below that: through the windows in pieces of this size (see broadcast)
 
 
 class Window(NamedTuple):
@@ -37,10 +38,14 @@ class Window(NamedTuple):
     elements: int           # one rank's window
     oneshot: int            # allreduce/reduce up to this count: one round, every rank reduces it all
     single_copy: int = 0    # blocks of at least this many elements move by single-copy reads (0: never)
+    piece: int = 0          # a broadcast through the windows moves pieces of at most this many elements (0: a window's)
 
     @classmethod
-    def of(cls, area_bytes: int, itemsize: int, cma: bool) -> "Window":
-        return cls(area_bytes // itemsize, ONESHOT_BYTES // itemsize, CMA_BYTES // itemsize if cma else 0)
+    def of(cls, area_bytes: int, itemsize: int, cma: bool, pipelined: bool = False) -> "Window":
+        """``pipelined``: every rank has a core of its own (then a broadcast's pieces are small: see
+        ``broadcast``)."""
+        return cls(area_bytes // itemsize, ONESHOT_BYTES // itemsize, CMA_BYTES // itemsize if cma else 0,
+                   max(1, PIECE_BYTES // itemsize) if pipelined else 0)
 
     def copies_once(self, block: int) -> bool:
         return 0 < self.single_copy <= block
@@ -213,7 +218,12 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int, window: Window
 @register("broadcast", "segment", segment=True, alike=True)
 def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
     """Through the windows up to BROADCAST_CMA_BYTES: the root copies piece k+1 in while the others copy
-    piece k out, so two cores copy at once. Above, the others read the root's buffer by single-copy
+    piece k out, so two cores copy at once. Where every rank has a core of its own (``Window.piece``), a
+    piece is PIECE_BYTES, not a window, so that this happens from 64 KiB on: at 2 ranks 1 MiB took
+    113-120 us against 190-209 as one window's piece, 256 KiB 30-32 against 41-47 (32 KiB pieces were
+    a little faster than 64 or 128 KiB below 1 MiB); with more ranks than cores a hand-off may cost a
+    time slice (4 ranks on 2 cores: 256-512 KiB 15-20% slower in 32 KiB pieces), so pieces stay whole
+    windows there. Above, the others read the root's buffer by single-copy
     reads, and a last round keeps the root from returning before they are done: two hand-offs instead
     of two per window-sized piece. On a quiet machine the windows were as fast or faster (a read through
     the kernel is slower than a copy in user space), but a hand-off costs a time slice when the cores
@@ -231,7 +241,7 @@ def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> 
             _round(s, Post("out", 0, count, writes=True), Get(root, head, "out", head, count - head))
             _round(s, Sync(root))
         return s
-    W = window.elements
+    W = min(window.elements, window.piece or window.elements)
     for a in range(0, count, W):
         c = min(W, count - a)
         _round(s, Copy("out", a, "win", 0, c) if rank == root else Get(root, 0, "out", a, c))

@@ -129,7 +129,7 @@ class Context:
             seg = self.segment
             self.tuner = Tuner(self.size, self.hosts, self.links, self.mesh.machine,
                                [self.mesh.cores[w] for w in self.world_ranks],
-                               segment=(seg.area, seg.cma) if seg is not None else None,
+                               segment=(seg.area, seg.cma, seg.pipelined) if seg is not None else None,
                                links=self.mesh.transport)
         self.replan()
 

@@ -51,7 +51,7 @@ class Plan:
         self.execute = onehost.run if algo.segment else messages.run
         self.codes = onehost.native_codes(dtype, op) if algo.segment else None    # runs natively (C)?
         seg = ctx.segment
-        self.window = Window.of(seg.area, dtype.itemsize, seg.cma) if algo.segment else None
+        self.window = Window.of(seg.area, dtype.itemsize, seg.cma, seg.pipelined) if algo.segment else None
         self.algorithm_id = registry.algorithm_id(algo.name)
         self._schedules: OrderedDict = OrderedDict()
         self._w0: dict[str, int] = {}           # call name -> first fingerprint word

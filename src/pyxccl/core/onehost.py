@@ -361,11 +361,13 @@ def attach_segment(ctx, broadcast_object, allgather_object) -> None:
                       stacklevel=2)
         ok = False
     cma = ok and (ctx.rank == 0 or works(*(int(x) for x in seg.pids[0])))
-    oks = allgather_object((ok, cma))
-    if not all(o for o, _ in oks):
+    # (what each rank sees of its cores too: the schedules must agree on the pieces they cut)
+    oks = allgather_object((ok, cma, ok and not seg.oversubscribed))
+    if not all(o for o, _, _ in oks):
         if seg is not None:
             seg.close()
         return
-    seg.cma = all(c for _, c in oks) and os.environ.get("PYXCCL_CMA", "1") != "0"
+    seg.cma = all(c for _, c, _ in oks) and os.environ.get("PYXCCL_CMA", "1") != "0"
+    seg.pipelined = all(f for _, _, f in oks)
     seg.check_alive = ctx.check_alive
     ctx.use_segment(seg)

@@ -77,7 +77,9 @@ def run(primitive: str, nbytes: int, cluster: Cluster, algos=None, *, dtype="flo
     dt = np.dtype(dtype)
     n, hosts = cluster.nranks, cluster.host_list()
     args = prim.sized(n, nbytes, dt.itemsize)
-    window = Window.of(cluster.segment_bytes, dt.itemsize, cluster.single_copy)
+    # (the broadcast's small pieces where every rank has a core, as a communicator's segment decides)
+    window = Window.of(cluster.segment_bytes, dt.itemsize, cluster.single_copy,
+                       pipelined=0 < cluster.per_host <= cluster.cores)
     out = []
     for name in algos or candidates(primitive, cluster):
         algo = registry.lookup(primitive, name)

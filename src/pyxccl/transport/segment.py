@@ -148,9 +148,10 @@ class HostSegment:
         self.layout = (self._base, self.line, self._hdr_at, head, self.area, ctl_bytes, rank, nranks)
         self.pids[rank] = (os.getpid(), self._base)    # something the others may try to read (cma.works)
         self.cma = False          # single-copy reads between the ranks work (set by the communicator)
+        self.pipelined = False    # every rank has a core of its own (set by the communicator: all agree)
         self.round = 0
         self._typed: dict = {}
-        oversubscribed = nranks > job_cpus()
+        self.oversubscribed = oversubscribed = nranks > job_cpus()
         self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 1000)) * 1e-6
         # yields before sleeping, oversubscribed. Up to 2 ranks a core, the rank a wait needs is likely its
         # core-mate, and a sleep costs a wake-up (30-100 us here): 4 ranks on 2 cores, 8 B allreduce, 25-160 us

@@ -107,9 +107,9 @@ class _Ranks:
 
 class Tuner:
     def __init__(self, nranks: int, hosts: list[int], klass, machine: Machine, cores: list[int],
-                 segment: tuple[int, bool] | None = None, links: str | None = None):
-        """``segment``: (bytes of a rank's window, single-copy reads work) of the one-host fast path,
-        or None where there is none. ``links``: what, with ``hosts``, decides ``klass`` (the
+                 segment: tuple | None = None, links: str | None = None):
+        """``segment``: (bytes of a rank's window, single-copy reads work[, every rank has a core of
+        its own]) of the one-host fast path (``Window.of``'s arguments), or None where there is none. ``links``: what, with ``hosts``, decides ``klass`` (the
         transport asked for); given, the host's processes share their choices (``shared.py``)."""
         self.n, self.hosts, self.klass, self.machine = nranks, hosts, klass, machine
         self.segment = segment
@@ -223,7 +223,7 @@ class Tuner:
         if not self.usable(algo):
             return None
         args = PRIMITIVES[primitive].sized(self.n, nbytes, itemsize)
-        window = Window.of(self.segment[0], itemsize, self.segment[1]) if algo.segment else None
+        window = Window.of(self.segment[0], itemsize, *self.segment[1:]) if algo.segment else None
         return algo, _Ranks(algo, self.n, self.hosts, window, args)
 
     def model(self, primitive: str, name: str, nbytes: int, itemsize: int = 4) -> Estimate | None:
