@@ -1572,29 +1572,36 @@ def segment_alias(comm):
 
 
 def segment_large_reductions(comm, counts):
-    """Allreduces and reduces (to the last rank) of ``counts`` float32 and float64 elements on the segment,
-    in place and not, twice each (the second on new data): every result must be the rank-order sum's bits
-    (((x0 + x1) + x2) ...), the inputs of calls not in place untouched. Returns what failed."""
+    """Allreduces, reduces (to the last rank) and reduce-scatters (blocks of about count / n) of ``counts``
+    float32 and float64 elements on the segment, in place and not, twice each (the second on new data):
+    every result must be the rank-order sum's bits (((x0 + x1) + x2) ...), the inputs of calls not in place
+    untouched. Returns what failed."""
     fails, n, r = [], comm.size, comm.rank
     for dt in (np.float32, np.float64):
         for count in counts:
-            for prim in ("allreduce", "reduce"):
+            for prim in ("allreduce", "reduce", "reduce_scatter"):
+                block = count // n + 1
+                total = block * n if prim == "reduce_scatter" else count
+                mine = slice(r * block, (r + 1) * block) if prim == "reduce_scatter" else slice(None)
                 for in_place in (True, False):
                     for again in range(2):
-                        xs = [np.random.default_rng([count, p, again]).standard_normal(count).astype(dt)
+                        xs = [np.random.default_rng([total, p, again]).standard_normal(total).astype(dt)
                               for p in range(n)]
                         want = xs[0].copy()
                         for x in xs[1:]:
                             want += x
+                        want = want[mine]
                         x = xs[r].copy()
-                        out = None if in_place else np.full(count, np.nan, dt)
+                        out = None if in_place else np.full(want.size, np.nan, dt)
                         if prim == "allreduce":
                             comm.allreduce(x, out=out, algorithm="segment")
-                        else:
+                        elif prim == "reduce":
                             comm.reduce(x, root=n - 1, out=out, algorithm="segment")
-                        got = x if in_place else out
-                        what = f"{prim} {np.dtype(dt)} count={count} in_place={in_place} call {again}"
-                        if (prim == "allreduce" or r == n - 1) and got.tobytes() != want.tobytes():
+                        else:
+                            comm.reduce_scatter(x, x[mine] if in_place else out, algorithm="segment")
+                        got = x[mine] if in_place else out
+                        what = f"{prim} {np.dtype(dt)} count={total} in_place={in_place} call {again}"
+                        if (prim != "reduce" or r == n - 1) and got.tobytes() != want.tobytes():
                             fails.append(f"{what}: not the rank-order sum's bits "
                                          f"({int((got != want).sum())} elements differ)")
                         if not in_place and x.tobytes() != xs[r].tobytes():

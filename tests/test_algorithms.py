@@ -546,6 +546,7 @@ def test_checker_takes_unequal_counts():
 def test_large_reductions_on_the_segment_give_the_rank_order_sum(pools, n):
     """Real processes, the runtime's windows (2 MiB): one piece on the two-round path, and several
     pieces with a short last one, float32 and float64, in place and not: the rank-order sum's bits.
+    Reduce-scatters too (in the two-round form where every rank has a core: 2 ranks on this machine).
     (The large paths had no multi-process test; kept as a guard for whoever changes them next.)"""
     out = pools(n).run(rf.segment_large_reductions, (n * 70_001 + 1, 1_300_001), transport="shm", timeout=250)
     fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]

@@ -57,6 +57,12 @@ class _Buf:
         self.i[:] = np.arange(len(self.i))
         return self
 
+    def view(self, off: int, count: int) -> "_Buf":
+        """Elements [off, off + count) of this buffer as a buffer of their own (the same memory)."""
+        v = _Buf.__new__(_Buf)
+        v.c, v.i = self.c[off:off + count], self.i[off:off + count]
+        return v
+
 
 def _apply(dst: _Buf, off: int, c, i, reduce: bool) -> None:
     sl = slice(off, off + len(i))
@@ -349,7 +355,9 @@ def simulate(primitive: str, name: str, nranks: int, count: int = 0, root: int =
     the others (vector clocks) and the schedules. ``count``: elements per rank's block (the count
     for allreduce, broadcast, reduce); ``counts``: a block size per rank instead (allgather,
     reduce_scatter, gather, scatter). ``inplace``: "in" and "out" are one buffer, as in
-    ``allreduce(x)``. ``window``: what segment schedules get (default: ``DEFAULT_WINDOW``)."""
+    ``allreduce(x)``, or the smaller is the rank's block of the larger (``Primitive.in_place_at``: the
+    in-place allgather, reduce_scatter, gather and scatter). ``window``: what segment schedules get
+    (default: ``DEFAULT_WINDOW``)."""
     algo, prim = registry.lookup(primitive, name), PRIMITIVES[primitive]
     args = _arguments(primitive, nranks, count, root, counts)
     scheds, bufs = [], []
@@ -362,8 +370,14 @@ def simulate(primitive: str, name: str, nranks: int, count: int = 0, root: int =
         b = {"in": _Buf(n_in, nranks).input(r), "out": _Buf(n_out, nranks), "tmp": _Buf(s.scratch, nranks)}
         if primitive == "broadcast" and r == root:
             b["out"].input(r)
-        if inplace:
+        if inplace and prim.shape == "count":
             b["out"] = b["in"]
+        elif inplace and n_in and n_out:
+            at = prim.in_place_at(r, args, 1)
+            if prim.gathers:        # the input is this rank's block of the output
+                b["in"] = b["out"].view(at, n_in).input(r)
+            else:
+                b["out"] = b["in"].view(at, n_out)
         for k, step in enumerate(s.steps):
             races = _races(step)
             if races:
@@ -387,10 +401,10 @@ def simulate(primitive: str, name: str, nranks: int, count: int = 0, root: int =
 def check(primitive: str, name: str, nranks: int, count: int = 0, root: int = 0, hosts=None,
           window: Window | None = None, counts: list[int] | None = None):
     """Raise CheckError unless every rank ends with exactly the promised contributions
-    (arguments as for ``simulate``).
+    (arguments as for ``simulate``), in place (where the primitive has that form) and not.
 
     Returns the schedules (for tests that also look at steps and bytes)."""
-    if primitive in ("allreduce", "reduce"):
+    if PRIMITIVES[primitive].shape in ("count", "blocks") and primitive != "broadcast":
         _check(primitive, name, nranks, count, root, True, hosts, window, counts)
     return _check(primitive, name, nranks, count, root, False, hosts, window, counts)
 
@@ -413,7 +427,8 @@ def _check(primitive, name, nranks, count, root, inplace, hosts, window, counts)
         bad = np.flatnonzero((out.c != ec).any(axis=1) | (out.i != ei))
         if len(bad):
             e = bad[0]
-            raise CheckError(f"{primitive} {name} n={nranks} count={count} root={root}: rank {r} out[{e}] holds "
+            raise CheckError(f"{primitive} {name}{' in place' if inplace else ''} n={nranks} count={count} "
+                             f"root={root}: rank {r} out[{e}] holds "
                              f"contributions {out.c[e].tolist()} of input element {out.i[e]}; expected "
                              f"{ec[e].tolist()} of element {ei[e]} ({len(bad)} wrong elements)")
         if not inplace and primitive != "broadcast":
