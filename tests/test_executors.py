@@ -59,8 +59,9 @@ class Case(NamedTuple):
 def _windows(n: int) -> tuple[Window, ...]:
     """Windows (in elements) that cut the messages below into several rounds: reductions on the
     two-round path; one round per piece; blocks by single-copy reads; tiny windows and pieces (a
-    broadcast's pieces smaller than a window)."""
-    return (Window(4 * n, oneshot=2), Window(16 * n, oneshot=1 << 30, piece=5), Window(8 * n, oneshot=8, single_copy=3),
+    broadcast's pieces smaller than a window; with them, the reduce-scatter's two-round form and a reduce's
+    root reducing it all)."""
+    return (Window(4 * n, oneshot=2, piece=3), Window(16 * n, oneshot=1 << 30, piece=5), Window(8 * n, oneshot=8, single_copy=3),
             Window(max(5, n), oneshot=1, single_copy=1))
 
 
