@@ -114,8 +114,10 @@ def _root_reduces(s, rank, n, count, window, root):
     allreduce does) has the root also copy the other's share in and the result share out. 2 ranks,
     alternating runs: 256 KiB 32 us against 44, 1 MiB 149-156 against 191-205, 4 MiB 1.31-1.34 ms against
     1.44-1.49, 16 MiB 6.1-6.2 against 6.3-6.4, 64 MiB the same (22.5-23.5 ms: the root's reduce is the
-    bound). Pieces of a sixteenth of the call, from 32 KiB to a window."""
-    piece = min(window.elements, max(window.piece, -(-count // 16)))
+    bound) in pieces of a sixteenth of the call, at least 32 KiB, up to a window; pieces of at most
+    128 KiB, which stay in the cache between the two cores, then took 64 MiB to 19.0-20.5 ms and 16 MiB
+    to 5.4-5.7 (256 KiB: 256 KiB and 1 MiB calls slower)."""
+    piece = min(window.elements, max(window.piece, min(4 * window.piece, -(-count // 16))))
     done = ()               # (the root) the piece before's reduction, from the round before's windows
     for a in range(0, count, piece):
         c = min(piece, count - a)
@@ -148,12 +150,15 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], window: Window) ->
     from the others' windows and its own straight from its input, into its own slot, then copies it out
     (the C executor does both in one pass; the output last, so that in place its input is read first);
     that round also writes the next piece's slots. 2 ranks, alternating runs: 1 MiB 148-152 us against
-    195-229, 4 MiB 0.88-0.91 ms against 1.17-1.18, 64 MiB 17.1 ms against 21.5. With more ranks than
+    195-229, 4 MiB 0.88-0.91 ms against 1.17-1.18, 64 MiB 17.1 ms against 21.5; in pieces of 32 KiB a
+    rank (``Window.piece``), which stay in the cache between the two cores, instead of a window's share,
+    1 MiB 136-139 us, 4 MiB 0.63-0.68 ms, 64 MiB 15.2-15.5 (16 KiB: slower again). With more ranks than
     cores every rank waits there for all the others' rounds instead of reading each as it comes (4 ranks on
     2 cores, 2 MiB: 1.75-1.85 ms against 1.49-1.57), so there a rank writes every piece and reads them in the
     same round."""
     s = _new(rank, nranks, window, nranks)
     per, off = window.elements // nranks, offsets(counts)
+    per = min(per, window.piece or per)     # (two-round form) pieces that stay in the cache between cores
     mine = rank * per
     done = ()               # (two-round form) the piece before's reduction, from the round before's windows
     for a in range(0, max(counts, default=0), per):
