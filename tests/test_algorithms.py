@@ -162,11 +162,12 @@ def test_checker_catches_wrong_schedules(monkeypatch):
 
 # --- the one-host fast path: segment schedules --------------------------------------------------
 #: windows that make messages go in pieces, reductions take the two-round path, blocks move by
-#: single-copy reads, a broadcast go in pieces smaller than a window; then the windows the runtime computes
-#: for float32 on a 2 MiB area (ranks with a core each, and not)
-WINDOWS = (Window(elements=4, oneshot=2), Window(elements=64, oneshot=100, piece=5), Window(elements=64, oneshot=8,
-           single_copy=3), Window(elements=5, oneshot=1, single_copy=1), Window.of(2 << 20, 4, True, True),
-           Window.of(2 << 20, 4, True))
+#: single-copy reads, pieces smaller than a window (a broadcast's; with them the reduce-scatter's and the
+#: 2-rank reduce's two-round forms); then the windows the runtime computes for float32 on a 2 MiB area
+#: (ranks with a core each, and not)
+WINDOWS = (Window(elements=4, oneshot=2), Window(elements=64, oneshot=100, piece=5),
+           Window(elements=64, oneshot=8, single_copy=3), Window(elements=5, oneshot=1, single_copy=1),
+           Window.of(2 << 20, 4, True, True), Window.of(2 << 20, 4, True))
 
 
 @pytest.mark.timeout(900)
@@ -546,7 +547,8 @@ def test_checker_takes_unequal_counts():
 def test_large_reductions_on_the_segment_give_the_rank_order_sum(pools, n):
     """Real processes, the runtime's windows (2 MiB): one piece on the two-round path, and several
     pieces with a short last one, float32 and float64, in place and not: the rank-order sum's bits.
-    Reduce-scatters too (in the two-round form where every rank has a core: 2 ranks on this machine).
+    Reduce-scatters too; at 2 ranks on this machine (a core each) the reduce-scatter's and the reduce's
+    two-round forms.
     (The large paths had no multi-process test; kept as a guard for whoever changes them next.)"""
     out = pools(n).run(rf.segment_large_reductions, (n * 70_001 + 1, 1_300_001), transport="shm", timeout=250)
     fails = [f"rank {r}: {f}" for r, fs in enumerate(out) for f in fs]

@@ -61,8 +61,8 @@ def _windows(n: int) -> tuple[Window, ...]:
     two-round path; one round per piece; blocks by single-copy reads; tiny windows and pieces (a
     broadcast's pieces smaller than a window; with them, the reduce-scatter's two-round form and a reduce's
     root reducing it all)."""
-    return (Window(4 * n, oneshot=2, piece=3), Window(16 * n, oneshot=1 << 30, piece=5), Window(8 * n, oneshot=8, single_copy=3),
-            Window(max(5, n), oneshot=1, single_copy=1))
+    return (Window(4 * n, oneshot=2, piece=3), Window(16 * n, oneshot=1 << 30, piece=5),
+            Window(8 * n, oneshot=8, single_copy=3), Window(max(5, n), oneshot=1, single_copy=1))
 
 
 def _args(prim: str, n: int, w: Window, root: int, small, unequal: bool = False) -> dict:

@@ -32,7 +32,7 @@ CMA_BYTES = 256 << 10      # blocks from this size move by single-copy reads, wh
 BROADCAST_CMA_BYTES = 4 << 20   # a broadcast from this size: by single-copy reads (see broadcast)
 ROOT_REDUCES = 2           # a reduce on this many ranks or fewer, each with a core: the root reduces it all
                            # (measured at 2; see _root_reduces)
-PIECE_BYTES = 32 << 10     # a broadcast below that: through the windows in pieces of this size (see broadcast)
+PIECE_BYTES = 32 << 10     # where every rank has a core: a broadcast's pieces through the windows (see broadcast)
 
 
 class Window(NamedTuple):
@@ -41,13 +41,13 @@ class Window(NamedTuple):
     oneshot: int            # allreduce/reduce up to this count: one round, every rank reduces it all
     single_copy: int = 0    # blocks of at least this many elements move by single-copy reads (0: never)
     # a broadcast through the windows moves pieces of at most this many elements; set (not 0) only where
-    # every rank has a core of its own, which the reduce-scatter's two-round form also needs
+    # every rank has a core of its own, which the reduce-scatter's and the reduce's two-round forms need too
     piece: int = 0
 
     @classmethod
     def of(cls, area_bytes: int, itemsize: int, cma: bool, pipelined: bool = False) -> "Window":
-        """``pipelined``: every rank has a core of its own (then a broadcast's pieces are small: see
-        ``broadcast``)."""
+        """``pipelined``: every rank has a core of its own (then a broadcast goes in small pieces, and a
+        reduce-scatter and a 2-rank reduce in their two-round forms)."""
         return cls(area_bytes // itemsize, ONESHOT_BYTES // itemsize, CMA_BYTES // itemsize if cma else 0,
                    max(1, PIECE_BYTES // itemsize) if pipelined else 0)
 
@@ -111,12 +111,11 @@ def _root_reduces(s, rank, n, count, window, root):
     from their windows and its input, in rank order, into its own window, and copies it out (one pass in
     the C executor; the output last, so that in place its input is read first). At 2 ranks the root then
     reads two inputs and writes one output an element while the other copies; reducing shares (as
-    allreduce does) has the root also copy the other's share in and the result share out. 2 ranks,
-    alternating runs: 256 KiB 32 us against 44, 1 MiB 149-156 against 191-205, 4 MiB 1.31-1.34 ms against
-    1.44-1.49, 16 MiB 6.1-6.2 against 6.3-6.4, 64 MiB the same (22.5-23.5 ms: the root's reduce is the
-    bound) in pieces of a sixteenth of the call, at least 32 KiB, up to a window; pieces of at most
-    128 KiB, which stay in the cache between the two cores, then took 64 MiB to 19.0-20.5 ms and 16 MiB
-    to 5.4-5.7 (256 KiB: 256 KiB and 1 MiB calls slower)."""
+    allreduce does) has the root also copy the other's share in and the result share out. Pieces of a
+    sixteenth of the call from 32 to 128 KiB, which stay in the cache between the two cores (256 KiB
+    pieces: 256 KiB and 1 MiB calls slower). 2 ranks, alternating runs against reducing shares: 256 KiB
+    32 us against 44, 1 MiB 156 against 193, 4 MiB 1.01-1.08 ms against 1.52-1.57, 64 MiB 18.7-19.2
+    against 22.6-23.0."""
     piece = min(window.elements, max(window.piece, min(4 * window.piece, -(-count // 16))))
     done = ()               # (the root) the piece before's reduction, from the round before's windows
     for a in range(0, count, piece):
@@ -149,10 +148,10 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], window: Window) ->
     piece to its window: in the round after (reading that one's windows: ``prev``) it reduces the piece
     from the others' windows and its own straight from its input, into its own slot, then copies it out
     (the C executor does both in one pass; the output last, so that in place its input is read first);
-    that round also writes the next piece's slots. 2 ranks, alternating runs: 1 MiB 148-152 us against
-    195-229, 4 MiB 0.88-0.91 ms against 1.17-1.18, 64 MiB 17.1 ms against 21.5; in pieces of 32 KiB a
-    rank (``Window.piece``), which stay in the cache between the two cores, instead of a window's share,
-    1 MiB 136-139 us, 4 MiB 0.63-0.68 ms, 64 MiB 15.2-15.5 (16 KiB: slower again). With more ranks than
+    that round also writes the next piece's slots. Its pieces are 32 KiB a rank (``Window.piece``), which
+    stay in the cache between the cores (a window's share: 1 MiB 148-152 us, 64 MiB 17.1 ms; 16 KiB:
+    slower). 2 ranks, alternating runs against the one-round form: 1 MiB 137-139 us against 193-221, 4 MiB
+    0.69 ms against 1.00, 64 MiB 15.4-15.6 against 20.0-22.2. With more ranks than
     cores every rank waits there for all the others' rounds instead of reading each as it comes (4 ranks on
     2 cores, 2 MiB: 1.75-1.85 ms against 1.49-1.57), so there a rank writes every piece and reads them in the
     same round."""

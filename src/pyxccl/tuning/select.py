@@ -109,8 +109,9 @@ class Tuner:
     def __init__(self, nranks: int, hosts: list[int], klass, machine: Machine, cores: list[int],
                  segment: tuple | None = None, links: str | None = None):
         """``segment``: (bytes of a rank's window, single-copy reads work[, every rank has a core of
-        its own]) of the one-host fast path (``Window.of``'s arguments), or None where there is none. ``links``: what, with ``hosts``, decides ``klass`` (the
-        transport asked for); given, the host's processes share their choices (``shared.py``)."""
+        its own]) of the one-host fast path (``Window.of``'s arguments), or None where there is none.
+        ``links``: what, with ``hosts``, decides ``klass`` (the transport asked for); given, the host's
+        processes share their choices (``shared.py``)."""
         self.n, self.hosts, self.klass, self.machine = nranks, hosts, klass, machine
         self.segment = segment
         per_host = Counter(hosts)
