@@ -1464,30 +1464,13 @@ def segment_gather_by_puts(comm, counts):
     return fails, sorted(algos), moved, cma
 
 
-def segment_broadcast_in_pieces(comm, counts):
-    """Broadcasts through the windows of ``counts`` elements, every root, float32 and int8, each twice (the
-    second runs prepared). Returns (the failures, the algorithms that ran, whether the segment cuts a
-    broadcast in pieces smaller than a window, the CPUs this rank has)."""
+def segment_broadcasts(comm, counts):
+    """Broadcasts on the segment of ``counts`` elements, every root, float32 and int8, each twice (the second
+    runs prepared). Returns (the failures, the algorithms that ran, whether the segment cuts a broadcast
+    through the windows in pieces smaller than a window, the CPUs this rank has)."""
     from floorfns import context
 
     from pyxccl.transport.topology import job_cpus
-    fails, n, r, algos = [], comm.size, comm.rank, set()
-    for count in counts:
-        for dt in (np.float32, np.int8):
-            for root in range(n):
-                want = data(root + 7, count, dt)
-                for rep in range(2):
-                    x = want.copy() if r == root else np.full(count, 99, dt)
-                    comm.broadcast(x, root, algorithm="segment")
-                    algos.add(comm.flight_record()[-1]["algorithm"])
-                    _cmp(fails, f"broadcast root={root} {np.dtype(dt)} n={count} #{rep}", x, want)
-    return fails, sorted(algos), context(comm).segment.pipelined, job_cpus()
-
-
-def segment_broadcast_by_puts(comm, counts):
-    """Broadcasts on the segment of ``counts`` elements (from BROADCAST_CMA_BYTES: the root writes the head
-    of its buffer into every other rank's while they read the rest), every root, float32 and int8, each
-    twice (the second runs prepared). Returns (the failures, the algorithms that ran)."""
     fails, n, r, algos = [], comm.size, comm.rank, set()
     for count in counts:
         for dt in (np.float32, np.int8):
@@ -1498,7 +1481,7 @@ def segment_broadcast_by_puts(comm, counts):
                     comm.broadcast(x, root, algorithm="segment")
                     algos.add(comm.flight_record()[-1]["algorithm"])
                     _cmp(fails, f"broadcast root={root} {np.dtype(dt)} n={count} #{rep}", x, want)
-    return fails, sorted(algos)
+    return fails, sorted(algos), context(comm).segment.pipelined, job_cpus()
 
 
 def small_calls_after_a_shrink(comm, victim: int, nbytes: int):

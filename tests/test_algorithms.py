@@ -278,11 +278,11 @@ def test_broadcast_by_puts_on_a_rank_pool(pools, n):
     every other rank's while they read the rest): every root, a count of the threshold and a larger odd
     one, plain and prepared: the root's buffer, bit for bit."""
     from pyxccl.algorithms.segment import BROADCAST_CMA_BYTES
-    out = pools(n).run(rf.segment_broadcast_by_puts, (BROADCAST_CMA_BYTES // 4, BROADCAST_CMA_BYTES // 4 + 12_345),
+    out = pools(n).run(rf.segment_broadcasts, (BROADCAST_CMA_BYTES // 4, BROADCAST_CMA_BYTES // 4 + 12_345),
                        transport="shm", timeout=250)
-    fails = [f"rank {r}: {f}" for r, (fs, _) in enumerate(out) for f in fs]
+    fails = [f"rank {r}: {f}" for r, (fs, *_) in enumerate(out) for f in fs]
     assert not fails, "\n".join(fails[:20])
-    assert all(algos == ["segment"] for _, algos in out), out
+    assert all(algos == ["segment"] for _, algos, *_ in out), out
 
 
 @pytest.mark.timeout(300)
@@ -292,7 +292,7 @@ def test_broadcast_in_pieces_on_a_rank_pool(pools, n):
     ranks agree on it at init) a broadcast goes in PIECE_BYTES pieces, else in windows; every root, a count
     of several pieces and one of a piece and a bit, plain and prepared: the root's buffer, bit for bit."""
     from pyxccl.algorithms.segment import PIECE_BYTES
-    out = pools(n).run(rf.segment_broadcast_in_pieces, (5 * PIECE_BYTES // 4 + 3, PIECE_BYTES + 1),
+    out = pools(n).run(rf.segment_broadcasts, (5 * PIECE_BYTES // 4 + 3, PIECE_BYTES + 1),
                        transport="shm", timeout=250)
     fails = [f"rank {r}: {f}" for r, (fs, *_) in enumerate(out) for f in fs]
     assert not fails, "\n".join(fails[:20])
