@@ -340,12 +340,14 @@ def test_every_dtype_and_op_at_every_size(n):
         world.close()
 
 
-def test_copies_into_large_buffers_the_same_in_both_executors():
-    """Buffers past the C side's NT_BYTES (4 MiB) take its non-temporal copies: pieces that start off
-    the 16-byte line and end in a tail (odd windows and counts), in place and not, through the windows
-    and by single-copy reads, give numpy's bits and the Python executor's."""
+@pytest.mark.parametrize("nt", (4 << 20, 0))
+def test_copies_into_large_buffers_the_same_in_both_executors(nt):
+    """Buffers past the C side's non-temporal threshold (PYXCCL_NT_BYTES, here 4 MiB; and with it off, the
+    default) take its non-temporal copies: pieces that start off the 16-byte line and end in a tail (odd
+    windows and counts), in place and not, through the windows and by single-copy reads, give numpy's bits
+    and the Python executor's."""
     n, dt = 2, np.dtype(np.float32)
-    big = (4 << 20) // dt.itemsize + 5                      # elements: past NT_BYTES, not a whole line
+    big = (4 << 20) // dt.itemsize + 5                      # elements: past the threshold, not a whole line
     windows = (Window(100_003, oneshot=8), Window(100_003, oneshot=8, single_copy=3))
     cases = []
     for w in windows:
@@ -357,10 +359,27 @@ def test_copies_into_large_buffers_the_same_in_both_executors():
             for in_place in ((False, True) if prim in IN_PLACE else (False,)):
                 cases.append(Case(prim, a, w, dt, op, in_place))
     world = World(n, 100_003 * dt.itemsize + 64)
+    was = onehost._native.nt_threshold(nt) if onehost._native is not None else None
     try:
         _check(world, cases, seed=3)
     finally:
         world.close()
+        if was is not None:
+            onehost._native.nt_threshold(was)
+
+
+def test_the_non_temporal_threshold_is_read_from_the_environment():
+    """PYXCCL_NT_BYTES sets the C side's threshold when pyxccl loads it (0, never, by default); a negative
+    one is refused."""
+    if onehost._native is None:
+        pytest.skip("the native executor is not built")
+    code = "import pyxccl.core.onehost as o; print(o._native.nt_threshold(0))"
+    for env, want in (({"PYXCCL_NT_BYTES": str(8 << 20)}, 8 << 20), ({}, 0)):
+        e = {k: v for k, v in os.environ.items() if k != "PYXCCL_NT_BYTES"} | env
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert int(out.stdout) == want, out
+    with pytest.raises(ValueError, match="0 \\(never\\) or more"):
+        onehost._native.nt_threshold(-1)
 
 
 def _fused(case: Case, r: int, n: int) -> set[str]:

@@ -45,11 +45,13 @@
 #endif
 
 #define YIELD_EVERY_NS 20000
-/* Copies into a call's buffer that reaches this far bypass the cache (non-temporal stores): such a
- * buffer is not in the cache anyway, and a plain store first reads every line it writes (measured here:
- * 64 MiB copied in 4.4-5.2 ms instead of 9.3, 2 MiB pieces into a cold buffer 2x faster). Windows never:
- * the next reader wants them in the cache. */
-#define NT_BYTES (4 << 20)
+/* Copies into a call's buffer of at least nt_bytes bypass the cache (non-temporal stores): such a buffer
+ * may not be in the cache anyway, and a plain store first reads every line it writes. 0: never, the default:
+ * on this project's machine, calls at 2 ranks ran as fast or faster with plain stores at every size from 4
+ * to 128 MiB (a 4 MiB gather 0.28-0.30 ms against 0.50-0.51, 64 MiB reduce 17.5-17.7 against 19.0-19.2),
+ * though a lone 64 MiB copy had been faster (4.4-5.2 ms against 9.3). PYXCCL_NT_BYTES sets it (onehost.py,
+ * through nt_threshold()). Windows never: the next reader wants them in the cache. */
+static long long nt_bytes = 0;
 #define NT_MIN_PIECE 4096
 #define FUSE_BYTES 4096     /* a move and a reduce into the same bytes from this size: one pass (fuse) */
 
@@ -82,7 +84,7 @@ typedef struct {
     int dtype, op;
     char *posted;               /* what I posted this round (NULL: nothing) */
     int posted_nt;              /* copies into it use non-temporal stores (its buffer's Run.nt) */
-    int nt[4];                  /* per buffer id: copies into it use non-temporal stores (NT_BYTES) */
+    int nt[4];                  /* per buffer id: copies into it use non-temporal stores (nt_bytes) */
     char *scratch;              /* single-copy reads that are reduced land here first */
     int64_t scratch_bytes;
     int64_t peer, err;          /* who failed, and errno or offset */
@@ -558,7 +560,7 @@ static void fixed(Run *r, unsigned long long base, long long line, long long hdr
     r->call[1] = w0; r->call[2] = w1;
     r->spin_ns = spin; r->yields = yields; r->nap_ns = nap > 0 ? nap : 1; r->dtype = dtype; r->op = op;
     /* not into a buffer reduced into: what a copy put there is read back at once (from memory, then) */
-    for (int b = 0; b < 3; b++) r->nt[b] = need[b] >= NT_BYTES && !(writes[b] & 2);
+    for (int b = 0; b < 3; b++) r->nt[b] = nt_bytes > 0 && need[b] >= nt_bytes && !(writes[b] & 2);
 }
 
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -1197,7 +1199,19 @@ fail:
     return NULL;
 }
 
+static PyObject *nt_threshold(PyObject *self, PyObject *arg) {
+    (void)self;
+    long long v = PyLong_AsLongLong(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (v < 0) { PyErr_SetString(PyExc_ValueError, "nt_threshold: bytes must be 0 (never) or more"); return NULL; }
+    long long was = nt_bytes;
+    nt_bytes = v;
+    return PyLong_FromLongLong(was);
+}
+
 static PyMethodDef methods[] = {
+    {"nt_threshold", nt_threshold, METH_O, "nt_threshold(nbytes) -> the one before: calls made from now on copy into "
+     "their buffers of at least nbytes with non-temporal stores (0: never)"},
     {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},
     {"fence", fence, METH_NOARGS, "fence(): a full memory barrier"},
     {"overlap", overlap, METH_VARARGS, "overlap(a, b) -> bool: do two contiguous buffers share memory?"},
