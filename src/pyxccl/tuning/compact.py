@@ -114,9 +114,7 @@ class Compact:
         keep = ~self.skip
         nsteps = len(self.step_start) - 1
         step_of = np.repeat(np.arange(nsteps, dtype=np.int64), np.diff(self.step_start))
-        lens = np.bincount(step_of[keep], minlength=nsteps).astype(np.int64)
-        step_start = np.zeros(len(self.step_start), np.int64)
-        np.cumsum(lens, out=step_start[1:])
+        step_start = _cum(np.bincount(step_of[keep], minlength=nsteps))
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
                        self.rank_start, self.ranks, None, self.touch[keep], self.rep, _at(self.stride, keep),
                        self.nranks, _at(self.times, keep))
@@ -189,8 +187,7 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
             step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
         kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
         touch, stride, times = touch[keep], _at(stride, keep), _at(times, keep)
-        step_start = np.zeros(nsteps + 1, np.int64)
-        np.cumsum(np.bincount(step_of, minlength=nsteps), out=step_start[1:])
+        step_start = _cum(np.bincount(step_of, minlength=nsteps))
         keep = None
     return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep,
                    touch, c.rep, stride, c.nranks, times)
@@ -232,10 +229,7 @@ def _written(scheds: list[Schedule]) -> Compact:
     # (a diff per part cost more than the rest at thousands of ranks)
     nsteps = np.fromiter((len(p.step_start) - 1 for p in parts), np.int64, len(parts))
     lens = np.delete(np.diff(np.concatenate([p.step_start for p in parts])), np.cumsum(nsteps + 1)[:-1] - 1)
-    step_start = np.zeros(len(lens) + 1, np.int64)
-    np.cumsum(lens, out=step_start[1:])
-    rank_start = np.zeros(len(parts) + 1, np.int64)
-    np.cumsum(nsteps, out=rank_start[1:])
+    step_start, rank_start = _cum(lens), _cum(nsteps)
     skip = None
     if any(p.skip is not None for p in parts):
         skip = np.concatenate([np.zeros(len(p.kind), bool) if p.skip is None else p.skip for p in parts])
@@ -265,10 +259,7 @@ def _convert(scheds: list[Schedule]) -> Compact:
     steps = [st for s in scheds for st in s.steps]
     nsteps = np.fromiter(map(len, (s.steps for s in scheds)), np.int64, len(scheds))
     lens = np.fromiter(map(len, steps), np.int64, len(steps))
-    step_start = np.zeros(len(steps) + 1, np.int64)
-    np.cumsum(lens, out=step_start[1:])
-    rank_start = np.zeros(len(scheds) + 1, np.int64)
-    np.cumsum(nsteps, out=rank_start[1:])
+    step_start, rank_start = _cum(lens), _cum(nsteps)
     ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
     big = np.flatnonzero(lens >= BIG_STEP).tolist()
     if not big:
@@ -386,11 +377,8 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     kind = np.tile(reps.kind, hosts)
     d = np.repeat(np.arange(hosts, dtype=np.int64) * per_host, m)
     peer = _moved(np.tile(reps.peer, hosts), kind, sym.name, d, n)
-    lens = np.diff(reps.step_start)
-    step_start = np.zeros(len(lens) * hosts + 1, np.int64)
-    np.cumsum(np.tile(lens, hosts), out=step_start[1:])
-    rank_start = np.zeros(n + 1, np.int64)
-    np.cumsum(np.tile(np.diff(reps.rank_start), hosts), out=rank_start[1:])
+    step_start = _cum(np.tile(np.diff(reps.step_start), hosts))
+    rank_start = _cum(np.tile(np.diff(reps.rank_start), hosts))
     return Compact(kind, np.tile(reps.red, hosts), peer, np.tile(reps.count, hosts), step_start, rank_start,
                    np.arange(n, dtype=np.int64), None if reps.skip is None else np.tile(reps.skip, hosts),
                    np.tile(reps.touch, hosts), None if reps.rep is None else np.tile(reps.rep, hosts))
