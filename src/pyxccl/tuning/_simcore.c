@@ -42,6 +42,9 @@ typedef struct {
     double ia, ib, ea, eb, gamma, copy, stretch;
     double memshare, membyte;       /* Timing.memshare, Timing.membyte[i] (the same for every rank) */
     int64_t dims[3], groups;        /* a torus's dimensions (row-major), a dragonfly's groups */
+    /* each rank's host (r / p) and place on it (r % p), looked up: a walk asks them of every operation, and a
+     * 64-bit division costs tens of cycles (most of the walk's time, measured: the folded pairwise alltoall) */
+    const int64_t *host_of, *local_of;
 } Params;
 
 /* Timing._cost: nbytes at rate (seconds per byte in cache), touches of them in user buffers */
@@ -186,8 +189,8 @@ static inline double cost(const Params *P, int64_t nbytes, double rate, int touc
 
 static inline int64_t chan_key(const Params *P, int64_t a, int64_t b) {
     if (P->fold == 0) return a * P->n + b;
-    int64_t ra = a % P->p;
-    if (P->fold == 1) return ra * P->n + (((b - a) % P->n) + P->n) % P->n;
+    int64_t ra = P->local_of[a], d = b - a;        /* (a, b in [0, n): b - a in (-n, n)) */
+    if (P->fold == 1) return ra * P->n + (d < 0 ? d + P->n : d);
     return ra * P->n + (a ^ b);
 }
 
@@ -299,18 +302,18 @@ static double book(Busy *B, const int64_t *res, int nr, double t, double d, int 
 typedef struct { int64_t out, in, bus, nicout, nicin, hop, total; } Layout;
 
 static int route(const Params *P, const Layout *L, int64_t a, int64_t b, int64_t *res) {
-    int64_t p = P->p, ha = a / p, hb = b / p;
+    int64_t ha = P->host_of[a], hb = P->host_of[b];
     int fold = P->fold != 0;
     int k = 0;
     if (ha == hb) {
         if (P->cpu) return 0;
         if (P->shared) { res[k++] = L->bus + (fold ? 0 : ha); return k; }
-        res[k++] = L->out + (fold ? a % p : a);
-        res[k++] = L->in + (fold ? b % p : b);
+        res[k++] = L->out + (fold ? P->local_of[a] : a);
+        res[k++] = L->in + (fold ? P->local_of[b] : b);
         return k;
     }
-    res[k++] = L->nicout + (fold ? 0 : ha) * P->nics + (a % p) % P->nics;
-    res[k++] = L->nicin + (fold ? 0 : hb) * P->nics + (b % p) % P->nics;
+    res[k++] = L->nicout + (fold ? 0 : ha) * P->nics + (P->nics > 1 ? P->local_of[a] % P->nics : 0);
+    res[k++] = L->nicin + (fold ? 0 : hb) * P->nics + (P->nics > 1 ? P->local_of[b] % P->nics : 0);
     if (P->ring == 1 && P->hosts > 2) {
         int64_t H = P->hosts, fwd = ((hb - ha) % H + H) % H;
         int64_t step = fwd <= H - fwd ? 1 : -1;
@@ -362,9 +365,20 @@ static int get_arr(PyObject *o, Arr *a, const char *name, Py_ssize_t itemsize) {
     return 0;
 }
 
-#define MOVE(q) (movekind == 0 ? (q) : movekind == 1 ? ((q) + d) % P.n : ((q) ^ d))
+/* (peers, moves in [0, n), checked on entry: (q + d) mod n without a division) */
+#define MOVE(q) (movekind == 0 ? (q) : movekind == 1 ? ((q) + d >= P.n ? (q) + d - P.n : (q) + d) : ((q) ^ d))
 /* op j's peer in run k of its step */
-#define PEER(j, k) (stride && stride[j] ? ((peer[j] + (k) % P.n * (stride[j] % P.n)) % P.n + P.n) % P.n : peer[j])
+#define PEER(j, k) (stride && stride[j] ? peer_in_run(peer[j], k, stride[j], P.n) : peer[j])
+
+/* (peer + k * stride) mod n, in [0, n) (peer in [0, n), k >= 0; the stride of either sign) */
+static inline int64_t peer_in_run(int64_t peer, int64_t k, int64_t stride, int64_t n) {
+    int64_t s = stride > -n && stride < n ? stride : stride % n, v = peer + (k < n ? k : k % n) * s;
+    if (v >= 0 && v < n) return v;              /* (a stride of +-1, the usual one: no division) */
+    if (v < 0 && v >= -n) return v + n;
+    if (v >= n && v < 2 * n) return v - n;
+    v %= n;
+    return v < 0 ? v + n : v;
+}
 
 static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *o[10];
@@ -453,19 +467,22 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Busy *busy = calloc(L.total ? L.total : 1, sizeof(Busy));
     int64_t *pc = calloc(ns + 1, sizeof(int64_t)), *taken = calloc(ns + 1, sizeof(int64_t)),
             *sent = calloc(ns + 1, sizeof(int64_t)), *again = calloc(ns + 1, sizeof(int64_t)),
-            *where = malloc(sizeof(int64_t) * P.n),
+            *where = malloc(sizeof(int64_t) * P.n), *host_of = malloc(sizeof(int64_t) * P.n),
+            *local_of = malloc(sizeof(int64_t) * P.n),
             *res = malloc(sizeof(int64_t) * maxres), *cur = malloc(sizeof(int64_t) * maxres);
     char *begun = calloc(ns + 1, 1), *queued = calloc(ns + 1, 1), *parked = calloc(ns + 1, 1);
     Entry *heap = malloc(sizeof(Entry) * (ns + 1));
     Chans C;
     int chans_ok = chans_init(&C) == 0;
     PyObject *result = NULL;
-    if (!clock || !T || !recv_free || !out_done || !busy || !pc || !taken || !sent || !again || !where || !res || !cur || !begun ||
-        !queued || !parked || !heap || !chans_ok) {
+    if (!clock || !T || !recv_free || !out_done || !busy || !pc || !taken || !sent || !again || !where || !host_of ||
+        !local_of || !res || !cur || !begun || !queued || !parked || !heap || !chans_ok) {
         PyErr_NoMemory();
         goto done;
     }
-    for (int64_t r = 0; r < P.n; r++) where[r] = -1;
+    for (int64_t r = 0; r < P.n; r++) { where[r] = -1; host_of[r] = r / P.p; local_of[r] = r % P.p; }
+    P.host_of = host_of;
+    P.local_of = local_of;
     for (int64_t i = 0; i < ns; i++) where[ranks[i]] = i;      /* {s.rank: i}: the last one wins */
 
     int64_t messages = 0, hlen = 0;
@@ -504,7 +521,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 int64_t sends = j;
                 for (; j < b && kind[j] == 1; j++) {         /* sends */
                     int64_t q = MOVE(PEER(j, again[i])), nb = count[j] * P.itemsize;
-                    int inside = r / P.p == q / P.p;
+                    int inside = host_of[r] == host_of[q];
                     double alpha = inside ? P.ia : P.ea, beta = inside ? P.ib : P.eb;
                     int nr = route(&P, &L, r, q, res);
                     sent[i] += nb;
@@ -537,7 +554,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 begun[i] = 1;
                 taken[i] = j;
                 for (int64_t x = sends; x < j; x++) {          /* wake the parked ranks sent to */
-                    int64_t q = MOVE(PEER(x, again[i])), w = where[P.fold ? q % P.p : q];
+                    int64_t q = MOVE(PEER(x, again[i])), w = where[P.fold ? local_of[q] : q];
                     if (w >= 0 && parked[w]) {
                         parked[w] = 0;
                         if (!queued[w]) {
@@ -560,7 +577,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                     out_done[i] = dmax(out_done[i], done);
                     continue;
                 }
-                if (P.shm_in && q / P.p == r / P.p)      /* Timing.take: klass "shm" */
+                if (P.shm_in && host_of[q] == host_of[r])      /* Timing.take: klass "shm" */
                     arrive = dmax(arrive, recv_free[i] + cost(&P, nb, P.ib, 1 + (red[j] != 0)));
                 double done = dmax(recv_free[i], arrive) + extra;
                 recv_free[i] = done;
@@ -610,7 +627,7 @@ done:
     free(clock); free(T); free(recv_free); free(out_done);
     if (busy) for (int64_t x = 0; x < L.total; x++) { free(busy[x].s); free(busy[x].e); }
     free(busy); free(pc); free(taken); free(sent); free(again);
-    free(where); free(res); free(cur); free(begun); free(queued); free(parked); free(heap);
+    free(where); free(host_of); free(local_of); free(res); free(cur); free(begun); free(queued); free(parked); free(heap);
     if (chans_ok) chans_free(&C);
     for (int k = 0; k < 10; k++) PyBuffer_Release(&A[k].b);
     for (int k = 0; k < NOPT; k++) if (has[k]) PyBuffer_Release(&X[k].b);

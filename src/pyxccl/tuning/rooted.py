@@ -60,7 +60,11 @@ def _joined(values, lens, dtype) -> np.ndarray:
     """The parts' values of one column (each a column or a scalar) as one column."""
     if not any(type(v) is np.ndarray for v in values):
         return np.repeat(np.asarray(values, dtype), lens)
-    return np.concatenate([v if type(v) is np.ndarray else np.full(m, v, dtype) for v, m in zip(values, lens)])
+    out, at = np.empty(sum(lens), dtype), 0
+    for v, m in zip(values, lens):          # (a slice set, not a column made for each scalar)
+        out[at:at + m] = v
+        at += m
+    return out
 
 
 class Ops:

@@ -251,12 +251,40 @@ def _mapped(sub: Compact, group: np.ndarray, n: int) -> tuple:
     of hosts alike), and is written out elsewhere (a host's own ranks: a few steps)."""
     m = len(group)
     d = int(group[1] - group[0]) % n if m > 1 else 0
-    every_dth = d * m == n and np.array_equal(group, (group[0] + d * np.arange(m)) % n)
-    if sub.times is not None or (sub.stride is not None and not every_dth):
-        sub = sub.expanded()            # (no phase holds copies so: a flat algorithm's are few)
-    steps = np.repeat(_offsets(sub.reps())[1][:-1], np.diff(sub.step_start))     # each step's place, written out
-    return (steps, sub.kind, np.where(sub.kind == COPY, 0, group[sub.peer]), sub.count, sub.red, sub.touch,
-            sub.op_reps(), sub.strides() * d)
+    moves = sub.stride is not None and d * m == n and np.array_equal(group, (group[0] + d * np.arange(m)) % n)
+    steps, copy, reps, strides, sub = _unmapped(sub, sub.times is not None or (sub.stride is not None and not moves))
+    return (steps, sub.kind, np.where(copy, 0, group[sub.peer]), sub.count, sub.red, sub.touch, reps,
+            strides * d if moves else strides)
+
+
+#: ``_unmapped``'s columns of the phases lately embedded, by the identity of their arrays (kept with them)
+_UNMAPPED: dict = {}
+
+
+def _unmapped(sub: Compact, expand: bool) -> tuple:
+    """(each op's step in ``sub``, whether it is a copy, its repeats, its strides, the arrays they are of) of
+    ``sub``, or of ``sub.expanded()`` where ``expand``: what ``_mapped`` gives whatever the group, made once a
+    phase (every rank of a host, and every call of one pricing, embeds the same phases)."""
+    key = (id(sub), expand)
+    got = _UNMAPPED.get(key)
+    if got is None or got[-1] is not sub:
+        if len(_UNMAPPED) >= 256:
+            _UNMAPPED.clear()
+        whole = sub.expanded() if expand else sub
+        steps = np.repeat(_offsets(whole.reps())[1][:-1], np.diff(whole.step_start))
+        got = _UNMAPPED[key] = (steps, whole.kind == COPY, whole.op_reps(), whole.strides(), whole, sub)
+    return got[:-1]
+
+
+def _chunk(ar: Compact, phases, n: int) -> tuple:
+    """(the outer allreduce's span, the columns of a hierarchical allreduce's chunk: its ``phases``, each an
+    (arrays, group) embedded with ``_mapped``, one after another from step 0)."""
+    placed, at = [], 0
+    for sub, group in phases:
+        cols = _mapped(sub, group, n)
+        placed.append((cols[0] + at, *cols[1:]))
+        at += _span(sub)
+    return _span(ar), [np.concatenate(x) for x in zip(*placed)]
 
 
 def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "ring", outer: str = "ring"):
@@ -272,22 +300,25 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
         ops.add([rank], 0, COPY, 0, count, touch=_PLAIN, skip=True)
         chunks = (max(1, min(hierarchical.PIPELINE_CHUNKS, count // hierarchical.PIPELINE_MIN))
                   if len(cross) > 1 and L > 1 else 1)
+        parts = split_counts(count, chunks)
         placed, phases = [], {}
-        for c, part in enumerate(split_counts(count, chunks)):
-            got = phases.get(part)          # (the chunks are of at most two sizes)
+        for c0 in range(chunks):
+            if c0 and parts[c0] == parts[c0 - 1]:
+                continue
+            c1 = next((c for c in range(c0, chunks) if parts[c] != parts[c0]), chunks)    # a run of one size
+            got = phases.get(parts[c0])          # (the chunks are of at most two sizes)
             if got is None:
-                shards = split_counts(part, L)
+                shards = split_counts(parts[c0], L)
                 ar = _phase("allreduce", outer, t.host, len(cross), count=shards[me])
-                got = phases[part] = (_span(ar), [(_mapped(sub, group, n), _span(sub)) for sub, group in (
-                    (_phase("reduce_scatter", inner, me, L, True, counts=shards), local), (ar, cross),
-                    (_phase("allgather", inner, me, L, True, counts=shards), local))])
-            at = 1 + c * got[0]
-            for cols, span in got[1]:
-                placed.append((at, cols))
-                at += span
-        steps = np.concatenate([at + cols[0] for at, cols in placed])
-        ops.add(np.full(len(steps), rank), steps, *(np.concatenate([cols[i] for _, cols in placed]) for i in range(1, 6)),
-                rep=np.concatenate([cols[6] for _, cols in placed]), stride=np.concatenate([cols[7] for _, cols in placed]))
+                got = phases[parts[c0]] = _chunk(ar, ((_phase("reduce_scatter", inner, me, L, True, counts=shards), local),
+                                                      (ar, cross), (_phase("allgather", inner, me, L, True, counts=shards), local)), n)
+            span, cols = got
+            # chunk c's phases from step 1 + c * span: the chunk's columns, once a chunk of the run
+            at = 1 + np.arange(c0, c1, dtype=np.int64) * span
+            idx = np.tile(np.arange(len(cols[0])), c1 - c0)
+            placed.append(((cols[0][None, :] + at[:, None]).ravel(), *(x[idx] for x in cols[1:])))
+        cols = [np.concatenate(x) for x in zip(*placed)] if len(placed) > 1 else placed[0]
+        ops.add(np.full(len(cols[0]), rank), cols[0], *cols[1:6], rep=cols[6], stride=cols[7])
     return None
 
 
@@ -317,6 +348,34 @@ def _even_layouts(n: int, ranks, hosts, *blocks):
     return None if any(t.flat or not t.even for t in out) else out
 
 
+#: the regroupings' copies of the hierarchical layouts lately priced (``_runs``), by their shared lists' identity
+_RUNS: dict = {}
+
+
+def _runs(t: hierarchical.Layout, what: str, moves, c: int) -> list:
+    """A hierarchical ``what``'s regroupings' copies of blocks of ``c`` elements on layout ``t``: for each of the
+    moves (``moves()``: (source keys, destination keys) of each, or None where it does not move) the counts
+    of its copies, one a run of blocks (``hierarchical.block_runs``), or None. The same on every rank (the
+    keys are moved by the rank): found once a layout."""
+    key = (id(t.shared), what)
+    got = _RUNS.get(key)
+    if got is None or got[0] is not t.shared:
+        if len(_RUNS) >= 64:
+            _RUNS.clear()
+        got = _RUNS[key] = (t.shared, [None if m is None else hierarchical.block_runs(*m)[2] for m in moves()])
+    return [None if b is None or c <= 0 else b * c for b in got[1]]
+
+
+def _alltoall_moves(t: hierarchical.Layout, rank: int, n: int) -> tuple:
+    """The hierarchical alltoall's regroupings on ``rank``: by destination local rank (unless the input is so
+    already), by destination host, into rank order (unless already so)."""
+    grid, host_order, ar = t.arrays()
+    local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[t.me], np.int64)
+    return (None if np.array_equal(grid, ar) else (ar, grid),
+            ((local[:, None] * n + col[None, :]).ravel(), (local[None, :] * n + col[:, None]).ravel()),
+            None if np.array_equal(host_order, ar) else (host_order * n + rank, ar * n + rank))
+
+
 def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, inner: str = "pairwise",
                            outer: str = "pairwise"):
     """hierarchical.alltoall on even hosts of equal blocks (else False: declined), its steps one after another:
@@ -324,19 +383,13 @@ def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, in
     destination host, the outer alltoall across its column, the blocks put in rank order (unless already)."""
     n = ops.n
     c = send_counts[0] if n else 0
-    runs: list = []         # each regrouping's copies: the same on every rank (its keys moved by the rank)
     layouts = _even_layouts(n, r.tolist(), hosts, send_counts, recv_counts)
     if layouts is None:
         return False
     for rank, t in zip(r.tolist(), layouts):
         H, L, me = t.H, t.L, t.me
-        grid, host_order, ar = t.arrays()
         local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[me], np.int64)
-        if not runs:
-            moves = (None if np.array_equal(grid, ar) else (ar, grid),
-                     ((local[:, None] * n + col[None, :]).ravel(), (local[None, :] * n + col[:, None]).ravel()),
-                     None if np.array_equal(host_order, ar) else (host_order * n + rank, ar * n + rank))
-            runs += [None if m is None or c <= 0 else hierarchical.block_runs(*m)[2] * c for m in moves]
+        runs = _runs(t, "alltoall", lambda: _alltoall_moves(t, rank, n), c)
         intra = _phase("alltoall", inner, me, L, True, send_counts=[H * c] * L, recv_counts=[H * c] * L)
         cross = _phase("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
         _in_turn(ops, rank, (runs[0], (intra, local), runs[1], (cross, col), runs[2]))
@@ -347,14 +400,12 @@ def _hierarchical_allgather(ops: Ops, r, counts, hosts=None, inner: str = "ring"
     """hierarchical.allgather on even hosts of equal blocks whose columns are not in rank order (else False:
     declined; there "out" holds the columns, and a copy of "in" onto it may be one an in-place call leaves
     out): the outer allgather across its column, the inner one of the columns, the blocks put in rank order."""
-    n, runs = ops.n, []
+    n = ops.n
     layouts = _even_layouts(n, r.tolist(), hosts, counts)
     if layouts is None or any(np.array_equal(t.arrays()[0], t.arrays()[2]) for t in layouts):
         return False
     for rank, t in zip(r.tolist(), layouts):
-        if not runs:
-            grid, _, ar = t.arrays()
-            runs.append(hierarchical.block_runs(grid, ar)[2] * counts[0] if counts[0] > 0 else None)
+        runs = _runs(t, "allgather", lambda: ((t.arrays()[0], t.arrays()[2]),), counts[0])
         cross = _phase("allgather", outer, t.host, t.H, counts=[counts[0]] * t.H)        # (blocks of one size)
         intra = _phase("allgather", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)
         _in_turn(ops, rank, ((cross, np.asarray(t.cols[t.me], np.int64)), (intra, np.asarray(t.local, np.int64)),
@@ -365,15 +416,13 @@ def _hierarchical_allgather(ops: Ops, r, counts, hosts=None, inner: str = "ring"
 def _hierarchical_reduce_scatter(ops: Ops, r, counts, hosts=None, inner: str = "ring", outer: str = "ring"):
     """hierarchical.reduce_scatter on even hosts of equal blocks (else False: declined): the input put in
     column order (unless it is), the inner reduce-scatter of the columns, the outer one across its column."""
-    n, runs = ops.n, []
+    n = ops.n
     layouts = _even_layouts(n, r.tolist(), hosts, counts)
     if layouts is None:
         return False
     for rank, t in zip(r.tolist(), layouts):
         grid, _, ar = t.arrays()
-        if not runs:
-            runs.append(None if np.array_equal(grid, ar) or counts[0] <= 0 else
-                        hierarchical.block_runs(ar, grid)[2] * counts[0])
+        runs = _runs(t, "reduce_scatter", lambda: (None if np.array_equal(grid, ar) else (ar, grid),), counts[0])
         intra = _phase("reduce_scatter", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)   # (blocks of one size)
         cross = _phase("reduce_scatter", outer, t.host, t.H, counts=[counts[0]] * t.H)
         _in_turn(ops, rank, (runs[0], (intra, np.asarray(t.local, np.int64)), (cross, np.asarray(t.cols[t.me], np.int64))))
