@@ -448,3 +448,25 @@ def test_direct_exchanges_made_at_once_are_the_plain_ones(prim, name):
                 got, want = algo.build(r, n, **args), _direct_plain(prim, name, r, n, counts, cnt, root)
                 assert got.steps == want.steps and got.scratch == want.scratch, (n, r, args)
                 assert [list(map(type, st)) for st in got.steps] == [list(map(type, st)) for st in want.steps]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 13, 64, 100, 1023])
+def test_double_tree_places_make_two_trees(n):
+    """``trees._dtree`` gives one rank's places without making every rank's (the tuner builds a few ranks'
+    schedules at thousands of ranks): over all ranks they are two trees (every child's parent is the rank that
+    names it, one root), the second tree 0 moved by the mirror (even n) or the shift (odd n), and (even n) every
+    rank is a leaf in one of them."""
+    from pyxccl.algorithms import trees
+
+    places = [trees._dtree(n, r) for r in range(n)]
+    f = (lambda q: n - 1 - q) if n % 2 == 0 else (lambda q: (q + 1) % n)
+    for t in (0, 1):
+        assert sum(p[t][0] < 0 for p in places) == 1
+        for r, p in enumerate(places):
+            assert all(places[c][t][0] == r for c in p[t][1])
+            if p[t][0] >= 0:
+                assert r in places[p[t][0]][t][1]
+    for r, (t0, t1) in enumerate(places):
+        parent, kids = places[f(r)][1]
+        assert (parent, kids) == ((f(t0[0]) if t0[0] >= 0 else -1), [f(c) for c in t0[1]])
+        assert n % 2 or not t0[1] or not t1[1]

@@ -3,7 +3,6 @@ a flat "master" tree (everyone to rank 0 and back: the parameter-server shape
 of the seeds), and NCCL's double binary tree."""
 from __future__ import annotations
 
-import functools
 
 from ..schedule import Copy, Recv, Schedule, Send, embed, many, offsets, split_counts
 from .direct import but, others
@@ -80,19 +79,20 @@ def _btree(n: int, r: int):
     return up, kids
 
 
-@functools.lru_cache(maxsize=4)       # every rank's schedule reads the same trees (read only)
-def _dtree(n: int):
-    """Tree 0 has the odd ranks as leaves; tree 1 is its mirror (even n) or its shift by one
-    (odd n), whose leaves are the even ranks: every rank is a leaf in at least one tree."""
-    t0 = {r: _btree(n, r) for r in range(n)}
-    f = (lambda r: n - 1 - r) if n % 2 == 0 else (lambda r: (r + 1) % n)
-    t1 = {f(r): (f(p) if p >= 0 else -1, [f(c) for c in ch]) for r, (p, ch) in t0.items()}
-    return t0, t1
+def _dtree(n: int, r: int):
+    """Rank r's (parent, [children]) in tree 0 and in tree 1. Tree 0 has the odd ranks as leaves; tree 1 is
+    its mirror (even n) or its shift by one (odd n), whose leaves are the even ranks: (even n) every rank is
+    a leaf in at least one tree. (Rank r's place only, in O(log n): making every rank's was O(n) a schedule's build.)"""
+    f, back = ((lambda q: n - 1 - q), (lambda q: n - 1 - q)) if n % 2 == 0 else ((lambda q: (q + 1) % n),
+                                                                                (lambda q: (q - 1) % n))
+    parent, children = _btree(n, back(r))          # tree 1 is tree 0 with every rank moved by f
+    return _btree(n, r), (f(parent) if parent >= 0 else -1, [f(c) for c in children])
 
 
-def _tree_phase(s: Schedule, rank: int, tree: dict, off: int, count: int, slot: int) -> None:
-    """Reduce [off, off+count) of "out" up ``tree`` to its root, then broadcast it back down."""
-    parent, children = tree[rank]
+def _tree_phase(s: Schedule, place: tuple, off: int, count: int, slot: int) -> None:
+    """Reduce [off, off+count) of "out" up the tree to its root, then broadcast it back down (``place``: the
+    rank's (parent, [children]) there)."""
+    parent, children = place
     if children:
         s.step(*(Recv(c, "tmp", slot + i * count, count) for i, c in enumerate(children)))
         s.step(*(Copy("tmp", slot + i * count, "out", off, count, reduce=True) for i in range(len(children))))
@@ -111,10 +111,10 @@ def allreduce_double_tree(rank: int, nranks: int, count: int) -> Schedule:
 
     The halves run one after the other here: interleaving the two trees' steps can deadlock
     (a rank waiting for its child in one tree while that child waits for it in the other)."""
-    t0, t1 = _dtree(nranks)
+    t0, t1 = _dtree(nranks, rank)
     halves = split_counts(count, 2)
     s = Schedule(rank, nranks, scratch=2 * max(halves))
     s.step(Copy("in", 0, "out", 0, count))
-    _tree_phase(s, rank, t0, 0, halves[0], 0)
-    _tree_phase(s, rank, t1, halves[0], halves[1], 0)
+    _tree_phase(s, t0, 0, halves[0], 0)
+    _tree_phase(s, t1, halves[0], halves[1], 0)
     return s
