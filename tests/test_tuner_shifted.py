@@ -15,7 +15,7 @@ from pyxccl.tuning import compact, shifted
 
 from test_tuner_rooted import _algorithm, _same, _with_and_without
 
-COVERED = [("allreduce", "ring"), ("allreduce", "direct"), ("allreduce", "reduce_broadcast"), ("allgather", "ring"), ("reduce_scatter", "ring"), ("allgather", "direct"),
+COVERED = [("allreduce", "ring"), ("allreduce", "direct"), ("allreduce", "bcube"), ("allreduce", "reduce_broadcast"), ("allgather", "ring"), ("reduce_scatter", "ring"), ("allgather", "direct"),
            ("reduce_scatter", "direct"), ("alltoall", "direct"), ("alltoall", "pairwise"),
            ("broadcast", "scatter_allgather/ring_phase"),
            ("reduce", "reduce_scatter_gather/reduce_scatter_phase_of"), ("reduce", "reduce_scatter_gather")]
@@ -45,6 +45,18 @@ def test_arrays_are_the_converted_builds(prim, name):
                     assert _same(got, _built(prim, name, ranks, n, args)), (n, nbytes, root, ranks)
                     cases += 1
     assert cases > 300
+
+
+@pytest.mark.parametrize("n", [4, 9, 16, 27, 32, 64])
+def test_bcube_on_cubes_of_many_dimensions(n):
+    """BCube where the ranks make a cube of two or more dimensions (above, most counts are a single group):
+    regions that shrink unevenly, some empty at a few elements."""
+    rng = random.Random(n)
+    for nbytes in SIZES + [4 * 1001]:
+        args = PRIMITIVES["allreduce"].sized(n, nbytes, 4)
+        for ranks in _ranks_of(n, rng):
+            assert _same(shifted.arrays("allreduce", "bcube", ranks, n, dict(args)),
+                         _built("allreduce", "bcube", ranks, n, args)), (n, nbytes, ranks)
 
 
 @pytest.mark.parametrize("prim,name", [c for c in COVERED if PRIMITIVES[c[0]].shape in ("blocks", "pairs")])

@@ -96,12 +96,14 @@ class Ops:
 
     def compact(self) -> Compact:
         n = self.n
+        # (the columns of repeats, strides and times only where some operation has them)
+        wanted = (True,) * 7 + (self.repeats, self.repeats, self.times)
         if self.parts:
             cols = list(zip(*self.parts))
             lens = [len(r) for r in cols[0]]
             rank = np.concatenate(cols[0])
-            step, kind, peer, count, red, touch, skip, rep, stride, times = (_joined(v, lens, t)
-                                                                            for v, t in zip(cols[1:], _COLUMNS))
+            step, kind, peer, count, red, touch, skip, rep, stride, times = (
+                _joined(v, lens, t) if want else None for v, t, want in zip(cols[1:], _COLUMNS, wanted))
         else:
             rank, step, peer, count, rep, stride, times = (np.zeros(0, np.int64) for _ in range(7))
             kind, red, touch, skip = np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, np.int8), np.zeros(0, bool)
@@ -109,7 +111,7 @@ class Ops:
         if self.repeats:
             if not keep.all():
                 rank, step, kind, peer, count, red, touch, skip, rep, stride, times = (
-                    x[keep] for x in (rank, step, kind, peer, count, red, touch, skip, rep, stride, times))
+                    _taken(x, keep) for x in (rank, step, kind, peer, count, red, touch, skip, rep, stride, times))
                 keep = np.ones(len(rank), bool)
             rank, step, rep, peer, stride, kind, count, red, touch, skip, times = _cut(
                 rank, step, rep, peer, stride, n, kind, count, red, touch, skip, times)
@@ -120,7 +122,7 @@ class Ops:
             order, key = (by if order is None else order[by]), key[by]
         if order is not None:
             rank, kind, red, peer, count, skip, touch, rep, stride, times = (
-                x[order] for x in (rank, kind, red, peer, count, skip, touch, rep, stride, times))
+                _taken(x, order) for x in (rank, kind, red, peer, count, skip, touch, rep, stride, times))
         m = len(key)
         new = np.ones(m, bool)
         np.not_equal(key[1:], key[:-1], out=new[1:])
@@ -133,6 +135,11 @@ class Ops:
         return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch,
                        rep[starts] if self.repeats else None, stride if self.repeats and self.strides else None, n,
                        times if self.times else None)
+
+
+def _taken(x: np.ndarray | None, idx):
+    """A column at ``idx`` (a column not made, None, stays None)."""
+    return None if x is None else x[idx]
 
 
 def _cut(rank, step, rep, peer, stride, n: int, *cols):
@@ -161,7 +168,7 @@ def _cut(rank, step, rep, peer, stride, n: int, *cols):
     stride = stride[which]
     peer = np.where(stride != 0, (peer[which] + (first - start[which]) * stride) % max(n, 1), peer[which])
     rank = rank[which]
-    return (rank, first - rank * _STEPS, last - first, peer, stride, *(c[which] for c in cols))
+    return (rank, first - rank * _STEPS, last - first, peer, stride, *(_taken(c, which) for c in cols))
 
 
 class _Groups:

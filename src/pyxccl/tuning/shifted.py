@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algorithms import hierarchical, torus
+from ..algorithms import bcube, hierarchical, torus
 from ..algorithms.registry import lookup
 from ..schedule import split_counts
 from .compact import COPY, RECV, SEND, Compact, convert
@@ -127,6 +127,41 @@ def _direct_allreduce(ops: Ops, r, count: int) -> None:
     ops.add(rank, 2, COPY, 0, pieces[rank], red=1, touch=_REDUCING)
     ops.add(rank, 3, SEND, peer, pieces[rank])
     ops.add(rank, 3, RECV, peer, pieces[peer])
+
+
+def _bcube_allreduce(ops: Ops, r, count: int) -> None:
+    """bcube.allreduce: the copy in place; for each dimension, the direct reduce-scatter of the region among
+    the b ranks that differ only in that digit (sends of every other part, receives of one's own into "tmp",
+    then one's own part copied beside them and reduced in group order); then the dimensions back, allgathers.
+    (Each kind of operation of every dimension added at once: a step's operations stay in the order added.)"""
+    b, k = bcube.base_of(ops.n)
+    ops.add(r, 0, COPY, 0, count, touch=_PLAIN, skip=True)
+    if k == 0:
+        return
+    m = len(r)
+    strides = b ** np.arange(k, dtype=np.int64)
+    digit = r[None, :] // strides[:, None] % b                # (dimension, rank)
+    size = np.empty((k + 1, m), np.int64)                       # each rank's region before each dimension
+    size[0] = count
+    for dim in range(k):                                        # (split_counts: the first parts one larger)
+        size[dim + 1] = size[dim] // b + (digit[dim] < size[dim] % b)
+    j = np.arange(b, dtype=np.int64)
+    parts = size[:-1, :, None] // b + (j < size[:-1, :, None] % b)         # (dimension, rank, part)
+    others = j != digit[:, :, None]                 # the group in order, rank by rank: the mask's order
+    peer = (r[None, :, None] + (j - digit[:, :, None]) * strides[:, None, None])[others]
+    their, own = parts[others], size[1:].ravel()
+    rank, rank_b = np.tile(r, k), np.tile(np.repeat(r, b - 1), k)
+    step = np.repeat(1 + 3 * np.arange(k, dtype=np.int64), m)
+    step_b = np.repeat(step, b - 1)
+    own_b = np.repeat(own, b - 1)
+    ops.add(rank_b, step_b, SEND, peer, their)
+    ops.add(rank_b, step_b, RECV, peer, own_b)
+    ops.add(rank, step + 1, COPY, 0, own, touch=_PLAIN)
+    ops.add(rank, step + 2, COPY, 0, own, touch=_PLAIN)
+    ops.add(rank_b, step_b + 2, COPY, 0, own_b, red=1, touch=_REDUCING)
+    back = 1 + 3 * k + (k - 1) - (step_b - 1) // 3      # dimension d's allgather: step 1 + 3k + (k - 1 - d)
+    ops.add(rank_b, back, SEND, peer, own_b)
+    ops.add(rank_b, back, RECV, peer, their)
 
 
 def _exchange(ops: Ops, r, step, sends, recvs) -> None:
@@ -468,6 +503,7 @@ def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
 
 
 _MAKERS = {("allreduce", "ring"): _ring_allreduce, ("allreduce", "direct"): _direct_allreduce,
+           ("allreduce", "bcube"): _bcube_allreduce,
            ("allreduce", "reduce_broadcast"): _reduce_broadcast, ("allgather", "ring"): _ring_allgather,
            ("reduce_scatter", "ring"): _ring_reduce_scatter, ("allgather", "direct"): _direct_allgather,
            ("reduce_scatter", "direct"): _direct_reduce_scatter, ("alltoall", "direct"): _direct_alltoall,
