@@ -132,9 +132,12 @@ class Ops:
         at = rank[starts] if len(ranks) == n else np.searchsorted(ranks, rank[starts])
         rank_start = np.zeros(len(ranks) + 1, np.int64)
         np.cumsum(np.bincount(at, minlength=len(ranks)), out=rank_start[1:])
+        # (a column of defaults is none: an embedded phase's zero strides leave the arrays without any, which
+        # then need not be written out where strides matter: ``bound.local``)
         return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch,
-                       rep[starts] if self.repeats else None, stride if self.repeats and self.strides else None, n,
-                       times if self.times else None)
+                       rep[starts] if self.repeats else None,
+                       stride if self.repeats and self.strides and stride.any() else None, n,
+                       times if self.times and (times != 1).any() else None)
 
 
 def _taken(x: np.ndarray | None, idx):
