@@ -344,7 +344,7 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
             got = phases.get(parts[c0])          # (the chunks are of at most two sizes)
             if got is None:
                 shards = split_counts(parts[c0], L)
-                ar = _phase("allreduce", outer, t.host, len(cross), count=shards[me])
+                ar = _phase("allreduce", outer, t.host, len(cross), True, count=shards[me])
                 got = phases[parts[c0]] = _chunk(ar, ((_phase("reduce_scatter", inner, me, L, True, counts=shards), local),
                                                       (ar, cross), (_phase("allgather", inner, me, L, True, counts=shards), local)), n)
             span, cols = got
