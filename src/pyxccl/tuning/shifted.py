@@ -311,6 +311,23 @@ def _unmapped(sub: Compact, expand: bool) -> tuple:
     return got[:-1]
 
 
+class _Embedded:
+    """The phases embedded in some ranks' schedules (``_mapped``'s columns), added to ``ops`` at once
+    (``added``): an ``Ops.add`` a phase of a rank was most of making a few ranks' arrays. A rank's steps of
+    a phase hold nothing else (``_in_turn``), so the order added within a step is kept."""
+
+    def __init__(self, ops: Ops):
+        self.ops, self.cols = ops, []
+
+    def add(self, rank: int, step: int, cols: tuple) -> None:
+        self.cols.append((np.full(len(cols[0]), rank), step + cols[0], *cols[1:]))
+
+    def added(self) -> None:
+        if self.cols:
+            c = [np.concatenate(x) for x in zip(*self.cols)]
+            self.ops.add(c[0], c[1], *c[2:7], rep=c[7], stride=c[8])
+
+
 def _chunk(ar: Compact, phases, n: int) -> tuple:
     """(the outer allreduce's span, the columns of a hierarchical allreduce's chunk: its ``phases``, each an
     (arrays, group) embedded with ``_mapped``, one after another from step 0)."""
@@ -327,12 +344,13 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
     chunks, each an inner reduce-scatter, an outer allreduce across its column and an inner allgather, chunk
     c + 1's phases one outer allreduce behind c's (``embed``'s ``at``: a phase's step k joins step at + k)."""
     n = ops.n
+    ops.add(r, 0, COPY, 0, count, touch=_PLAIN, skip=True)
+    into = _Embedded(ops)
     for rank in r.tolist():
         t = hierarchical.Layout(rank, n, hosts)
         if not t.even:
             return False
         local, cross, me, L = np.asarray(t.local, np.int64), np.asarray(t.cols[t.me], np.int64), t.me, t.L
-        ops.add([rank], 0, COPY, 0, count, touch=_PLAIN, skip=True)
         chunks = (max(1, min(hierarchical.PIPELINE_CHUNKS, count // hierarchical.PIPELINE_MIN))
                   if len(cross) > 1 and L > 1 else 1)
         parts = split_counts(count, chunks)
@@ -353,14 +371,16 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
             idx = np.tile(np.arange(len(cols[0])), c1 - c0)
             placed.append(((cols[0][None, :] + at[:, None]).ravel(), *(x[idx] for x in cols[1:])))
         cols = [np.concatenate(x) for x in zip(*placed)] if len(placed) > 1 else placed[0]
-        ops.add(np.full(len(cols[0]), rank), cols[0], *cols[1:6], rep=cols[6], stride=cols[7])
+        into.add(rank, 0, cols)
+    into.added()
     return None
 
 
-def _in_turn(ops: Ops, rank: int, parts, step: int = 0) -> None:
+def _in_turn(into: _Embedded, rank: int, parts, step: int = 0) -> None:
     """``rank``'s steps from ``step`` on, one part after another: a step of copies (their counts;
     ``_move_equal``'s, none of "in" onto "out"), a phase embedded (its arrays, its group: ``_mapped``), or
     None (nothing)."""
+    ops = into.ops
     for part in parts:
         if type(part) is np.ndarray:
             if len(part) > 1 and (part == part[0]).all():     # alike copies: one, made that many times
@@ -369,8 +389,7 @@ def _in_turn(ops: Ops, rank: int, parts, step: int = 0) -> None:
                 ops.add(np.full(len(part), rank), step, COPY, 0, part, touch=_PLAIN)
             step += 1
         elif part is not None:
-            cols = _mapped(*part, ops.n)
-            ops.add(np.full(len(cols[0]), rank), step + cols[0], *cols[1:6], rep=cols[6], stride=cols[7])
+            into.add(rank, step, _mapped(*part, ops.n))
             step += _span(part[0])
 
 
@@ -421,13 +440,15 @@ def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, in
     layouts = _even_layouts(n, r.tolist(), hosts, send_counts, recv_counts)
     if layouts is None:
         return False
+    into = _Embedded(ops)
     for rank, t in zip(r.tolist(), layouts):
         H, L, me = t.H, t.L, t.me
         local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[me], np.int64)
         runs = _runs(t, "alltoall", lambda: _alltoall_moves(t, rank, n), c)
         intra = _phase("alltoall", inner, me, L, True, send_counts=[H * c] * L, recv_counts=[H * c] * L)
         cross = _phase("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
-        _in_turn(ops, rank, (runs[0], (intra, local), runs[1], (cross, col), runs[2]))
+        _in_turn(into, rank, (runs[0], (intra, local), runs[1], (cross, col), runs[2]))
+    into.added()
     return None
 
 
@@ -439,12 +460,14 @@ def _hierarchical_allgather(ops: Ops, r, counts, hosts=None, inner: str = "ring"
     layouts = _even_layouts(n, r.tolist(), hosts, counts)
     if layouts is None or any(np.array_equal(t.arrays()[0], t.arrays()[2]) for t in layouts):
         return False
+    into = _Embedded(ops)
     for rank, t in zip(r.tolist(), layouts):
         runs = _runs(t, "allgather", lambda: ((t.arrays()[0], t.arrays()[2]),), counts[0])
         cross = _phase("allgather", outer, t.host, t.H, counts=[counts[0]] * t.H)        # (blocks of one size)
         intra = _phase("allgather", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)
-        _in_turn(ops, rank, ((cross, np.asarray(t.cols[t.me], np.int64)), (intra, np.asarray(t.local, np.int64)),
+        _in_turn(into, rank, ((cross, np.asarray(t.cols[t.me], np.int64)), (intra, np.asarray(t.local, np.int64)),
                              runs[0]))
+    into.added()
     return None
 
 
@@ -455,12 +478,14 @@ def _hierarchical_reduce_scatter(ops: Ops, r, counts, hosts=None, inner: str = "
     layouts = _even_layouts(n, r.tolist(), hosts, counts)
     if layouts is None:
         return False
+    into = _Embedded(ops)
     for rank, t in zip(r.tolist(), layouts):
         grid, _, ar = t.arrays()
         runs = _runs(t, "reduce_scatter", lambda: (None if np.array_equal(grid, ar) else (ar, grid),), counts[0])
         intra = _phase("reduce_scatter", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)   # (blocks of one size)
         cross = _phase("reduce_scatter", outer, t.host, t.H, counts=[counts[0]] * t.H)
-        _in_turn(ops, rank, (runs[0], (intra, np.asarray(t.local, np.int64)), (cross, np.asarray(t.cols[t.me], np.int64))))
+        _in_turn(into, rank, (runs[0], (intra, np.asarray(t.local, np.int64)), (cross, np.asarray(t.cols[t.me], np.int64))))
+    into.added()
     return None
 
 
@@ -485,20 +510,22 @@ def _torus2d_allreduce(ops: Ops, r, count: int, hosts=None):
     if got is None:
         return False
     rows, where = got
+    ops.add(r, 0, COPY, 0, count, touch=_PLAIN, skip=True)
+    into = _Embedded(ops)
     for rank in r.tolist():
         i, j = where(rank)
         row = rows[i]
         column = np.asarray([q[j] for q in rows], np.int64)
         parts = split_counts(count, len(row))
-        ops.add([rank], 0, COPY, 0, count, touch=_PLAIN, skip=True)
         across = None, None
         if parts[j]:
             subs = split_counts(parts[j], len(column))
             across = ((_ring_part(i, len(column), subs, True), column),
                       (_ring_part(i, len(column), subs, False), column))
         row = np.asarray(row, np.int64)
-        _in_turn(ops, rank, ((_ring_part(j, len(row), parts, True), row), *across,
+        _in_turn(into, rank, ((_ring_part(j, len(row), parts, True), row), *across,
                              (_ring_part(j, len(row), parts, False), row)), 1)
+    into.added()
     return None
 
 
