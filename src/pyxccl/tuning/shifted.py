@@ -54,13 +54,19 @@ def _around(ops: Ops, r: np.ndarray, first: int, chunk, send_at: int, recv_at: i
     if (chunk == chunk[0]).all():           # every step alike: one, n - 1 times
         rank, k, rep = r, np.zeros(len(r), np.int64), n - 1
     else:                                   # runs of steps whose two chunks are of the sizes of the last
-        ks = np.arange(n - 1, dtype=np.int64)
-        sends = chunk[(r[:, None] + send_at - ks) % n]
-        recvs = chunk[(r[:, None] + recv_at - ks) % n]
-        new = np.ones(sends.shape, bool)
-        new[:, 1:] = (sends[:, 1:] != sends[:, :-1]) | (recvs[:, 1:] != recvs[:, :-1])
-        row, k = np.nonzero(new)
-        rank = r[row]
+        # step k sends chunk (r + send_at - k) % n: it differs from step k - 1's where that chunk's size differs
+        # from the next one's, so a run begins at k = (r + send_at + 1 - d) % n for each d whose chunk differs
+        # from chunk d - 1 (or the same for the receives): O(such chunks) a rank, not O(n) (a split's chunks
+        # are of two sizes: where a few elements are cut for thousands of ranks, most are empty)
+        d = np.flatnonzero(chunk != np.roll(chunk, 1))
+        ks = np.concatenate((np.zeros((len(r), 1), np.int64), (r[:, None] + send_at + 1 - d) % n,
+                             (r[:, None] + recv_at + 1 - d) % n), axis=1)
+        ks[ks > n - 2] = 0                  # (step 0 begins a run anyway; there is no step n - 1)
+        ks.sort(axis=1)
+        new = np.ones(ks.shape, bool)
+        new[:, 1:] = ks[:, 1:] != ks[:, :-1]
+        row, col = np.nonzero(new)
+        rank, k = r[row], ks[row, col]
         ends = np.append(k[1:], n - 1)
         ends[np.append(row[1:] != row[:-1], True)] = n - 1
         rep = ends - k
