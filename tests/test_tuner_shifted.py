@@ -149,3 +149,25 @@ def test_tuner_estimates_and_choices_are_those_of_the_builds(hosts, per_host, pr
     """Above ``FOLD_ABOVE`` ranks, every algorithm's estimate and the choice at a few sizes, with the arrays
     and with host 0's ranks built: equal, and the arrays were used."""
     _with_and_without("part", monkeypatch, hosts, per_host, prim, [8, 4096, 1 << 20, 1 << 24])
+
+
+@pytest.mark.parametrize("name", ["ring", "torus2d", "hierarchical", "bcube", "direct"])
+@pytest.mark.parametrize("nbytes", [8, 4000, 3 << 20])
+def test_ranks_made_alone_then_joined(name, nbytes):
+    """The tuner's ``_Ranks.part`` joins ranks made alone before (rank 0's for its bound, a spot) to the others'
+    (``compact.joined``): the same arrays as all made at once."""
+    from pyxccl.algorithms import registry
+    from pyxccl.tuning.select import _Ranks
+
+    hosts, per_host = 4, 4
+    n = hosts * per_host
+    hl = [r // per_host for r in range(n)]
+    args = PRIMITIVES["allreduce"].sized(n, nbytes, 4)
+    algo = registry.lookup("allreduce", name)
+    key = (*range(per_host), per_host, n - 1, 9)
+    fresh = _Ranks(algo, n, hl, None, args).part(tuple(sorted(key)))
+    ranks = _Ranks(algo, n, hl, None, args)
+    for r in (0, per_host, 9):
+        ranks.part((r,))
+    assert compact.joined([fresh]) is fresh
+    assert _same(ranks.part(tuple(sorted(key))), fresh.expanded())

@@ -153,6 +153,26 @@ class Compact:
         return np.zeros(len(self.kind), np.int64) if self.stride is None else self.stride
 
 
+def joined(parts: list[Compact]) -> Compact:
+    """The schedules of ``parts`` (arrays of some ranks each, in rank order) as one arrays: what making them
+    at once gives (a column that no part holds, None; else every part's, defaults where it holds none)."""
+    if len(parts) == 1:
+        return parts[0]
+    lens = np.concatenate([np.diff(p.step_start) for p in parts])
+    per_rank = np.concatenate([np.diff(p.rank_start) for p in parts])
+
+    def column(f, default):
+        if all(getattr(p, f) is None for p in parts):
+            return None
+        return np.concatenate([default(p) if getattr(p, f) is None else getattr(p, f) for p in parts])
+
+    return Compact(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("kind", "red", "peer", "count")),
+                   _cum(lens), _cum(per_rank), np.concatenate([p.ranks for p in parts]),
+                   column("skip", lambda p: np.zeros(len(p.kind), bool)),
+                   column("touch", lambda p: np.zeros(len(p.kind), np.int8)), column("rep", Compact.reps),
+                   column("stride", Compact.strides), parts[0].nranks, column("times", Compact.op_times))
+
+
 def message_schedules(scheds) -> bool:
     return all(type(s) is Schedule and not s.segment for s in scheds)
 

@@ -89,7 +89,22 @@ class _Ranks:
             a, args = self.algo, dict(self.args)
             if a.wants_hosts:
                 args["hosts"] = self.hosts
-            self._parts[key] = None if a.segment else shifted.arrays(a.primitive, a.name, key, self.n, args)
+            # (ranks made alone before, a spot or rank 0's for its bound, joined to the others', not made again)
+            alone = {r for r in key if self._parts.get((r,)) is not None} if len(key) > 1 else ()
+            rest = tuple(r for r in key if r not in alone)
+            made = None if a.segment or not rest else shifted.arrays(a.primitive, a.name, rest, self.n, args)
+            if alone and (made is not None or not rest):
+                pieces, i = [], 0
+                for r in key:           # in rank order: the others' in runs, taken from those made
+                    if r in alone:
+                        pieces.append(self._parts[(r,)])
+                    elif pieces and type(pieces[-1]) is list:
+                        pieces[-1][1] += 1
+                    else:
+                        pieces.append([i, i + 1])
+                    i += r not in alone
+                made = compact.joined([made.take(*p) if type(p) is list else p for p in pieces])
+            self._parts[key] = made
         return self._parts[key]
 
     def one(self, r: int):
@@ -192,7 +207,9 @@ class Tuner:
         shape = net.shape()
         if shape is not None and shape.hosts > 1 and self.n > FOLD_ABOVE and not algo.segment:
             part = get.part if isinstance(get, _Ranks) and fast.available() else None
-            sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False, part)
+            # (fewer elements than ranks: chunks of a ring are empty on some hosts, and the fold seldom holds)
+            probe = part is not None and max(PRIMITIVES[algo.primitive].buffers(0, get.args)) < self.n
+            sym, reps = symmetric.fold(algo.symmetry, get, shape.hosts, shape.per_host, False, part, probe)
             if sym is not None and self._classes(reps, shape):
                 if isinstance(reps, compact.Compact):
                     reps = compact.walker_order(reps)

@@ -158,13 +158,15 @@ def spot_ranks(hosts: int, per_host: int) -> list[int]:
     return [r for r in dict.fromkeys(cand) if r >= per_host]
 
 
-def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=None):
+def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=None, probe: bool = False):
     """(symmetry, host 0's schedules) from the moves an algorithm declares (``registry.Algorithm.symmetry``),
     each checked on the :func:`spot_ranks` only (one schedule each, not four hosts' of ``find``), the
     first that holds, in ``find``'s order; None when nothing is declared or nothing holds there (the
     caller then proves it with ``find``: a wrong declaration costs time, not a wrong fold). ``part(ranks)``:
     the arrays of some ranks' schedules (``compact.convert``'s, in the order written) made without
-    building them, or None: where it gives them, host 0's are given as those arrays."""
+    building them, or None: where it gives them, host 0's are given as those arrays. ``probe``: the move
+    is likely not to hold (a ring at fewer elements than ranks): it is checked on host 1's first rank alone
+    before host 0's ranks are made."""
     if hosts < 2 or not kinds:
         return None
     kinds = _moves(hosts, per_host, ring_of_hosts, kinds)
@@ -174,6 +176,11 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=
     n = hosts * per_host
     spots = spot_ranks(hosts, per_host)
     if part is not None and part((0,)) is not None:
+        if probe:       # host 1's first rank against rank 0 first (``part`` joins them to the others' after)
+            first = part((per_host,))
+            kinds = [k for k in kinds if compact.same_moved(first, part((0,)), k(n, per_host), 1, per_host)]
+            if not kinds:
+                return None
         # host 0's ranks and the spots made at once (the spots are on other hosts: after host 0's)
         spots = sorted(spots)
         both = part((*range(per_host), *spots))
@@ -199,9 +206,9 @@ def declared(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=
     return kinds[0](n, per_host), reps
 
 
-def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=None):
+def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=None, probe: bool = False):
     """``find``'s answer, by way of :func:`declared` where the algorithm declares its moves and they
     hold on the spot ranks (``tests/test_tuner_symmetry.py``: the same answer over many layouts); host 0's
-    schedules as arrays where ``part`` gives them (:func:`declared`)."""
-    got = declared(kinds, build, hosts, per_host, ring_of_hosts, part)
+    schedules as arrays where ``part`` gives them (:func:`declared`, and its ``probe``)."""
+    got = declared(kinds, build, hosts, per_host, ring_of_hosts, part, probe)
     return got if got is not None else find(build, hosts, per_host, ring_of_hosts)
