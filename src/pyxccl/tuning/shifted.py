@@ -262,6 +262,12 @@ def _kept(key, make) -> Compact:
     return got
 
 
+#: flat algorithms whose steps alike are held once (``Ops.add``'s ``rep``, ``stride``): every rank's arrays of a
+#: phase across the hosts are O(hosts), made at once for the spots on other hosts too (a direct exchange's are
+#: O(hosts^2): made for the hosts asked only)
+_RUNS_HELD = ("ring", "pairwise")
+
+
 def _phase(prim: str, name: str, rank: int, nranks: int, every: bool = False, **args) -> Compact:
     """A phase's arrays (one rank's schedule of a flat algorithm): made here where covered, else built and
     converted; kept (read only) for the next rank or call that embeds it. ``every``: every rank's made at
@@ -368,7 +374,7 @@ def _hierarchical_allreduce(ops: Ops, r, count: int, hosts=None, inner: str = "r
             got = phases.get(parts[c0])          # (the chunks are of at most two sizes)
             if got is None:
                 shards = split_counts(parts[c0], L)
-                ar = _phase("allreduce", outer, t.host, len(cross), True, count=shards[me])
+                ar = _phase("allreduce", outer, t.host, len(cross), outer in _RUNS_HELD, count=shards[me])
                 got = phases[parts[c0]] = _chunk(ar, ((_phase("reduce_scatter", inner, me, L, True, counts=shards), local),
                                                       (ar, cross), (_phase("allgather", inner, me, L, True, counts=shards), local)), n)
             span, cols = got
@@ -452,7 +458,7 @@ def _hierarchical_alltoall(ops: Ops, r, send_counts, recv_counts, hosts=None, in
         local, col = np.asarray(t.local, np.int64), np.asarray(t.cols[me], np.int64)
         runs = _runs(t, "alltoall", lambda: _alltoall_moves(t, rank, n), c)
         intra = _phase("alltoall", inner, me, L, True, send_counts=[H * c] * L, recv_counts=[H * c] * L)
-        cross = _phase("alltoall", outer, t.host, H, send_counts=[L * c] * H, recv_counts=[L * c] * H)
+        cross = _phase("alltoall", outer, t.host, H, outer in _RUNS_HELD, send_counts=[L * c] * H, recv_counts=[L * c] * H)
         _in_turn(into, rank, (runs[0], (intra, local), runs[1], (cross, col), runs[2]))
     into.added()
     return None
@@ -469,7 +475,7 @@ def _hierarchical_allgather(ops: Ops, r, counts, hosts=None, inner: str = "ring"
     into = _Embedded(ops)
     for rank, t in zip(r.tolist(), layouts):
         runs = _runs(t, "allgather", lambda: ((t.arrays()[0], t.arrays()[2]),), counts[0])
-        cross = _phase("allgather", outer, t.host, t.H, counts=[counts[0]] * t.H)        # (blocks of one size)
+        cross = _phase("allgather", outer, t.host, t.H, outer in _RUNS_HELD, counts=[counts[0]] * t.H)        # (blocks of one size)
         intra = _phase("allgather", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)
         _in_turn(into, rank, ((cross, np.asarray(t.cols[t.me], np.int64)), (intra, np.asarray(t.local, np.int64)),
                              runs[0]))
@@ -489,7 +495,7 @@ def _hierarchical_reduce_scatter(ops: Ops, r, counts, hosts=None, inner: str = "
         grid, _, ar = t.arrays()
         runs = _runs(t, "reduce_scatter", lambda: (None if np.array_equal(grid, ar) else (ar, grid),), counts[0])
         intra = _phase("reduce_scatter", inner, t.me, t.L, True, counts=[counts[0] * t.H] * t.L)   # (blocks of one size)
-        cross = _phase("reduce_scatter", outer, t.host, t.H, counts=[counts[0]] * t.H)
+        cross = _phase("reduce_scatter", outer, t.host, t.H, outer in _RUNS_HELD, counts=[counts[0]] * t.H)
         _in_turn(into, rank, (runs[0], (intra, np.asarray(t.local, np.int64)), (cross, np.asarray(t.cols[t.me], np.int64))))
     into.added()
     return None
