@@ -104,9 +104,10 @@ def test_the_spot_ranks_are_on_other_hosts_and_few():
 @pytest.mark.parametrize("nbytes", [8, 1 << 20])
 def test_the_tuner_prices_the_same_with_and_without_declarations(hosts, per_host, nbytes, monkeypatch):
     """Above ``FOLD_ABOVE``: the costs ``_argmin`` computes with the declarations are those of the proof
-    alone (``declared`` answering nothing), bit for bit, for every primitive."""
+    alone (``fold`` answering ``find``'s, nothing declared), bit for bit, for every primitive."""
     fast = {p: _tuner(hosts, per_host)._argmin(p, nbytes, 4) for p in PRIMS}
-    monkeypatch.setattr(symmetric, "declared", lambda *a: None)
+    proof = symmetric.find
+    monkeypatch.setattr(symmetric, "fold", lambda kinds, build, hosts, per_host, ring, *a: proof(build, hosts, per_host, ring))
     for prim in PRIMS:
         costs, skipped = _tuner(hosts, per_host)._argmin(prim, nbytes, 4)
         assert fast[prim] == (costs, skipped), prim
@@ -125,3 +126,17 @@ def test_find_builds_two_ranks_of_what_does_not_fold(name):
     assert sym is None and why == symmetric._NOT_SAME and built == [0, per_host]
     ring = _builder("allreduce", "ring", hosts, per_host, 64 << 20)
     assert symmetric.find(ring, hosts, per_host, False)[0] is not None
+
+
+@pytest.mark.parametrize("name,hosts", [("ring", 12), ("halving_doubling", 16), ("bcube", 16)])
+def test_refuted_by_the_spots_needs_no_proof(name, hosts, monkeypatch):
+    """A ring (a shift: on hosts not a power of two, the only move ``find`` tries), Rabenseifner's or BCube
+    (shift and XOR) at a few elements on many ranks (empty chunks on some hosts) declares every move ``find``
+    would try, and the spot ranks refuse them: ``fold`` answers that it does not fold without ``find``
+    building five hosts' schedules, and ``find`` agrees."""
+    per_host = 4
+    get = _builder("allreduce", name, hosts, per_host, 8)
+    kinds = registry.lookup("allreduce", name).symmetry
+    assert symmetric.find(get, hosts, per_host, False)[0] is None
+    monkeypatch.setattr(symmetric, "find", lambda *a: pytest.fail("find was asked"))
+    assert symmetric.fold(kinds, get, hosts, per_host, False) == (None, symmetric._NOT_SAME)

@@ -211,4 +211,10 @@ def fold(kinds, build, hosts: int, per_host: int, ring_of_hosts: bool, part=None
     hold on the spot ranks (``tests/test_tuner_symmetry.py``: the same answer over many layouts); host 0's
     schedules as arrays where ``part`` gives them (:func:`declared`, and its ``probe``)."""
     got = declared(kinds, build, hosts, per_host, ring_of_hosts, part, probe)
-    return got if got is not None else find(build, hosts, per_host, ring_of_hosts)
+    if got is not None:
+        return got
+    if hosts > 1 and kinds and _moves(hosts, per_host, ring_of_hosts, kinds) == _moves(hosts, per_host, ring_of_hosts):
+        # every move find would try was declared and failed on a spot rank, a rank of a host find samples: find
+        # would fail too (and at a few elements a rank, build every rank of five hosts to find it)
+        return None, _NOT_SAME
+    return find(build, hosts, per_host, ring_of_hosts)
