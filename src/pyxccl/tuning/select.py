@@ -45,6 +45,8 @@ FOLD_ABOVE = 64
 #: all (``cost.SpotTiming``): on one host every rank's schedule holds O(ranks) operations, so every rank's
 #: walk grew as ranks squared (measured, allreduce at 16 MiB: 19 ms at 16 ranks, 221 at 64, 772 at 128)
 SPOT_ABOVE = 8
+#: a bound above this fraction of the best estimate is looked at with the smallest search first (``_search_sizes``)
+NEAR = 0.9
 #: before any estimate, the chains of an algorithm are looked at for ordering only if rank 0's or
 #: rank n/2's schedule has at most this many operations (``_argmin``)
 FIRST_LOOK_OPS = 2048
@@ -330,6 +332,14 @@ class Tuner:
         shape = self.net().shape()
         return bound.path(get, shape, itemsize, lambda s: self._classes(s, shape), enough, ranks or bound.RANKS)
 
+    @staticmethod
+    def _search_sizes(lb: float, best: float) -> tuple:
+        """The ranks ``path_bound`` looks at in turn, for an algorithm whose bound so far is ``lb`` against the best
+        estimate ``best``: a bound within ``NEAR`` of it is raised past it by a chain of a few ranks (the seeds
+        alone: a tree's root and its children's), which cost a third of ``bound.RANKS``' first look (measured,
+        1,024 ranks, 8 B: binomial, halving-doubling and BCube allreduces at 0.9999 of the best)."""
+        return (3, *bound.RANKS) if lb > NEAR * best else bound.RANKS
+
     def table(self, primitive: str, nbytes: int, itemsize: int = 4) -> dict[str, Estimate]:
         out = {}
         for name in algorithms.algorithms(primitive):
@@ -439,7 +449,7 @@ class Tuner:
             if lb <= best and not algo.segment:
                 if looked or min(sum(map(len, get(r).steps)) for r in (0, self.n // 2)) <= FIRST_LOOK_OPS:
                     try:
-                        lb = max(lb, self.path_bound(get, itemsize, best) if looked else
+                        lb = max(lb, self.path_bound(get, itemsize, best, self._search_sizes(lb, best)) if looked else
                                  self.path_bound(get, itemsize, 0.0, bound.FIRST))
                     except ValueError:
                         continue
@@ -449,7 +459,7 @@ class Tuner:
         for _, lb, name, algo, get, looked in sorted(later, key=lambda x: x[:3]):
             if lb <= best < float("inf") and not algo.segment and not looked:
                 try:
-                    lb = max(lb, self.path_bound(get, itemsize, best))
+                    lb = max(lb, self.path_bound(get, itemsize, best, self._search_sizes(lb, best)))
                 except ValueError:
                     continue
             if lb > best:
