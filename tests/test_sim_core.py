@@ -325,3 +325,17 @@ def test_bookings_out_of_order_are_the_python_walks(cname, seed):
         return s
     scheds = [build(r) for r in range(n)]
     _check(scheds, ClusterNet(c), False)
+
+
+@pytest.mark.parametrize("cname", ["4x2-cpu-mem", "8x2-dma-nics2", "8x2-cpu-ring", "8x2-dma-torus2d"])
+def test_intervals_dropped_at_every_turn_change_nothing(cname):
+    """The C core drops the busy intervals that end before every rank's clock (no booking can take them):
+    forced at every rank's turn, the walks above are still the Python reference's, bit for bit."""
+    was = fast._simcore.pruning(1)
+    try:
+        for seed in range(3):
+            test_bookings_out_of_order_are_the_python_walks(cname, seed)
+        for prim in ("allreduce", "alltoall", "broadcast"):
+            test_c_core_equals_the_python_walk(prim, cname)
+    finally:
+        assert fast._simcore.pruning(was) == 1

@@ -241,6 +241,21 @@ static void gap_to(Busy *b, int64_t k) {                   /* the first k interv
     b->g = k;
 }
 
+/* The intervals that end at or before `floor` dropped: no booking starts before it (each starts at or after
+ * its rank's clock, and floor is every rank's least), and which busy time a booking finds depends only on the
+ * time busy after its start. A walk of thousands of ranks kept thousands of intervals a link, and a
+ * booking's first read of them missed the cache (the message level's ring on 4,096 ranks). */
+static void drop_before(Busy *b, double floor) {
+    int64_t k = b->len ? after(b, floor) : 0;
+    if (!k) return;
+    gap_to(b, k);           /* the first k at the start: dropped with the gap that follows them */
+    b->g = 0;
+    b->len -= k;
+}
+
+/* every how many ranks' turns a walk drops the intervals no booking can take (0: its own choice; tests set 1) */
+static int64_t prune_every = 0;
+
 static int grow(Busy *b) {
     int64_t cap = b->cap ? 2 * b->cap : 64, right = b->len - b->g;
     double *ns = realloc(b->s, sizeof(double) * cap);
@@ -485,7 +500,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     P.local_of = local_of;
     for (int64_t i = 0; i < ns; i++) where[ranks[i]] = i;      /* {s.rank: i}: the last one wins */
 
-    int64_t messages = 0, hlen = 0;
+    int64_t messages = 0, hlen = 0, turns = 0;
+    /* a prune costs a pass over the ranks walked and the links: once in as many turns */
+    const int64_t every = prune_every > 0 ? prune_every : 8 * ns + L.total + 1024;
     int oom = 0, cut = 0;
     double cut_at = 0.0;            /* with cut: the time past the limit (a clock mid-step may be before it) */
     const double half_intra = P.ia / 2, half_inter = P.ea / 2;
@@ -506,6 +523,14 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         } else
             i = heap_pop(heap, &hlen).i;
         queued[i] = 0;
+        if (++turns >= every) {
+            turns = 0;
+            double floor = INFINITY;        /* the least clock of a rank that may still book */
+            for (int64_t x = 0; x < ns; x++)
+                if (rank_start[tmpl[x]] + pc[x] < rank_start[tmpl[x] + 1] && clock[x] < floor) floor = clock[x];
+            if (floor < INFINITY)
+                for (int64_t x = 0; x < L.total; x++) drop_before(&busy[x], floor);
+        }
         int64_t r = ranks[i], first = rank_start[tmpl[i]], last = rank_start[tmpl[i] + 1];
         int64_t d = move[i];
         int finished = 0;
@@ -793,10 +818,20 @@ done:
     return result;
 }
 
+static PyObject *pruning(PyObject *self, PyObject *args) {
+    long long every;
+    if (!PyArg_ParseTuple(args, "L", &every)) return NULL;
+    long long was = prune_every;
+    prune_every = every;
+    return PyLong_FromLongLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "The timed walk of message schedules on a net of hosts alike (see tuning/fast.py)."},
     {"longest", longest, METH_VARARGS, "The path bound's relaxation over chains of steps (see tuning/bound.py)."},
     {"ops", ops, METH_VARARGS, "Operations as the walk's arrays (see tuning/compact.py's _ops)."},
+    {"pruning", pruning, METH_VARARGS, "pruning(every) -> the previous: a walk drops the busy intervals no "
+     "booking can take every that many ranks' turns (0: its own choice)."},
     {NULL, NULL, 0, NULL}
 };
 
