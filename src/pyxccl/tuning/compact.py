@@ -47,7 +47,7 @@ def _at(x: np.ndarray | None, idx):
     return None if x is None else x[idx]
 
 
-def _cum(x: np.ndarray) -> np.ndarray:
+def prefix_sums(x) -> np.ndarray:
     """Sums of ``x`` before each place, and the total: ``len(x) + 1`` of them."""
     out = np.zeros(len(x) + 1, np.int64)
     np.cumsum(x, out=out[1:])
@@ -90,9 +90,9 @@ class Compact:
         step = np.repeat(np.arange(len(lens), dtype=np.int64), self.rep)     # the steps, each as often as it runs
         nlens = lens[step]
         first = np.repeat(self.step_start[:-1][step], nlens)
-        at = _cum(nlens)
+        at = prefix_sums(nlens)
         idx = first + np.arange(int(at[-1]), dtype=np.int64) - np.repeat(at[:-1], nlens)
-        cum = _cum(self.rep)
+        cum = prefix_sums(self.rep)
         peer = self.peer[idx]
         if self.stride is not None:     # run k of a step: its peers moved k strides
             k = np.repeat(np.arange(len(step), dtype=np.int64) - np.repeat(cum[:-1], self.rep), nlens)
@@ -103,7 +103,7 @@ class Compact:
     def _ops_written_out(self) -> "Compact":
         """These arrays with each copy written out as its times."""
         idx = np.repeat(np.arange(len(self.kind), dtype=np.int64), self.times)
-        return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], _cum(self.times)[self.step_start],
+        return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], prefix_sums(self.times)[self.step_start],
                        self.rank_start, self.ranks, _at(self.skip, idx), _at(self.touch, idx), self.rep,
                        _at(self.stride, idx), self.nranks)
 
@@ -114,7 +114,7 @@ class Compact:
         keep = ~self.skip
         nsteps = len(self.step_start) - 1
         step_of = np.repeat(np.arange(nsteps, dtype=np.int64), np.diff(self.step_start))
-        step_start = _cum(np.bincount(step_of[keep], minlength=nsteps))
+        step_start = prefix_sums(np.bincount(step_of[keep], minlength=nsteps))
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
                        self.rank_start, self.ranks, None, self.touch[keep], self.rep, _at(self.stride, keep),
                        self.nranks, _at(self.times, keep))
@@ -135,7 +135,7 @@ class Compact:
             return 0
         if self.rep is None:
             return int(np.diff(self.rank_start).max())
-        return int(np.diff(_cum(self.rep)[self.rank_start]).max())
+        return int(np.diff(prefix_sums(self.rep)[self.rank_start]).max())
 
     def equal(self, other: "Compact") -> bool:
         """The same arrays (repeats held alike: see :meth:`expanded`)."""
@@ -167,7 +167,7 @@ def joined(parts: list[Compact]) -> Compact:
         return np.concatenate([default(p) if getattr(p, f) is None else getattr(p, f) for p in parts])
 
     return Compact(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("kind", "red", "peer", "count")),
-                   _cum(lens), _cum(per_rank), np.concatenate([p.ranks for p in parts]),
+                   prefix_sums(lens), prefix_sums(per_rank), np.concatenate([p.ranks for p in parts]),
                    column("skip", lambda p: np.zeros(len(p.kind), bool)),
                    column("touch", lambda p: np.zeros(len(p.kind), np.int8)), column("rep", Compact.reps),
                    column("stride", Compact.strides), parts[0].nranks, column("times", Compact.op_times))
@@ -207,7 +207,7 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
             step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
         kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
         touch, stride, times = touch[keep], _at(stride, keep), _at(times, keep)
-        step_start = _cum(np.bincount(step_of, minlength=nsteps))
+        step_start = prefix_sums(np.bincount(step_of, minlength=nsteps))
         keep = None
     return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep,
                    touch, c.rep, stride, c.nranks, times)
@@ -249,7 +249,7 @@ def _written(scheds: list[Schedule]) -> Compact:
     # (a diff per part cost more than the rest at thousands of ranks)
     nsteps = np.fromiter((len(p.step_start) - 1 for p in parts), np.int64, len(parts))
     lens = np.delete(np.diff(np.concatenate([p.step_start for p in parts])), np.cumsum(nsteps + 1)[:-1] - 1)
-    step_start, rank_start = _cum(lens), _cum(nsteps)
+    step_start, rank_start = prefix_sums(lens), prefix_sums(nsteps)
     skip = None
     if any(p.skip is not None for p in parts):
         skip = np.concatenate([np.zeros(len(p.kind), bool) if p.skip is None else p.skip for p in parts])
@@ -279,7 +279,7 @@ def _convert(scheds: list[Schedule]) -> Compact:
     steps = [st for s in scheds for st in s.steps]
     nsteps = np.fromiter(map(len, (s.steps for s in scheds)), np.int64, len(scheds))
     lens = np.fromiter(map(len, steps), np.int64, len(steps))
-    step_start, rank_start = _cum(lens), _cum(nsteps)
+    step_start, rank_start = prefix_sums(lens), prefix_sums(nsteps)
     ranks = np.fromiter((s.rank for s in scheds), np.int64, len(scheds))
     big = np.flatnonzero(lens >= BIG_STEP).tolist()
     if not big:
@@ -397,8 +397,8 @@ def all_ranks(reps: Compact, sym, hosts: int, per_host: int) -> Compact:
     kind = np.tile(reps.kind, hosts)
     d = np.repeat(np.arange(hosts, dtype=np.int64) * per_host, m)
     peer = _moved(np.tile(reps.peer, hosts), kind, sym.name, d, n)
-    step_start = _cum(np.tile(np.diff(reps.step_start), hosts))
-    rank_start = _cum(np.tile(np.diff(reps.rank_start), hosts))
+    step_start = prefix_sums(np.tile(np.diff(reps.step_start), hosts))
+    rank_start = prefix_sums(np.tile(np.diff(reps.rank_start), hosts))
     return Compact(kind, np.tile(reps.red, hosts), peer, np.tile(reps.count, hosts), step_start, rank_start,
                    np.arange(n, dtype=np.int64), None if reps.skip is None else np.tile(reps.skip, hosts),
                    np.tile(reps.touch, hosts), None if reps.rep is None else np.tile(reps.rep, hosts))

@@ -446,6 +446,39 @@ def _chain(nranks: int, hosts, count: int, root: int) -> Compact | None:
     return ops.compact()
 
 
+def around(ops: Ops, r: np.ndarray, first: int, chunk, send_at: int, recv_at: int, red: int = 0) -> None:
+    """A ring phase (``ring.reduce_scatter_phase``, ``ring.allgather_phase``) from step key ``first``: in its
+    k-th step rank r sends chunk (r + send_at - k) % n to r + 1 and receives chunk (r + recv_at - k) % n from
+    r - 1 (``red``: and reduces it). Steps alike in a row (chunks of one size) are added once, repeated
+    (``Ops.add``'s ``rep``): n - 1 steps a rank are n - 1 operations to make only where the sizes differ.
+    (shifted.py's rings use it too.)"""
+    n = ops.n
+    if n < 2 or not len(r):
+        return
+    r = np.asarray(r, np.int64)
+    if (chunk == chunk[0]).all():           # every step alike: one, n - 1 times
+        rank, k, rep = r, np.zeros(len(r), np.int64), n - 1
+    else:                                   # runs of steps whose two chunks are of the sizes of the last
+        # step k sends chunk (r + send_at - k) % n: it differs from step k - 1's where that chunk's size differs
+        # from the next one's, so a run begins at k = (r + send_at + 1 - d) % n for each d whose chunk differs
+        # from chunk d - 1 (or the same for the receives): O(such chunks) a rank, not O(n) (a split's chunks
+        # are of two sizes: where a few elements are cut for thousands of ranks, most are empty)
+        d = np.flatnonzero(chunk != np.roll(chunk, 1))
+        ks = np.concatenate((np.zeros((len(r), 1), np.int64), (r[:, None] + send_at + 1 - d) % n,
+                             (r[:, None] + recv_at + 1 - d) % n), axis=1)
+        ks[ks > n - 2] = 0                  # (step 0 begins a run anyway; there is no step n - 1)
+        ks.sort(axis=1)
+        new = np.ones(ks.shape, bool)
+        new[:, 1:] = ks[:, 1:] != ks[:, :-1]
+        row, col = np.nonzero(new)
+        rank, k = r[row], ks[row, col]
+        ends = np.append(k[1:], n - 1)
+        ends[np.append(row[1:] != row[:-1], True)] = n - 1
+        rep = ends - k
+    ops.add(rank, first + k, SEND, (rank + 1) % n, chunk[(rank + send_at - k) % n], rep=rep)
+    ops.add(rank, first + k, RECV, (rank - 1) % n, chunk[(rank + recv_at - k) % n], red=red, rep=rep)
+
+
 def _ring_steps(nranks: int) -> bool:
     """Whether the arrays of a ring phase on every rank are small enough to make (else the builders run)."""
     return 2 * nranks * (nranks - 1) <= RING_OPS
@@ -457,11 +490,8 @@ def _scatter_allgather(nranks: int, hosts, count: int, root: int) -> Compact | N
     n = nranks
     if not _ring_steps(n):
         return None
-    ops, pieces, ranks, vr = _binomial_pieces(n, count, root)
-    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
-    v = np.repeat(vr, n - 1)
-    ops.add(rank, _PHASE + k, SEND, (rank + 1) % n, pieces[(v - k) % n])
-    ops.add(rank, _PHASE + k, RECV, (rank - 1) % n, pieces[(v - k - 1) % n])
+    ops, pieces, ranks, _ = _binomial_pieces(n, count, root)
+    around(ops, ranks, _PHASE, pieces, -root, -root - 1)
     return ops.compact()
 
 
@@ -500,9 +530,7 @@ def _reduce_scatter_gather(nranks: int, hosts, count: int, root: int) -> Compact
     ranks = np.arange(n, dtype=np.int64)
     ops = Ops(n)
     ops.add(ranks, 0, COPY, 0, count, touch=_TOUCH)
-    rank, k = np.repeat(ranks, n - 1), np.tile(np.arange(n - 1, dtype=np.int64), n)
-    ops.add(rank, 1 + k, SEND, (rank + 1) % n, pieces[(rank - k - 1) % n])
-    ops.add(rank, 1 + k, RECV, (rank - 1) % n, pieces[(rank - k - 2) % n], red=1)
+    around(ops, ranks, 1, pieces, -1, -2, red=1)
     to_root(ops, ranks, pieces, root, _PHASE)
     return ops.compact()
 

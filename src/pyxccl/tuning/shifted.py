@@ -27,8 +27,8 @@ import numpy as np
 from ..algorithms import bcube, hierarchical, torus
 from ..algorithms.registry import lookup
 from ..schedule import split_counts
-from .compact import COPY, RECV, SEND, Compact, convert
-from .rooted import Ops, to_root
+from .compact import COPY, RECV, SEND, Compact, convert, prefix_sums
+from .rooted import Ops, around, to_root
 
 #: bytes of the call's buffers ("in", "out", "tmp": ``cost.CALL_BUFFERS``) a copy touches per byte: a plain
 #: copy's source and destination; a reducing copy's destination twice (read and written)
@@ -36,42 +36,9 @@ _PLAIN, _REDUCING = 2, 3
 
 
 def _offsets(counts) -> tuple[np.ndarray, np.ndarray]:
+    """(``counts`` as int64, their prefix sums)."""
     c = np.asarray(counts, np.int64)
-    off = np.zeros(len(c) + 1, np.int64)
-    np.cumsum(c, out=off[1:])
-    return c, off
-
-
-def _around(ops: Ops, r: np.ndarray, first: int, chunk, send_at: int, recv_at: int, red: int = 0) -> None:
-    """A ring phase (``ring.reduce_scatter_phase``, ``ring.allgather_phase``) from step key ``first``: in its
-    k-th step rank r sends chunk (r + send_at - k) % n to r + 1 and receives chunk (r + recv_at - k) % n from
-    r - 1 (``red``: and reduces it). Steps alike in a row (chunks of one size) are added once, repeated
-    (``Ops.add``'s ``rep``): n - 1 steps a rank are n - 1 operations to make only where the sizes differ."""
-    n = ops.n
-    if n < 2 or not len(r):
-        return
-    r = np.asarray(r, np.int64)
-    if (chunk == chunk[0]).all():           # every step alike: one, n - 1 times
-        rank, k, rep = r, np.zeros(len(r), np.int64), n - 1
-    else:                                   # runs of steps whose two chunks are of the sizes of the last
-        # step k sends chunk (r + send_at - k) % n: it differs from step k - 1's where that chunk's size differs
-        # from the next one's, so a run begins at k = (r + send_at + 1 - d) % n for each d whose chunk differs
-        # from chunk d - 1 (or the same for the receives): O(such chunks) a rank, not O(n) (a split's chunks
-        # are of two sizes: where a few elements are cut for thousands of ranks, most are empty)
-        d = np.flatnonzero(chunk != np.roll(chunk, 1))
-        ks = np.concatenate((np.zeros((len(r), 1), np.int64), (r[:, None] + send_at + 1 - d) % n,
-                             (r[:, None] + recv_at + 1 - d) % n), axis=1)
-        ks[ks > n - 2] = 0                  # (step 0 begins a run anyway; there is no step n - 1)
-        ks.sort(axis=1)
-        new = np.ones(ks.shape, bool)
-        new[:, 1:] = ks[:, 1:] != ks[:, :-1]
-        row, col = np.nonzero(new)
-        rank, k = r[row], ks[row, col]
-        ends = np.append(k[1:], n - 1)
-        ends[np.append(row[1:] != row[:-1], True)] = n - 1
-        rep = ends - k
-    ops.add(rank, first + k, SEND, (rank + 1) % n, chunk[(rank + send_at - k) % n], rep=rep)
-    ops.add(rank, first + k, RECV, (rank - 1) % n, chunk[(rank + recv_at - k) % n], red=red, rep=rep)
+    return c, prefix_sums(c)
 
 
 def _ring_allreduce(ops: Ops, r, count: int) -> None:
@@ -80,14 +47,14 @@ def _ring_allreduce(ops: Ops, r, count: int) -> None:
     n = ops.n
     pieces = np.asarray(split_counts(count, n), np.int64)
     ops.add(r, 0, COPY, 0, count, touch=_PLAIN, skip=True)
-    _around(ops, r, 1, pieces, 0, -1, red=1)
-    _around(ops, r, n, pieces, 1, 0)
+    around(ops, r, 1, pieces, 0, -1, red=1)
+    around(ops, r, n, pieces, 1, 0)
 
 
 def _ring_allgather(ops: Ops, r, counts) -> None:
     c, off = _offsets(counts)
     ops.add(r, 0, COPY, 0, c[r], touch=_PLAIN, skip=off[r] == 0)
-    _around(ops, r, 1, c, 0, -1)
+    around(ops, r, 1, c, 0, -1)
 
 
 def _ring_reduce_scatter(ops: Ops, r, counts) -> None:
@@ -96,7 +63,7 @@ def _ring_reduce_scatter(ops: Ops, r, counts) -> None:
     n = ops.n
     c, off = _offsets(counts)
     ops.add(r, 0, COPY, 0, off[-1], touch=_PLAIN)
-    _around(ops, r, 1, c, -1, -2, red=1)
+    around(ops, r, 1, c, -1, -2, red=1)
     ops.add(r, n, COPY, 0, c[r], touch=_PLAIN)
 
 
@@ -230,7 +197,7 @@ def _pairwise_alltoall(ops: Ops, r, send_counts, recv_counts) -> None:
 def _sag_ring_phase(ops: Ops, r, count: int, root: int) -> None:
     """pipeline.ring_phase: the ring allgather of the pieces, rank r holding piece r - root."""
     pieces = np.asarray(split_counts(count, ops.n), np.int64)
-    _around(ops, r, 0, pieces, -root, -root - 1)
+    around(ops, r, 0, pieces, -root, -root - 1)
 
 
 def _rsg_ring_phase(ops: Ops, r, count: int, root: int) -> np.ndarray:
@@ -238,7 +205,7 @@ def _rsg_ring_phase(ops: Ops, r, count: int, root: int) -> np.ndarray:
     rank r (the pieces returned)."""
     pieces = np.asarray(split_counts(count, ops.n), np.int64)
     ops.add(r, 0, COPY, 0, int(pieces.sum()), touch=_PLAIN)
-    _around(ops, r, 1, pieces, -1, -2, red=1)
+    around(ops, r, 1, pieces, -1, -2, red=1)
     return pieces
 
 
@@ -508,9 +475,9 @@ def _ring_part(me: int, m: int, counts: list[int], reduce: bool) -> Compact:
     def make() -> Compact:
         ops, c = Ops(m), np.asarray(counts, np.int64)
         if reduce:
-            _around(ops, ops.ranks, 0, c, -1, -2, red=1)
+            around(ops, ops.ranks, 0, c, -1, -2, red=1)
         else:
-            _around(ops, ops.ranks, 0, c, 0, -1)
+            around(ops, ops.ranks, 0, c, 0, -1)
         return ops.compact()
     return _one_of(("ring part", m, tuple(counts), reduce), me, make)
 
