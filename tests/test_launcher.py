@@ -333,8 +333,8 @@ def test_a_rank_may_exit_right_after_its_last_send(tmp_path):
 
 def test_local_ranks_are_bound_to_their_own_cpus(tmp_path, capfd, monkeypatch):
     """As many ranks as CPUs (or fewer): each rank gets its own share, the shares cover the CPUs once,
-    the children learn the node's count, and the launcher's own mask is left as it was;
-    PYXCCL_BIND=none and bind=False leave the ranks unbound."""
+    the children learn the node's count, and the launcher's own mask is left as it was; more ranks than
+    CPUs: one CPU each, in turn; PYXCCL_BIND=none and bind=False leave the ranks unbound."""
     from pyxccl.launcher import shares
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -357,9 +357,15 @@ def test_local_ranks_are_bound_to_their_own_cpus(tmp_path, capfd, monkeypatch):
         assert run(n, [script], **kw) == 0
         lines = [line for line in capfd.readouterr().out.splitlines() if " cpus " in line]
         assert all(line.endswith(f"{cpus} None") for line in lines), lines
-    assert shares(n + 1) is None and shares(1) is None         # more ranks than CPUs, or one rank
+    assert shares(n + 1) is None and shares(1) is None         # none asked, or one rank
     monkeypatch.delenv("PYXCCL_BIND")
+    assert shares(1) is None
     assert [len(s) for s in shares(2)] == [len(cpus) // 2 + len(cpus) % 2, len(cpus) // 2]
+    # more ranks than CPUs: one CPU each, in turn, and the children still learn the node's count
+    assert run(2 * n + 1, [script]) == 0
+    got = {int(line.split()[2]): line.split(" ", 3)[3] for line in capfd.readouterr().out.splitlines()
+           if " cpus " in line}
+    assert got == {r: f"{[cpus[r % n]]} {n}" for r in range(2 * n + 1)}
 
 
 def test_each_rank_gets_one_thread_for_its_math_libraries(tmp_path, capfd, monkeypatch):
