@@ -3,7 +3,6 @@ a flat "master" tree (everyone to rank 0 and back: the parameter-server shape
 of the seeds), and NCCL's double binary tree."""
 from __future__ import annotations
 
-
 from ..schedule import Copy, Recv, Schedule, Send, embed, many, offsets, split_counts
 from .direct import but, others
 from .registry import lookup, register

@@ -221,8 +221,7 @@ def _chains(scheds: list, shape, itemsize: int) -> tuple:
         hit = sfull[match] == rfull
         send_step[hit] = step_of[sends][match[hit]]
     # (receives in the order written are in the order of their steps: recv_start cuts them)
-    recv_start = np.zeros(nsteps + 1, np.int64)
-    np.cumsum(np.bincount(step_of[recvs], minlength=nsteps), out=recv_start[1:])
+    recv_start = compact.prefix_sums(np.bincount(step_of[recvs], minlength=nsteps))
     local = s[0] + np.maximum(s[1], s[2])
     return (local, s[0], c.rank_start.astype(np.int64), recv_start, send_step,
             np.ascontiguousarray(edge[recvs], dtype=float))

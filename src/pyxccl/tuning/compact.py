@@ -42,7 +42,7 @@ _BUF = {b: i + 1 for i, b in enumerate(CALL_BUFFERS)}
 
 
 
-def _at(x: np.ndarray | None, idx):
+def taken(x: np.ndarray | None, idx):
     """An optional column at ``idx`` (None stays None)."""
     return None if x is None else x[idx]
 
@@ -98,14 +98,14 @@ class Compact:
             k = np.repeat(np.arange(len(step), dtype=np.int64) - np.repeat(cum[:-1], self.rep), nlens)
             peer = np.where(self.kind[idx] == COPY, 0, (peer + k * self.stride[idx]) % self.nranks)
         return Compact(self.kind[idx], self.red[idx], peer, self.count[idx], at, cum[self.rank_start],
-                       self.ranks, _at(self.skip, idx), _at(self.touch, idx))
+                       self.ranks, taken(self.skip, idx), taken(self.touch, idx))
 
     def _ops_written_out(self) -> "Compact":
         """These arrays with each copy written out as its times."""
         idx = np.repeat(np.arange(len(self.kind), dtype=np.int64), self.times)
         return Compact(self.kind[idx], self.red[idx], self.peer[idx], self.count[idx], prefix_sums(self.times)[self.step_start],
-                       self.rank_start, self.ranks, _at(self.skip, idx), _at(self.touch, idx), self.rep,
-                       _at(self.stride, idx), self.nranks)
+                       self.rank_start, self.ranks, taken(self.skip, idx), taken(self.touch, idx), self.rep,
+                       taken(self.stride, idx), self.nranks)
 
     def inplace(self) -> "Compact":
         """These arrays for an in-place call: without the copies of a buffer onto itself."""
@@ -116,8 +116,8 @@ class Compact:
         step_of = np.repeat(np.arange(nsteps, dtype=np.int64), np.diff(self.step_start))
         step_start = prefix_sums(np.bincount(step_of[keep], minlength=nsteps))
         return Compact(self.kind[keep], self.red[keep], self.peer[keep], self.count[keep], step_start,
-                       self.rank_start, self.ranks, None, self.touch[keep], self.rep, _at(self.stride, keep),
-                       self.nranks, _at(self.times, keep))
+                       self.rank_start, self.ranks, None, self.touch[keep], self.rep, taken(self.stride, keep),
+                       self.nranks, taken(self.times, keep))
 
     def take(self, a: int, b: int) -> "Compact":
         """Schedules ``a`` to ``b`` (indices, not ranks) of these, as arrays of their own (views)."""
@@ -125,8 +125,8 @@ class Compact:
         x, y = self.step_start[i], self.step_start[j]
         ops = slice(x, y)
         return Compact(self.kind[ops], self.red[ops], self.peer[ops], self.count[ops], self.step_start[i:j + 1] - x,
-                       self.rank_start[a:b + 1] - i, self.ranks[a:b], _at(self.skip, ops), _at(self.touch, ops),
-                       _at(self.rep, slice(i, j)), _at(self.stride, ops), self.nranks, _at(self.times, ops))
+                       self.rank_start[a:b + 1] - i, self.ranks[a:b], taken(self.skip, ops), taken(self.touch, ops),
+                       taken(self.rep, slice(i, j)), taken(self.stride, ops), self.nranks, taken(self.times, ops))
 
     @property
     def steps(self) -> int:
@@ -200,13 +200,13 @@ def walker_order(c: Compact, inplace: bool = False) -> Compact:
         if not (key[1:] >= key[:-1]).all():          # a step's ops are not yet in the walker's order
             order = np.argsort(key, kind="stable")
             kind, red, peer, count, step_of = kind[order], red[order], peer[order], count[order], step_of[order]
-            touch, stride, times, keep = touch[order], _at(stride, order), _at(times, order), _at(keep, order)
+            touch, stride, times, keep = touch[order], taken(stride, order), taken(times, order), taken(keep, order)
     step_start = c.step_start
     if keep is not None and inplace:
         if step_of is None:
             step_of = np.repeat(np.arange(nsteps, dtype=np.int64), lens)
         kind, red, peer, count, step_of = kind[keep], red[keep], peer[keep], count[keep], step_of[keep]
-        touch, stride, times = touch[keep], _at(stride, keep), _at(times, keep)
+        touch, stride, times = touch[keep], taken(stride, keep), taken(times, keep)
         step_start = prefix_sums(np.bincount(step_of, minlength=nsteps))
         keep = None
     return Compact(kind, red, peer, count, step_start, c.rank_start, c.ranks, None if keep is None else ~keep,

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..algorithms import hierarchical, pipeline
 from ..schedule import split_counts
-from .compact import COPY, RECV, SEND, Compact
+from .compact import COPY, RECV, SEND, Compact, prefix_sums, taken
 
 #: step keys of the phases of one rank: a phase's steps are numbered from its base (fewer than 2^20
 #: steps a phase, at most 4 phases: keys below ``_STEPS``)
@@ -111,7 +111,7 @@ class Ops:
         if self.repeats:
             if not keep.all():
                 rank, step, kind, peer, count, red, touch, skip, rep, stride, times = (
-                    _taken(x, keep) for x in (rank, step, kind, peer, count, red, touch, skip, rep, stride, times))
+                    taken(x, keep) for x in (rank, step, kind, peer, count, red, touch, skip, rep, stride, times))
                 keep = np.ones(len(rank), bool)
             rank, step, rep, peer, stride, kind, count, red, touch, skip, times = _cut(
                 rank, step, rep, peer, stride, n, kind, count, red, touch, skip, times)
@@ -122,7 +122,7 @@ class Ops:
             order, key = (by if order is None else order[by]), key[by]
         if order is not None:
             rank, kind, red, peer, count, skip, touch, rep, stride, times = (
-                _taken(x, order) for x in (rank, kind, red, peer, count, skip, touch, rep, stride, times))
+                taken(x, order) for x in (rank, kind, red, peer, count, skip, touch, rep, stride, times))
         m = len(key)
         new = np.ones(m, bool)
         np.not_equal(key[1:], key[:-1], out=new[1:])
@@ -130,19 +130,13 @@ class Ops:
         step_start = np.append(starts, m).astype(np.int64)
         ranks = self.ranks
         at = rank[starts] if len(ranks) == n else np.searchsorted(ranks, rank[starts])
-        rank_start = np.zeros(len(ranks) + 1, np.int64)
-        np.cumsum(np.bincount(at, minlength=len(ranks)), out=rank_start[1:])
+        rank_start = prefix_sums(np.bincount(at, minlength=len(ranks)))
         # (a column of defaults is none: an embedded phase's zero strides leave the arrays without any, which
         # then need not be written out where strides matter: ``bound.local``)
         return Compact(kind, red, peer, count, step_start, rank_start, ranks, skip if skip.any() else None, touch,
                        rep[starts] if self.repeats else None,
                        stride if self.repeats and self.strides and stride.any() else None, n,
                        times if self.times and (times != 1).any() else None)
-
-
-def _taken(x: np.ndarray | None, idx):
-    """A column at ``idx`` (a column not made, None, stays None)."""
-    return None if x is None else x[idx]
 
 
 def _cut(rank, step, rep, peer, stride, n: int, *cols):
@@ -171,7 +165,7 @@ def _cut(rank, step, rep, peer, stride, n: int, *cols):
     stride = stride[which]
     peer = np.where(stride != 0, (peer[which] + (first - start[which]) * stride) % max(n, 1), peer[which])
     rank = rank[which]
-    return (rank, first - rank * _STEPS, last - first, peer, stride, *(_taken(c, which) for c in cols))
+    return (rank, first - rank * _STEPS, last - first, peer, stride, *(taken(c, which) for c in cols))
 
 
 class _Groups:
@@ -245,9 +239,7 @@ def _tree(nranks: int, counts, root: int):
     vr = (ranks - root) % n
     c = np.asarray(counts, np.int64)
     vcounts = np.concatenate((c[root:], c[:root]))
-    voff = np.zeros(n + 1, np.int64)
-    np.cumsum(vcounts, out=voff[1:])
-    return ranks, vr, np.where(vr == 0, _NO_BIT, vr & -vr), vcounts, voff
+    return ranks, vr, np.where(vr == 0, _NO_BIT, vr & -vr), vcounts, prefix_sums(vcounts)
 
 
 def _children(ops: Ops, n: int, root: int, ranks, vr, low, voff, kind: int, key) -> None:
@@ -314,8 +306,7 @@ def _leaders(nranks: int, hosts, counts, root: int):
     host, the other hosts, the elements of each host, the blocks, whether each rank leads)."""
     groups, _, where = hierarchical.host_groups(nranks, hosts)
     size = np.fromiter(map(len, groups), np.int64, len(groups))
-    start = np.zeros(len(groups), np.int64)
-    np.cumsum(size[:-1], out=start[1:])
+    start = prefix_sums(size)[:-1]
     ranks = np.arange(nranks, dtype=np.int64)
     if not all(g[0] == b and g[-1] == b + len(g) - 1 for g, b in zip(groups, start.tolist())):
         return None
@@ -387,8 +378,7 @@ def _hierarchical_broadcast(nranks: int, hosts, count: int, root: int, inner: st
         return _binomial_broadcast(n, None, count, root)
     root_host, root_me = where[root]
     size = np.fromiter(map(len, groups), np.int64, H)
-    start = np.zeros(H, np.int64)
-    np.cumsum(size[:-1], out=start[1:])
+    start = prefix_sums(size)[:-1]
     host_order = np.fromiter((r for g in groups for r in g), np.int64, n)
     host = np.repeat(np.arange(H, dtype=np.int64), size)           # per member in host order
     me = np.arange(n, dtype=np.int64) - start[host]
@@ -498,8 +488,7 @@ def _scatter_allgather(nranks: int, hosts, count: int, root: int) -> Compact | N
 def _binomial_pieces(n: int, count: int, root: int):
     """pipeline.scatter_phase's operations: (the ops, the pieces, the ranks, their virtual ranks)."""
     pieces = np.asarray(split_counts(count, n), np.int64)
-    off = np.zeros(n + 1, np.int64)
-    np.cumsum(pieces, out=off[1:])
+    off = prefix_sums(pieces)
     ranks = np.arange(n, dtype=np.int64)
     vr = (ranks - root) % n
     ops = Ops(n)
