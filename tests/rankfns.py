@@ -1596,3 +1596,17 @@ def sleep_past_the_deadline(comm, seconds: float):
     """Sleeps (a rank stuck in a call, for the pool's deadline)."""
     import time
     time.sleep(seconds)
+
+
+def die_later(comm, victim: int, how: str):
+    """``victim`` dies of SIGKILL: during this call (``how="now"``), or just after returning from it
+    (``"after"``: a thread's crash after the call passed)."""
+    import os
+    import signal
+    import threading
+    if comm.rank != victim:
+        return None
+    if how == "now":
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    return None

@@ -165,3 +165,22 @@ def test_a_pool_call_past_its_deadline_shows_where_every_rank_is(capfd):
         pool.close(kill=True)
     err = capfd.readouterr().err
     assert err.count("in sleep_past_the_deadline") == 2 and "--- rank 1's threads" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("how", ("now", "after"))
+def test_a_pool_rank_that_dies_is_named_with_its_signal_and_the_call(how):
+    """A rank that dies in a call, or after a call that passed (CI once lost a rank between two tests and
+    only the later tests failed, on a replaced pool): the error names the rank, the signal and the call."""
+    pool = RankPool(2, transports=("tcp",))
+    try:
+        if how == "now":
+            with pytest.raises(RankError, match="rank 1 died of SIGKILL during die_later"):
+                pool.run(rf.die_later, 1, how)
+        else:
+            pool.run(rf.die_later, 1, how)
+            pool.procs[1].join(timeout=10)
+            with pytest.raises(RankError, match="rank 1 died of SIGKILL after die_later, before sleep_past"):
+                pool.run(rf.sleep_past_the_deadline, 0)
+        assert not pool.alive
+    finally:
+        pool.close(kill=True)

@@ -103,6 +103,21 @@ def test_a_missing_rank_raises_within_the_timeout_as_gloo(torch_pools, case):
 
 
 @pytest.mark.timeout(120)
+def test_a_call_finishing_after_its_group_is_destroyed_still_sets_its_future(torch_pools):
+    kind, name, done, logged = torch_pools(2).run(tf.finished_after_destroy, timeout=60)[0]
+    assert (kind, name) == ("raised", "CommTimeoutError")
+    assert done and not logged, logged
+
+
+def test_a_replaced_pool_has_torch_again(pools, torch_pools):
+    """A pool that lost a rank is replaced; the torch tests after it still find torch.distributed
+    set up (CI once failed every later 2-rank torch test on a replaced pool)."""
+    before = torch_pools(1)
+    before.close(kill=True)
+    after = torch_pools(1)
+    assert after is not before and after.run(tf.initialized, timeout=60) == [True]
+
+
 @pytest.mark.parametrize("n", (2, 3))
 def test_other_calls_and_refusals_match_gloo(torch_pools, n):
     _no_fails(torch_pools(n).run(tf.siblings, timeout=100))

@@ -35,6 +35,11 @@ def init_torch(comm):
     return dist.get_backend(), dist.get_world_size()
 
 
+def initialized(comm) -> bool:
+    import torch.distributed as dist
+    return dist.is_initialized()
+
+
 def parity(comm):
     """Every operation on the pyxccl group and on the Gloo group, same inputs: same results."""
     import torch
@@ -586,6 +591,43 @@ def timeouts(comm, case: str, backend: str):
                time.monotonic() - t0, str(val))
     dist.barrier()
     dist.destroy_process_group(g)
+    return out
+
+
+def finished_after_destroy(comm):
+    """Rank 0's all_gather on a group of 1 s times out (rank 1 never enters it) and the group is
+    destroyed while the call may still be finishing: its future is still set, and no callback raised
+    (the completer pool is shut down by then: CI logged "cannot schedule new futures after shutdown")."""
+    import logging
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    logged = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logged.append(record.getMessage())
+    keep = Keep()
+    logging.getLogger("pyxccl").addHandler(keep)
+    g = dist.new_group(backend="pyxccl", timeout=timedelta(seconds=1))
+    out = None
+    try:
+        if dist.get_rank() == 0:
+            work = dist.all_gather([torch.empty(2)] * dist.get_world_size(), torch.ones(2), group=g, async_op=True)
+            kind, val = _outcome(work.wait)
+            dist.destroy_process_group(g)
+            fut, t0 = work.get_future(), time.monotonic()
+            while not fut.done() and time.monotonic() - t0 < 10:
+                time.sleep(0.01)
+            time.sleep(0.2)     # a callback raising would log after the future
+            out = (kind, type(val).__name__, fut.done(), logged)
+        dist.barrier()
+        if out is None:
+            dist.destroy_process_group(g)
+    finally:
+        logging.getLogger("pyxccl").removeHandler(keep)
     return out
 
 

@@ -91,7 +91,7 @@ class RankPool:
             child.close()
             self._conns.append(parent)
             self.procs.append(p)
-        self.alive = True
+        self.alive, self._last = True, "the start"
         self._collect("ready", timeout)
 
     def run(self, fn, *args, transport: str = "tcp", timeout: float = 60, expect_dead=(), **kwargs) -> list:
@@ -102,6 +102,12 @@ class RankPool:
         """
         if not self.alive:
             raise RuntimeError("this RankPool was closed after a failure; make a new one")
+        dead = {r: (None, f"rank {r} {self._exit(r)} after {self._last}, before {fn.__name__}")
+                for r, p in enumerate(self.procs) if not p.is_alive()}
+        if dead:        # the call before passed, then a rank died (a thread's crash, the OOM killer...)
+            self.close(kill=True)
+            raise RankError(dead)
+        self._last = fn.__name__
         for c in self._conns:
             c.send((fn, transport, args, kwargs))
         try:
@@ -124,8 +130,10 @@ class RankPool:
             except EOFError:
                 if r in expect_dead:
                     continue
+                self.procs[r].join(timeout=5)
+                died = f"rank {r} {self._exit(r)} during {what}"
                 self.close(kill=True)
-                raise RankError({r: (None, f"rank {r} died during {what}")}) from None
+                raise RankError({r: (None, died)}) from None
             if kind == "ok" or kind == "ready":
                 results[r] = val
             else:
@@ -135,6 +143,18 @@ class RankPool:
                 self.close(kill=True)
             raise RankError(errors)
         return results
+
+    def _exit(self, r: int) -> str:
+        """How rank ``r``'s process ended, for the message naming it."""
+        code = self.procs[r].exitcode
+        if code is None:
+            return "closed its pipe"
+        if code < 0:
+            try:
+                return f"died of {signal.Signals(-code).name}"
+            except ValueError:
+                return f"died of signal {-code}"
+        return f"exited with status {code}"
 
     def _dump_stacks(self) -> None:
         """Every live rank writes its threads' stacks to its stderr (faulthandler), one rank after the

@@ -190,9 +190,18 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
 
         def done(_w):
             work.unpacked.set()
-            self._completer.submit(work.settle)
+            self.complete(work.settle)
         last.add_done_callback(done)
         return work
+
+    def complete(self, fn, *args) -> None:
+        """``fn(*args)`` (settling a torch Future) on the completer pool; after shutdown (a call that
+        finishes once its group was destroyed: one that timed out at rank 0, its peer never entering)
+        here, so its Future is still set rather than the callback raising "cannot schedule"."""
+        try:
+            self._completer.submit(fn, *args)
+        except RuntimeError:
+            fn(*args)
 
     def _each(self, fn, tensors, value=None):
         return self._work([fn(t) for t in tensors], tensors if value is None else value)
