@@ -148,13 +148,13 @@ class RankPool:
         """How rank ``r``'s process ended, for the message naming it."""
         code = self.procs[r].exitcode
         if code is None:
-            return "closed its pipe"
+            return "died (its pipe closed)"
         if code < 0:
             try:
-                return f"died of {signal.Signals(-code).name}"
+                return f"died ({signal.Signals(-code).name})"
             except ValueError:
-                return f"died of signal {-code}"
-        return f"exited with status {code}"
+                return f"died (signal {-code})"
+        return f"died (exit status {code})"
 
     def _dump_stacks(self) -> None:
         """Every live rank writes its threads' stacks to its stderr (faulthandler), one rank after the
