@@ -190,11 +190,11 @@ class ProcessGroupPyxccl(dist.ProcessGroup):
 
         def done(_w):
             work.unpacked.set()
-            self.complete(work.settle)
+            self._complete(work.settle)
         last.add_done_callback(done)
         return work
 
-    def complete(self, fn, *args) -> None:
+    def _complete(self, fn, *args) -> None:
         """``fn(*args)`` (settling a torch Future) on the completer pool; after shutdown (a call that
         finishes once its group was destroyed: one that timed out at rank 0, its peer never entering)
         here, so its Future is still set rather than the callback raising "cannot schedule"."""

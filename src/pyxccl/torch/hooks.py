@@ -161,7 +161,7 @@ def _on_pyxccl(backend, codec, buf, key):
             fut.set_result(buf)
 
     # complete off the communicator's worker: DDP's then() callbacks run on the completing thread
-    work.add_done_callback(lambda w: backend.complete(settle, w.exception()))
+    work.add_done_callback(lambda w: backend._complete(settle, w.exception()))
     return fut
 
 
