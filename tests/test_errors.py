@@ -71,8 +71,10 @@ def test_sigkill_mid_allreduce_raises_peer_lost_on_every_other_rank(transport_):
 
 
 def test_rank_error_carries_tracebacks(pools):
-    with pytest.raises(RankError, match="ZeroDivisionError"):
+    with pytest.raises(RankError, match="ZeroDivisionError") as e:
         pools(2).run(rf.divide_by_zero_on, 1)
+    # the first line (pytest's one-line summary) names the rank and what it raised
+    assert str(e.value).splitlines()[0].startswith("1 rank(s) failed; rank 1: ZeroDivisionError"), str(e.value)
     assert pools(2).run(rf.rank_of) == [0, 1]      # the pool survives a failing function
 
 

@@ -29,7 +29,11 @@ class RankError(AssertionError):
     def __init__(self, errors: dict):
         self.errors = errors
         text = "\n".join(f"--- rank {r} ---\n{tb}" for r, (_, tb) in sorted(errors.items()))
-        super().__init__(f"{len(errors)} rank(s) failed:\n{text}")
+        # the first line says what the first rank raised: pytest's one-line summary (all a CI log's tail
+        # may show) then names the cause, not only how many ranks failed
+        r, (_, tb) = min(errors.items())
+        last = next((line.strip() for line in reversed(str(tb).splitlines()) if line.strip()), "")
+        super().__init__(f"{len(errors)} rank(s) failed; rank {r}: {last[:200]}\n{text}")
 
 
 def _worker(rank: int, size: int, port: int, transports, conn, env) -> None:
