@@ -118,6 +118,7 @@ def test_a_replaced_pool_has_torch_again(pools, torch_pools):
     assert after is not before and after.run(tf.initialized, timeout=60) == [True]
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("n", (2, 3))
 def test_other_calls_and_refusals_match_gloo(torch_pools, n):
     _no_fails(torch_pools(n).run(tf.siblings, timeout=100))

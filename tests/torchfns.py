@@ -612,9 +612,9 @@ def finished_after_destroy(comm):
     keep = Keep()
     logging.getLogger("pyxccl").addHandler(keep)
     g = dist.new_group(backend="pyxccl", timeout=timedelta(seconds=1))
-    out = None
+    out, first = None, dist.get_rank() == 0
     try:
-        if dist.get_rank() == 0:
+        if first:
             work = dist.all_gather([torch.empty(2)] * dist.get_world_size(), torch.ones(2), group=g, async_op=True)
             kind, val = _outcome(work.wait)
             dist.destroy_process_group(g)
@@ -624,7 +624,7 @@ def finished_after_destroy(comm):
             time.sleep(0.2)     # a callback raising would log after the future
             out = (kind, type(val).__name__, fut.done(), logged)
         dist.barrier()
-        if out is None:
+        if not first:       # (rank 0 destroyed it before its call could finish)
             dist.destroy_process_group(g)
     finally:
         logging.getLogger("pyxccl").removeHandler(keep)

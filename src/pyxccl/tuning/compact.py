@@ -41,7 +41,6 @@ _FIRST, _THIRD, _FOURTH, _FIFTH, _LAST = itemgetter(0), itemgetter(2), itemgette
 _BUF = {b: i + 1 for i, b in enumerate(CALL_BUFFERS)}
 
 
-
 def taken(x: np.ndarray | None, idx):
     """An optional column at ``idx`` (None stays None)."""
     return None if x is None else x[idx]
