@@ -163,10 +163,11 @@ def test_checker_catches_wrong_schedules(monkeypatch):
 # --- the one-host fast path: segment schedules --------------------------------------------------
 #: windows that make messages go in pieces, reductions take the two-round path, blocks move by
 #: single-copy reads, pieces smaller than a window (a broadcast's; with them the reduce-scatter's and the
-#: 2-rank reduce's two-round forms); then the windows the runtime computes for float32 on a 2 MiB area
-#: (ranks with a core each, and not)
+#: 2-rank reduce's two-round forms), both (an allgather's blocks put into every output a piece at a time);
+#: then the windows the runtime computes for float32 on a 2 MiB area (ranks with a core each, and not)
 WINDOWS = (Window(elements=4, oneshot=2), Window(elements=64, oneshot=100, piece=5),
            Window(elements=64, oneshot=8, single_copy=3), Window(elements=5, oneshot=1, single_copy=1),
+           Window(elements=64, oneshot=8, single_copy=3, piece=5),
            Window.of(2 << 20, 4, True, True), Window.of(2 << 20, 4, True))
 
 
@@ -222,6 +223,7 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
     for prim, edit, window, msg in (
             ("allreduce", unreduced, Window(64, 100), "contributions"),
             ("allgather", no_last_round, Window(64, 8, single_copy=1), "may return while rank"),
+            ("allgather", no_last_round, Window(64, 8, single_copy=1, piece=5), "may return while rank"),
             ("allreduce", early_read, Window(64, 2), "writes its window after publishing"),
             ("reduce_scatter", one_round_less, Window(8, 2), "different numbers of rounds"),
             ("allreduce", no_tee, Window(64, 2), "contributions"),

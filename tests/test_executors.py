@@ -60,9 +60,11 @@ def _windows(n: int) -> tuple[Window, ...]:
     """Windows (in elements) that cut the messages below into several rounds: reductions on the
     two-round path; one round per piece; blocks by single-copy reads; tiny windows and pieces (a
     broadcast's pieces smaller than a window; with them, the reduce-scatter's two-round form and a reduce's
-    root reducing it all)."""
+    root reducing it all); single-copy with pieces (an allgather's blocks put into every output a piece at a
+    time)."""
     return (Window(4 * n, oneshot=2, piece=3), Window(16 * n, oneshot=1 << 30, piece=5),
-            Window(8 * n, oneshot=8, single_copy=3), Window(max(5, n), oneshot=1, single_copy=1))
+            Window(8 * n, oneshot=8, single_copy=3), Window(max(5, n), oneshot=1, single_copy=1),
+            Window(8 * n, oneshot=8, single_copy=2, piece=3))
 
 
 def _args(prim: str, n: int, w: Window, root: int, small, unequal: bool = False) -> dict:

@@ -13,7 +13,10 @@ still read its buffer. A gather goes the other way: the root posts its output
 and every rank writes its block into it (``Put``, through process_vm_writev),
 but for a tail the root reads itself, so that the ranks copy at once instead
 of the root copying every block; a last round keeps the root from returning
-before the writers are done, and a writer before the root read its tail.
+before the writers are done, and a writer before the root read its tail. An
+allgather where every rank has a core of its own goes that way too: every
+rank writes its block into every output, a piece at a time, so that a piece
+is read from memory once for all of them.
 
 Every rank runs the same number of rounds (the round counters pair them), so
 a rank with nothing to do in a round still takes part (``Sync`` on itself).
@@ -32,6 +35,7 @@ CMA_BYTES = 256 << 10      # blocks from this size move by single-copy reads, wh
 BROADCAST_CMA_BYTES = 4 << 20   # a broadcast from this size: by single-copy reads (see broadcast)
 ROOT_REDUCES = 2           # a reduce on this many ranks or fewer, each with a core: the root reduces it all
                            # (measured at 2; see _root_reduces)
+TEE_PIECE_BYTES = 1 << 20  # an allgather's block goes to every output a piece at a time (see _gathering)
 PIECE_BYTES = 32 << 10     # where every rank has a core: a broadcast's pieces through the windows (see broadcast)
 
 
@@ -202,6 +206,19 @@ def _gathering(rank, n, counts, window, root):
             _round(s, *((Post("in", 0, counts[rank]),) if tail[rank] else ()),
                    Put(root, off[rank], "in", 0, counts[rank] - tail[rank]))
             _round(s, *((Sync(root),) if tail[rank] else ()))
+        return s
+    if root is None and window.piece and window.copies_once(max(counts, default=0)):
+        # every rank writes its block into every output (its own first), a piece at a time, so that the
+        # piece is read from memory once and written from the cache (Puts run in the order written).
+        # 2 ranks, alternating runs against every rank reading every block: 4 MiB 0.44-0.47 ms against
+        # 0.52-0.58, 16 MiB 3.3-3.6 against 3.7-3.8, 64 MiB 13.7-14.2 against 14.4-14.7 (256 KiB pieces:
+        # 4 MiB 0.48-0.65)
+        piece = TEE_PIECE_BYTES * window.single_copy // CMA_BYTES
+        order = [rank] + [q for q in range(n) if q != rank]
+        _round(s, Post("out", 0, off[-1], writes=True),
+               *(Put(q, off[rank] + a, "in", a, min(piece, counts[rank] - a))
+                 for a in range(0, counts[rank], piece) for q in order))
+        _round(s, *(Sync(p) for p in range(n) if p != rank))
         return s
     if window.copies_once(max(counts, default=0)):      # my own block too, after publishing: others read meanwhile
         _round(s, Post("in", 0, counts[rank]),
