@@ -48,6 +48,7 @@ def main() -> None:
         times["persistent"].append(timed(req, a.iters, comm))
     if a.profile:
         import cProfile
+        os.makedirs(a.profile, exist_ok=True)
         for name, call in (("plain", plain), ("persistent", req)):
             comm.barrier()
             if comm.rank == 0:
