@@ -86,6 +86,25 @@ def test_ring_of_hosts_adds_contention_a_fat_tree_does_not_have():
             assert b > a * 1.2, (a, b)
 
 
+def test_memory_streams_at_one_process_rate_per_core():
+    """Beyond the cache a rank's bytes move at the memory figure (one process's copy), whatever the number of
+    ranks beside it: each core streams at its own rate (two copies at once ran as fast each as one alone on
+    the 2-core machine this was written on; dividing the figure by the ranks priced the 2-rank 64 MiB
+    allgather at 26 ms against 14 measured). Ranks sharing a core share its rate, as CPU costs stretch.
+    A ring allgather of S bytes, links and the cache's rates negligible: a rank copies its block (read
+    and written, S/n twice) and receives the rest (S (n-1)/n once), S (1 + 1/n) x mem."""
+    size, mem = 64 << 20, 1e-9
+    fast = dict(intra=Link(1e-7, 1e-12), inter=Link(1e-7, 1e-12), gamma=1e-12, copy=1e-12, cpu=True,
+                reduce_overlap=False, cache=1 << 20)
+
+    def time(n, cores, mem=mem):
+        return run("allgather", size, Cluster(1, n, cores=cores, mem=mem, **fast), ["ring"])[0].time
+    for n in (2, 4, 8):
+        assert time(n, n) == pytest.approx(size * (1 + 1 / n) * mem, rel=0.01), n
+    assert time(4, 2) == pytest.approx(2 * time(4, 4), rel=1e-6)        # two ranks a core
+    assert time(2, 2, 2 * mem) == pytest.approx(2 * time(2, 2), rel=0.01)
+
+
 def test_nics_shared_by_a_hosts_ranks():
     """Eight ranks through one NIC get an eighth of it each: a host-column ring (hierarchical's
     inter-host phase, 8 of them side by side) slows down with fewer NICs."""

@@ -34,7 +34,7 @@ CLUSTERS = {
     "8x2-dma-ring": Cluster(8, 2, nics=1, topology="ring", **_DMA),
     "8x2-dma-nics2": Cluster(8, 2, nics=2, **_DMA),
     "8x2-cpu-ring": Cluster(8, 2, cores=1, topology="ring", **_CPU),
-    # the memory term: a call larger than the cache shares the host's memory bandwidth
+    # the memory term: a call larger than the cache moves at the memory's rate
     "1x4-cpu-mem": Cluster(1, 4, cores=4, mem=1e-10, cache=1 << 20, **_CPU),
     "4x2-cpu-mem": Cluster(4, 2, cores=1, mem=3e-10, cache=1 << 20, **_CPU),
     # tori and dragonflies of hosts (sim/topology.py's routes, in the C core's route()); never folded

@@ -16,7 +16,7 @@ Two kinds of machine, one model (``model.py``):
 - **CPU machines** (``Cluster.measured()``: this machine as pyxccl measured it). Per-message
   costs are software at both ends (half of ``alpha`` each), and shared-memory transfers are
   copies by the processors, stretched when a host has more ranks than cores, and calls too large
-  for the cache share the host's memory bandwidth: the model of the tuner (``tuning/cost.py``),
+  for the cache move at the memory's rate, one process's a core: the model of the tuner (``tuning/cost.py``),
   which decides what runs, so that the simulator predicts what the engine does.
 """
 from __future__ import annotations

@@ -17,10 +17,12 @@ depends on the machine:
   themselves. On a host with more ranks than cores every CPU cost (per-message
   overheads, copies, reductions, shared-memory transfers) stretches by
   ranks/cores. A call whose buffers do not fit the last-level cache (all of the
-  host's ranks' together) moves through memory, whose bandwidth the host's ranks
-  share: each byte an operation reads from or writes to a user buffer (not a
-  window of the segment, which stays in cache) costs ``mem`` times the ranks of
-  the host, when that is more than its rate in cache. Messages between hosts cross their hosts' network links (see
+  host's ranks' together) moves through memory: each byte an operation reads from
+  or writes to a user buffer (not a window of the segment, which stays in cache)
+  costs ``mem``, one process's rate (a core streams at its own rate: two copies at
+  once here run as fast each as one alone), stretched as CPU costs are where ranks
+  share cores, when that is more than its rate in cache. (A host whose cores
+  together outrun its memory bus is priced fast: the bus is not measured.) Messages between hosts cross their hosts' network links (see
   ``Net``), and a sender waits only until what is left fits its socket buffer.
 - **DMA machines** (``sim.Cluster`` presets: GPUs, NICs): ``alpha`` is the latency
   end to end, paid once; sending takes no processor time, so a rank's transfers of a
@@ -171,7 +173,7 @@ class Net:
         return self._shape
 
     def local(self, r: int) -> int:
-        """Ranks on ``r``'s host (they share its memory bandwidth)."""
+        """Ranks on ``r``'s host (their buffers together decide whether a call fits the cache)."""
         return self._local[r] if self._local is not None else len(self.stretch)
 
     def link(self, kl: str) -> Link:
@@ -264,7 +266,7 @@ class Timing(Semantics):
             # buffers streamed in turn through a cache smaller than they are all miss (least recently
             # used goes first): beyond the cache, every byte comes from memory
             self.memshare = 1.0 if net.local(scheds[0].rank) * working_set > net.cache else 0.0
-            self.membyte = [net.mem * net.local(s.rank) for s in scheds]
+            self.membyte = [net.mem * st for st in self.stretch]
         self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
         self.peer = getattr(net, "peer", ())       # a read of a window another rank just wrote, when measured
         self.win_write = getattr(net, "win_write", ())     # a write of a window the others read, when measured

@@ -82,7 +82,7 @@ def _params(shape: Shape, fold: int, itemsize: int, working_set: int) -> tuple:
     memshare, membyte = 0.0, 0.0
     if s.cpu and s.mem and working_set:
         memshare = 1.0 if s.per_host * working_set > s.cache else 0.0
-        membyte = s.mem * s.per_host
+        membyte = s.mem * s.stretch
     return (s.nranks, s.per_host, s.hosts, s.nics, int(bool(s.cpu)), int(bool(s.reduce_overlap)),
             int(bool(s.shared)), s.topology, fold, int(bool(s.shm_inside)), int(itemsize), SOCKET_BUFFER,
             float(s.intra.alpha), float(s.intra.beta), float(s.inter.alpha), float(s.inter.beta), float(s.gamma),
