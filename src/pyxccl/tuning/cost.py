@@ -22,8 +22,9 @@ depends on the machine:
   costs ``mem``, one process's rate (a core streams at its own rate: two copies at
   once here run as fast each as one alone), stretched as CPU costs are where ranks
   share cores, when that is more than its rate in cache. (A host whose cores
-  together outrun its memory bus is priced fast: the bus is not measured.) Messages between hosts cross their hosts' network links (see
-  ``Net``), and a sender waits only until what is left fits its socket buffer.
+  together outrun its memory bus is priced fast: the bus is not measured.)
+  Messages between hosts cross their hosts' network links (see ``Net``), and a
+  sender waits only until what is left fits its socket buffer.
 - **DMA machines** (``sim.Cluster`` presets: GPUs, NICs): ``alpha`` is the latency
   end to end, paid once; sending takes no processor time, so a rank's transfers of a
   step run side by side, limited only by the links they share; a reducing receive
