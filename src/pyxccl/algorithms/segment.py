@@ -194,7 +194,8 @@ def _gathering(rank, n, counts, window, root):
     """allgather, or gather to ``root``: every rank's block to every rank (the root)."""
     s, off = _new(rank, n, window), offsets(counts)
     reads = root is None or rank == root
-    if root is not None and window.copies_once(max(counts, default=0)):
+    most, mine_first = max(counts, default=0), [rank] + [q for q in range(n) if q != rank]
+    if root is not None and window.copies_once(most):
         # every rank writes its block into the root's output at once (the root its own, after publishing),
         # but for the tail that the root reads (_root_reads); then the root waits for each writer's next
         # round (its write is done), and a writer whose tail the root reads for the root's
@@ -208,8 +209,8 @@ def _gathering(rank, n, counts, window, root):
                    Put(root, off[rank], "in", 0, counts[rank] - tail[rank]))
             _round(s, *((Sync(root),) if tail[rank] else ()))
         return s
-    tee = TEE_MAX_BYTES * window.single_copy // CMA_BYTES
-    if root is None and window.piece and window.copies_once(max(counts, default=0)) and max(counts) <= tee:
+    if (root is None and window.piece and window.copies_once(most)
+            and most <= TEE_MAX_BYTES * window.single_copy // CMA_BYTES):
         # every rank writes its block into every output (its own first), a piece at a time, so that the
         # piece is read from memory once and written from the cache (Puts run in the order written).
         # 2 ranks, alternating runs against every rank reading every block, in a fast phase of the machine:
@@ -218,19 +219,17 @@ def _gathering(rank, n, counts, window, root):
         # 4 MiB 0.48-0.65). Not for larger blocks: 64 MiB took 13.7-14.2 ms against 14.4-14.7 in the fast
         # phase, but 17.3-25.1 against 15.4-16.7 in the slow one (6 runs of each)
         piece = TEE_PIECE_BYTES * window.single_copy // CMA_BYTES
-        order = [rank] + [q for q in range(n) if q != rank]
         _round(s, Post("out", 0, off[-1], writes=True),
                *(Put(q, off[rank] + a, "in", a, min(piece, counts[rank] - a))
-                 for a in range(0, counts[rank], piece) for q in order))
+                 for a in range(0, counts[rank], piece) for q in mine_first))
         _round(s, *(Sync(p) for p in range(n) if p != rank))
         return s
-    if window.copies_once(max(counts, default=0)):      # my own block too, after publishing: others read meanwhile
-        _round(s, Post("in", 0, counts[rank]),
-               *(Get(p, 0, "out", off[p], counts[p]) for p in [rank] + [q for q in range(n) if q != rank] if reads))
+    if window.copies_once(most):      # my own block too, after publishing: others read meanwhile
+        _round(s, Post("in", 0, counts[rank]), *(Get(p, 0, "out", off[p], counts[p]) for p in mine_first if reads))
         _round(s, *(Sync(p) for p in range(n) if p != rank and (root is None or p == root)))
         return s
     W = window.elements
-    for a in range(0, max(counts, default=0), W):
+    for a in range(0, most, W):
         _round(s, Copy("in", a, "win", 0, _clip(counts[rank], a, W)),
                *(Get(p, 0, "out", off[p] + a, _clip(counts[p], a, W)) for p in range(n) if reads))
     if not s.steps:
