@@ -144,6 +144,8 @@ def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
     with every rank of host 0 exchanging 16 MiB with its counterpart on host 1 at once."""
     import numpy as np
 
+    from pyxccl.sim.calibrate import page_aligned
+
     def timed(fn, reps):
         ts = []
         for _ in range(reps):
@@ -162,7 +164,7 @@ def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
         out["seg"] = [float(np.median(ts)), float(ts.min())]
     rates = {}
     for nb in sizes:
-        a, b = np.ones(max(1, nb // 4), np.float32), np.ones(max(1, nb // 4), np.float32)
+        a, b = page_aligned(max(1, nb // 4), 1), page_aligned(max(1, nb // 4), 1)
         reps = max(3, min(40, (32 << 20) // max(nb, 1)))
         tc = np.array([statistics.median(timed(lambda: np.copyto(a, b), reps))])
         ta = np.array([statistics.median(timed(lambda: np.add(a, b, out=a), reps))])
@@ -199,13 +201,14 @@ def _cma_rates(comm, sizes: list[int], timed) -> dict:
     class IOVec(ctypes.Structure):
         _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
+    from pyxccl.sim.calibrate import page_aligned
     libc = ctypes.CDLL(None, use_errno=True)
-    bufs = {nb: np.ones(max(1, nb // 4), np.float32) for nb in sizes}
+    bufs = {nb: page_aligned(max(1, nb // 4), 1) for nb in sizes}
     peers = comm.allgather_object((os.getpid(), {nb: b.ctypes.data for nb, b in bufs.items()}))
     pid, addrs = peers[(comm.rank + 1) % comm.size]
     out = {}
     for nb in sizes:
-        dst = np.zeros_like(bufs[nb])
+        dst = page_aligned(len(bufs[nb]), 0)
         loc, rem = IOVec(dst.ctypes.data, dst.nbytes), IOVec(addrs[nb], dst.nbytes)
         ok = [True]
 
@@ -376,7 +379,7 @@ def cluster_now(row: dict, machine: dict | None, now: dict | None):
         n = row["per_host"]
         copy = ((n - 1) * cma[str(reads)] + now["rates"][str(reads)][0]) / n
     # rates at the row's size already include the memory's (from 16 MiB on): no memory term on top
-    c = replace(c, copy=copy, gamma=gamma, mem=0.0, source="figures measured after the sweep")
+    c = replace(c, copy=copy, gamma=gamma, mem=0.0, mem_at=(), source="figures measured after the sweep")
     if now.get("seg"):
         c = replace(c, seg=Link(now["seg"][0], 0.0))
     if now.get("tcp_sustained_beta") and row["hosts"] > 1:
@@ -458,7 +461,10 @@ def _terms():
         return replace(c, seg=Link(now["seg"][0], 0.0)) if now.get("seg") and row["hosts"] == 1 else None
 
     def memory(c, row, now):
-        return replace(c, cache=1) if c.mem and _host_buffers(row) > c.cache else c
+        return replace(c, cache=1, mem_at=()) if c.mem and _host_buffers(row) > c.cache else c
+
+    def memory_probe(c, row, now):
+        return replace(c, mem_at=()) if c.mem_at else None
 
     def tcp(c, row, now):
         return replace(c, inter=Link(c.inter.alpha, now["tcp_sustained_beta"])) \
@@ -468,7 +474,7 @@ def _terms():
         if str(row["size"]) not in now.get("rates", {}):
             return None
         copy, gamma = now["rates"][str(row["size"])]
-        return replace(c, copy=copy, gamma=gamma, mem=0.0)
+        return replace(c, copy=copy, gamma=gamma, mem=0.0, mem_at=())
 
     def windows(c, row, now):
         return replace(c, peer=(), win_write=()) if c.peer or c.win_write else None
@@ -487,6 +493,7 @@ def _terms():
         ("windows as copies: without the calibrated reads of a peer's window and writes of one's own", windows),
         ("segment round: median of barrier calls now, not the probe's fastest batch", seg),
         ("segment round: as calibrate found it before the sweep, not sampled between the rows", seg_before),
+        ("memory: the probe's figure beyond the LLC, not calibrate's copies at the call's size", memory_probe),
         ("memory: all bytes from memory once the host's buffers exceed the LLC (cache=1), not a share", memory),
         ("between hosts: the sustained rate of a host link, every rank sending both ways", tcp),
         ("copies and reductions: numpy's rates at the row's size, all ranks at once", cpu),

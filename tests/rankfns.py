@@ -1610,3 +1610,58 @@ def die_later(comm, victim: int, how: str):
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     return None
+
+
+def _at_page_offset(count: int, dt, offset: int) -> np.ndarray:
+    """``count`` elements of ``dt`` starting ``offset`` bytes into a page of their own mapping."""
+    import mmap
+    nbytes = count * np.dtype(dt).itemsize
+    return np.frombuffer(mmap.mmap(-1, nbytes + 8192), np.uint8)[offset:offset + nbytes].view(dt)
+
+
+def copies_at_short_distances(comm, counts):
+    """Every primitive with its input and output at page offsets that put one 16 bytes ahead of the other,
+    of the peers' and of the segment's windows (the copies the executor routes past rep movsb: _native.c,
+    short_ahead), and at offset 0; int32 sums, every root of the rooted ones. Returns the failures."""
+    from floorfns import context
+    fails, n, r, dt = [], comm.size, comm.rank, np.int32
+    win = context(comm).segment.data[0, 0].ctypes.data % 4096
+    offsets = sorted({(i, o) for i in (0, 16, (win - 16) % 4096) for o in (0, 16, (win + 16) % 4096)})
+    for count in counts:
+        mine = data(r, count, dt)
+        everyone = [data(p, count, dt) for p in range(n)]
+        for ioff, ooff in offsets:
+            tag = f"n={count} in+{ioff} out+{ooff} (window +{win})"
+
+            def buf(c, off, like=None):
+                b = _at_page_offset(c, dt, off)
+                b[:] = like if like is not None else -1
+                return b
+            _cmp(fails, f"allreduce {tag}", comm.allreduce(buf(count, ioff, mine), out=buf(count, ooff)),
+                 reference(ReduceOp.SUM, n, count, dt))
+            _cmp(fails, f"allgather {tag}", comm.allgather(buf(count, ioff, mine), buf(count * n, ooff)),
+                 np.concatenate(everyone))
+            send = np.concatenate([data(r * n + p, count, dt) for p in range(n)])
+            _cmp(fails, f"alltoall {tag}", comm.alltoall(buf(count * n, ioff, send), buf(count * n, ooff)),
+                 np.concatenate([data(p * n + r, count, dt) for p in range(n)]))
+            whole = np.concatenate([data(r * n + p, count, dt) for p in range(n)])
+            want = np.sum([np.concatenate([data(q * n + p, count, dt) for p in range(n)]) for q in range(n)],
+                          axis=0, dtype=dt)[r * count:(r + 1) * count]
+            out = buf(count, ooff)
+            comm.reduce_scatter(buf(count * n, ioff, whole), out)
+            _cmp(fails, f"reduce_scatter {tag}", out, want)
+            for root in range(n):
+                x = buf(count, ioff, everyone[root] if r == root else None)
+                comm.broadcast(x, root)
+                _cmp(fails, f"broadcast root={root} {tag}", x, everyone[root])
+                out = buf(count, ooff)
+                comm.reduce(buf(count, ioff, mine), root, out=out)
+                if r == root:
+                    _cmp(fails, f"reduce root={root} {tag}", out, reference(ReduceOp.SUM, n, count, dt))
+                g = comm.gather(buf(count, ioff, mine), buf(count * n, ooff) if r == root else None, root=root)
+                if r == root:
+                    _cmp(fails, f"gather root={root} {tag}", g, np.concatenate(everyone))
+                out = buf(count, ooff)
+                comm.scatter(buf(count * n, ioff, np.concatenate(everyone)) if r == root else None, out, root=root)
+                _cmp(fails, f"scatter root={root} {tag}", out, everyone[r])
+    return fails

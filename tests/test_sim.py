@@ -11,7 +11,7 @@ from pyxccl import cli
 from pyxccl.algorithms import registry
 from pyxccl.sim import Cluster, Link, choose, run
 from pyxccl.tuning import symmetric
-from pyxccl.tuning.cost import Machine, estimate
+from pyxccl.tuning.cost import Machine, at_size, estimate
 
 GB = 1e9
 NVLINK = Link(1e-6, 1 / (300 * GB))
@@ -103,6 +103,26 @@ def test_memory_streams_at_one_process_rate_per_core():
         assert time(n, n) == pytest.approx(size * (1 + 1 / n) * mem, rel=0.01), n
     assert time(4, 2) == pytest.approx(2 * time(4, 4), rel=1e-6)        # two ranks a core
     assert time(2, 2, 2 * mem) == pytest.approx(2 * time(2, 2), rel=0.01)
+
+
+def test_memory_at_the_calls_size_from_measured_copies():
+    """With copies measured at a few sizes (``mem_at``: sim.calibrate's, every rank at once, CPU time), a
+    call's bytes in its buffers cost what such a copy costs per byte read or written at the call's size
+    (a copy of W/2 bytes reads and writes W; linear between the sizes), stretched where ranks share cores,
+    whatever the cache and ``mem`` say. The ring allgather of the test above, S (1 + 1/n) x that rate."""
+    size = 64 << 20
+    fast = dict(intra=Link(1e-7, 1e-12), inter=Link(1e-7, 1e-12), gamma=1e-12, copy=1e-12, cpu=True,
+                reduce_overlap=False, cache=1 << 40, mem=1e-6)
+    table = ((1 << 20, (1 << 20) * 1e-10), (64 << 20, (64 << 20) * 4e-10))
+
+    def time(n, cores, size=size):
+        return run("allgather", size, Cluster(1, n, cores=cores, mem_at=table, **fast), ["ring"])[0].time
+    for n in (2, 4):
+        w = size // n + size        # a rank's input and output
+        per_byte = at_size(table, w / 2) / w
+        assert time(n, n) == pytest.approx(size * (1 + 1 / n) * per_byte, rel=0.01), n
+    assert time(4, 2) == pytest.approx(2 * time(4, 4), rel=1e-6)        # two ranks a core
+    assert time(2, 2, 1 << 19) == pytest.approx((1 << 19) * 1.5 * 1e-10 / 2, rel=0.02)    # below: its rate
 
 
 def test_nics_shared_by_a_hosts_ranks():

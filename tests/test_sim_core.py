@@ -37,6 +37,7 @@ CLUSTERS = {
     # the memory term: a call larger than the cache moves at the memory's rate
     "1x4-cpu-mem": Cluster(1, 4, cores=4, mem=1e-10, cache=1 << 20, **_CPU),
     "4x2-cpu-mem": Cluster(4, 2, cores=1, mem=3e-10, cache=1 << 20, **_CPU),
+    "4x2-cpu-mem-measured": Cluster(4, 2, cores=1, mem_at=((1 << 20, 1e-4), (64 << 20, 2.6e-2)), **_CPU),
     # tori and dragonflies of hosts (sim/topology.py's routes, in the C core's route()); never folded
     "8x2-dma-torus2d": Cluster(8, 2, nics=1, topology="torus2d", dims=(2, 4), **_DMA),
     "12x1-dma-torus3d": Cluster(12, 1, nics=1, topology="torus3d", dims=(3, 2, 2), **_DMA),

@@ -13,7 +13,12 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
   them, so writing one's window after the others read it (their cores hold its lines) runs at about
   9 GB/s here up to 256 KiB, against 40 GB/s for a window nobody else touched, and reading a window
   another rank just wrote at 10-40 GB/s (it varies from moment to moment on this VM). Kept as the
-  time at each of a few sizes (the rate is not linear in the size), every rank at once.
+  time at each of a few sizes (the rate is not linear in the size), every rank at once;
+- a copy between two of a rank's own buffers at 1-64 MiB, every rank at once: what a call's buffers
+  cost as they outgrow each cache level and the ranks share the memory and the cores (here, for two
+  ranks, 15 GB/s at 4 MiB and 6.7 GB/s at 64 MiB, against 28 GB/s in cache; one process alone ran
+  64 MiB at 9.4 GB/s). The model charges a call's bytes in user buffers at the rate of its size
+  (``tuning.cost.memory_term``).
 
 >>> # on every rank of a one-host job:
 >>> # figures = pyxccl.sim.calibrate.measure(comm)
@@ -22,6 +27,7 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import statistics
 import time
@@ -32,22 +38,34 @@ _SIZES = (64 << 10, 1 << 20)
 
 
 _WINDOW_SIZES = (16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20)
+_MEM_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
-def _timed(comm, fn, reps: int, prep=None) -> float:
+def _timed(comm, fn, reps: int, prep=None, clock=time.perf_counter) -> float:
     """Median over ``reps`` calls of the slowest rank's time of ``fn`` (``prep``, then a barrier, before
-    each)."""
+    each), on ``clock`` (``time.thread_time``: the CPU time of the rank, not the time it waited for a core
+    that another rank held)."""
     ts = []
     for _ in range(reps):
         if prep is not None:
             prep()
         comm.barrier()
-        t = time.perf_counter()
+        t = clock()
         fn()
-        ts.append(time.perf_counter() - t)
+        ts.append(clock() - t)
     out = np.array([statistics.median(ts)])
     comm.allreduce(out, "max")
     return float(out[0])
+
+
+def page_aligned(count: int, fill, dtype=np.float32) -> np.ndarray:
+    """``count`` elements set to ``fill``, at the start of a page: copies between such buffers (and the
+    windows) are at the distance the engine's run at, not 1-31 bytes apart within a page, where the
+    kernel's and glibc's copies are several times slower (pyxccl/_native.c, short_ahead) and the engine
+    goes around them (where numpy's heap put two buffers 16 bytes apart, a read measured 2 GB/s for 9)."""
+    a = np.frombuffer(mmap.mmap(-1, max(1, count) * np.dtype(dtype).itemsize), dtype)
+    a[:] = fill
+    return a
 
 
 class _IOVec(ctypes.Structure):
@@ -57,18 +75,18 @@ class _IOVec(ctypes.Structure):
 def _single_copy(comm) -> list[float] | None:
     """[alpha, beta] of a process_vm_readv read from the next rank, or None where the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)
-    bufs = {nb: np.ones(nb // 4, np.float32) for nb in _SIZES}
+    bufs = {nb: page_aligned(nb // 4, 1) for nb in _SIZES}
     pid, addrs = comm.allgather_object((os.getpid(), {nb: b.ctypes.data for nb, b in bufs.items()}))[
         (comm.rank + 1) % comm.size]
     times, ok = [], True
     for nb in _SIZES:
-        dst = np.zeros(nb // 4, np.float32)
+        dst = page_aligned(nb // 4, 0)
         loc, rem = _IOVec(dst.ctypes.data, nb), _IOVec(addrs[nb], nb)
 
         def read():
             nonlocal ok
             ok &= libc.process_vm_readv(pid, ctypes.byref(loc), 1, ctypes.byref(rem), 1, 0) == nb
-        times.append(_timed(comm, read, 30))
+        times.append(_timed(comm, read, 30, clock=time.thread_time))
     good = np.array([int(ok)])
     comm.allreduce(good, "min")
     comm.barrier()          # nobody frees a buffer another still reads
@@ -90,7 +108,7 @@ def _windows(comm) -> dict:
         return {}
     u8 = np.dtype(np.uint8)
     mine, theirs = seg.window(0, comm.rank, u8), seg.window(0, (comm.rank + 1) % comm.size, u8)
-    src, dst = np.ones(max(sizes), np.uint8), np.zeros(max(sizes), np.uint8)
+    src, dst = page_aligned(max(sizes), 1, np.uint8), page_aligned(max(sizes), 0, np.uint8)
     out: dict = {"peer": [], "win": []}
     for nb in sizes:
         def write():
@@ -106,11 +124,24 @@ def _windows(comm) -> dict:
     return out
 
 
+def _memory(comm) -> list:
+    """[[bytes, seconds], ...]: a copy of that many bytes between two buffers of this rank, at each size
+    of ``_MEM_SIZES``, every rank at once (the slowest rank's median)."""
+    out = []
+    for nb in _MEM_SIZES:
+        a, b = page_aligned(nb // 4, 1), page_aligned(nb // 4, 0)
+        out.append([nb, _timed(comm, lambda: np.copyto(b, a), max(3, min(20, (64 << 20) // nb)),
+                               clock=time.thread_time)])
+    return out
+
+
 def measure(comm) -> dict:
     """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None,
-    "peer" and "win": [[bytes, seconds], ...] or None (``_windows``)}."""
+    "peer" and "win": [[bytes, seconds], ...] or None (``_windows``), "mem": [[bytes, seconds], ...]
+    (``_memory``)}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
     seg = _timed(comm, lambda: comm.barrier(algorithm="segment"), 60)
     win = _windows(comm)
-    return {"seg": seg, "cma": _single_copy(comm), "peer": win.get("peer"), "win": win.get("win")}
+    return {"seg": seg, "cma": _single_copy(comm), "peer": win.get("peer"), "win": win.get("win"),
+            "mem": _memory(comm)}

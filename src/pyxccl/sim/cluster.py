@@ -57,6 +57,8 @@ class Cluster:
     peer: tuple = ()                 # ... and reading a window another rank just wrote, ((bytes, seconds),
                                      # ...) measured at a few sizes (sim.calibrate; (): as a copy)
     win_write: tuple = ()            # ... and writing one's window that the others read in its last round
+    mem_at: tuple = ()               # ... and a copy between two call buffers, every rank at once, at a few
+                                     # sizes (sim.calibrate; (): ``mem`` beyond ``cache``: cost.memory_term)
     seg: Link | None = None          # CPU machines on one host: the shared segment's round ("seg")
     segment_bytes: int = 2 << 20     # ... and each rank's window of it
     single_copy: bool = True         # ... and whether single-copy reads work
@@ -128,5 +130,6 @@ class Cluster:
                         cma=Link(*calibration["cma"]) if calibration.get("cma") else None,
                         peer=tuple(tuple(x) for x in calibration["peer"]) if calibration.get("peer") else (),
                         win_write=tuple(tuple(x) for x in calibration["win"]) if calibration.get("win") else (),
+                        mem_at=tuple(tuple(x) for x in calibration["mem"]) if calibration.get("mem") else (),
                         source=c.source + "; calibrated")
         return c

@@ -26,7 +26,7 @@ class ClusterNet(Net):
         self._hops: dict = {}       # (host, host) -> the links between them (topology.hops)
         self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
         self.gamma, self.copy, self.mem, self.cache, self.cma = c.gamma, c.copy, c.mem, c.cache, c.cma
-        self.peer, self.win_write = c.peer, c.win_write
+        self.peer, self.win_write, self.mem_at = c.peer, c.win_write, c.mem_at
         self.seg = c.seg or DEFAULT_LINKS["seg"]
         self.stretch = Same(max(1.0, c.per_host / c.cores) if c.cpu and c.cores else 1.0)
         self._inside, self._between = ("shm", "tcp") if c.cpu else ("intra", "inter")
@@ -41,7 +41,7 @@ class ClusterNet(Net):
             return None
         return Shape(c.per_host, c.hosts, c.intra, c.inter, self.gamma, self.copy, self.stretch.v, bool(self.cpu),
                      bool(self.reduce_overlap), c.nics, c.intra_shared, c.topology == "ring", True, self.mem,
-                     self.cache, c.dims, c.groups)
+                     self.cache, c.dims, c.groups, c.mem_at)
 
     def klass(self, a: int, b: int) -> str:
         p = self.c.per_host

@@ -81,6 +81,8 @@ class Machine:
     cma: Link | None = None      # a single-copy read from another process (None: priced as a copy)
     peer: tuple = ()             # reading a window another rank just wrote: ((bytes, seconds), ...) (): a copy
     win_write: tuple = ()        # writing one's window the others read last round: the same (): a copy
+    mem_at: tuple = ()           # a copy between two call buffers of each size, every rank at once, CPU time:
+                                 # ((bytes, seconds), ...) (sim.calibrate; (): ``mem`` beyond ``cache``)
 
     def link(self, klass: str) -> Link:
         """Measured figures of ``klass``, else the defaults."""
@@ -107,6 +109,27 @@ def at_size(table, nbytes: int) -> float:
             return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
         b0, t0 = b1, t1
     return t0 * nbytes / b0
+
+
+def memory_term(mem: float, cache: int, mem_at: tuple, local: int, working_set: int,
+                stretch: float) -> tuple[float, float]:
+    """(share of a call's bytes in memory, seconds a rank pays per byte read or written there) for a call
+    whose buffers take ``working_set`` bytes on each of its host's ``local`` ranks.
+
+    With ``mem_at`` (a copy between two buffers, measured at a few sizes with every rank of the host
+    copying at once, in CPU time: what the cache levels and the memory, shared with the ranks on the
+    other cores, give a rank while it runs), every such byte costs what a copy costs per byte read or
+    written at the call's size (a copy of W/2 bytes reads and writes W), stretched where ranks share
+    cores: where the buffers fit a cache that is about a copy in cache, and ``Timing._cost`` keeps the
+    larger of the two. Without it, the buffers of all the host's ranks either fit the last-level cache
+    (nothing from memory) or not (all of it, at ``mem``, one process's rate alone, stretched)."""
+    if not working_set:
+        return 0.0, 0.0
+    if mem_at:
+        return 1.0, at_size(mem_at, working_set / 2) / working_set * stretch
+    if mem:
+        return (1.0 if local * working_set > cache else 0.0), mem * stretch
+    return 0.0, 0.0
 
 
 @dataclass
@@ -158,6 +181,7 @@ class Net:
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
         self.gamma, self.copy, self.mem, self.cache = machine.gamma, machine.copy, machine.mem, machine.cache
         self.cma, self.peer, self.win_write = machine.cma, machine.peer, machine.win_write
+        self.mem_at = machine.mem_at
         self._links = machine.link
         self.seg = machine.link("seg")
         self._shape, self.sym = shape, sym
@@ -263,11 +287,13 @@ class Timing(Semantics):
         # the share of the call's bytes that live in memory, not in cache, and what a byte read or
         # written there costs each rank of the host
         self.memshare, self.membyte = 0.0, [0.0] * n
-        if net.cpu and net.mem and working_set and scheds:
-            # buffers streamed in turn through a cache smaller than they are all miss (least recently
-            # used goes first): beyond the cache, every byte comes from memory
-            self.memshare = 1.0 if net.local(scheds[0].rank) * working_set > net.cache else 0.0
-            self.membyte = [net.mem * st for st in self.stretch]
+        if net.cpu and scheds:
+            # (buffers streamed in turn through a cache smaller than they are all miss, least recently used
+            # first: beyond the cache every byte comes from memory)
+            at = getattr(net, "mem_at", ())
+            for i, st in enumerate(self.stretch):
+                self.memshare, self.membyte[i] = memory_term(net.mem, net.cache, at, net.local(scheds[0].rank),
+                                                             working_set, st)
         self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
         self.peer = getattr(net, "peer", ())       # a read of a window another rank just wrote, when measured
         self.win_write = getattr(net, "win_write", ())     # a write of a window the others read, when measured

@@ -52,6 +52,7 @@ class Shape:
     cache: int = 32 << 20
     dims: tuple = ()            # a torus of hosts (2 or 3 dimensions)
     groups: int = 0             # a dragonfly of hosts
+    mem_at: tuple = ()          # copies measured at a few sizes (cost.memory_term)
 
     @property
     def topology(self) -> int:
@@ -79,10 +80,8 @@ def _params(shape: Shape, fold: int, itemsize: int, working_set: int) -> tuple:
     per_host ranks on its host)."""
     s = shape
     dims = (tuple(s.dims) + (1, 1, 1))[:3]
-    memshare, membyte = 0.0, 0.0
-    if s.cpu and s.mem and working_set:
-        memshare = 1.0 if s.per_host * working_set > s.cache else 0.0
-        membyte = s.mem * s.stretch
+    memshare, membyte = cost.memory_term(s.mem, s.cache, s.mem_at, s.per_host, working_set, s.stretch) \
+        if s.cpu else (0.0, 0.0)
     return (s.nranks, s.per_host, s.hosts, s.nics, int(bool(s.cpu)), int(bool(s.reduce_overlap)),
             int(bool(s.shared)), s.topology, fold, int(bool(s.shm_inside)), int(itemsize), SOCKET_BUFFER,
             float(s.intra.alpha), float(s.intra.beta), float(s.inter.alpha), float(s.inter.beta), float(s.gamma),
