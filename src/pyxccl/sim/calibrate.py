@@ -15,10 +15,10 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
   another rank just wrote at 10-40 GB/s (it varies from moment to moment on this VM). Kept as the
   time at each of a few sizes (the rate is not linear in the size), every rank at once;
 - a copy between two of a rank's own buffers at 1-64 MiB, every rank at once: what a call's buffers
-  cost as they outgrow each cache level and the ranks share the memory and the cores (here, for two
-  ranks, 15 GB/s at 4 MiB and 6.7 GB/s at 64 MiB, against 28 GB/s in cache; one process alone ran
-  64 MiB at 9.4 GB/s). The model charges a call's bytes in user buffers at the rate of its size
-  (``tuning.cost.memory_term``).
+  cost as they outgrow each cache level and the memory is shared with the ranks on the other cores
+  (here, two ranks: 20-22 GB/s at 4 MiB, 5.7-6.6 GB/s at 64 MiB), in CPU time: the time a rank waited
+  for a core another rank held is the model's stretch, not the copy's. The model charges a call's bytes
+  in user buffers at the rate of its size (``tuning.cost.memory_term``).
 
 >>> # on every rank of a one-host job:
 >>> # figures = pyxccl.sim.calibrate.measure(comm)

@@ -288,12 +288,9 @@ class Timing(Semantics):
         # written there costs each rank of the host
         self.memshare, self.membyte = 0.0, [0.0] * n
         if net.cpu and scheds:
-            # (buffers streamed in turn through a cache smaller than they are all miss, least recently used
-            # first: beyond the cache every byte comes from memory)
-            at = getattr(net, "mem_at", ())
-            for i, st in enumerate(self.stretch):
-                self.memshare, self.membyte[i] = memory_term(net.mem, net.cache, at, net.local(scheds[0].rank),
-                                                             working_set, st)
+            terms = [memory_term(net.mem, net.cache, getattr(net, "mem_at", ()), net.local(scheds[0].rank),
+                                 working_set, st) for st in self.stretch]
+            self.memshare, self.membyte = terms[0][0], [b for _, b in terms]
         self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
         self.peer = getattr(net, "peer", ())       # a read of a window another rank just wrote, when measured
         self.win_write = getattr(net, "win_write", ())     # a write of a window the others read, when measured
