@@ -144,7 +144,7 @@ def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
     with every rank of host 0 exchanging 16 MiB with its counterpart on host 1 at once."""
     import numpy as np
 
-    from pyxccl.sim.calibrate import page_aligned
+    from pyxccl.transport.copies import page_aligned
 
     def timed(fn, reps):
         ts = []
@@ -201,7 +201,7 @@ def _cma_rates(comm, sizes: list[int], timed) -> dict:
     class IOVec(ctypes.Structure):
         _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
-    from pyxccl.sim.calibrate import page_aligned
+    from pyxccl.transport.copies import page_aligned
     libc = ctypes.CDLL(None, use_errno=True)
     bufs = {nb: page_aligned(max(1, nb // 4), 1) for nb in sizes}
     peers = comm.allgather_object((os.getpid(), {nb: b.ctypes.data for nb, b in bufs.items()}))

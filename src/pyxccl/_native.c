@@ -624,6 +624,7 @@ static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) 
     Py_END_ALLOW_THREADS
     free(r->scratch);
     r->scratch = NULL;
+    r->scratch_bytes = 0;
     *pc = at;
     return status;
 }

@@ -8,6 +8,7 @@ import numpy as np
 from .._errors import CommTimeoutError
 from ..dtypes import DTYPE_CODE
 from ..schedule import Schedule
+from ..transport import copies
 from ..transport.mailbox import COLL, RecvRequest
 from ..walk import Semantics, walk
 
@@ -19,7 +20,7 @@ def copy(bufs: dict, o, reduce) -> None:
     if o.reduce:
         reduce(dst, src)
     else:
-        np.copyto(dst, src)
+        copies.copy(dst, src)
 
 
 class _Messages(Semantics):

@@ -33,6 +33,7 @@ import numpy as np
 from .._errors import ProtocolError
 from ..ops import ReduceOp
 from ..schedule import Copy, Get, Post, Put, Schedule, Sync
+from ..transport import copies
 from ..transport import segment as _layout
 from ..walk import Semantics, walk
 from .messages import copy
@@ -186,7 +187,7 @@ class _Segment(Semantics):
         posted = self.posted        # into my own posted buffer: a plain copy
         if posted is None or o.dst_off < 0 or o.dst_off + o.count > len(posted):
             raise self.seg.read_error(self.me, self.parity, (o.dst_off + o.count) * src.itemsize, writing=True)
-        np.copyto(posted[o.dst_off:o.dst_off + o.count], src)
+        copies.copy(posted[o.dst_off:o.dst_off + o.count], src)
 
     def _get(self, o: Get, parity: int) -> None:
         dst = self.bufs[o.buf][o.off:o.off + o.count]
@@ -204,7 +205,7 @@ class _Segment(Semantics):
         if o.reduce:
             self.reduce(dst, src)
         else:
-            np.copyto(dst, src)
+            copies.copy(dst, src)
 
 
 class _Compile(Semantics):

@@ -27,12 +27,13 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
 from __future__ import annotations
 
 import ctypes
-import mmap
 import os
 import statistics
 import time
 
 import numpy as np
+
+from ..transport.copies import page_aligned
 
 _SIZES = (64 << 10, 1 << 20)
 
@@ -56,16 +57,6 @@ def _timed(comm, fn, reps: int, prep=None, clock=time.perf_counter) -> float:
     out = np.array([statistics.median(ts)])
     comm.allreduce(out, "max")
     return float(out[0])
-
-
-def page_aligned(count: int, fill, dtype=np.float32) -> np.ndarray:
-    """``count`` elements set to ``fill``, at the start of a page: copies between such buffers (and the
-    windows) are at the distance the engine's run at, not 1-31 bytes apart within a page, where the
-    kernel's and glibc's copies are several times slower (pyxccl/_native.c, short_ahead) and the engine
-    goes around them (where numpy's heap put two buffers 16 bytes apart, a read measured 2 GB/s for 9)."""
-    a = np.frombuffer(mmap.mmap(-1, max(1, count) * np.dtype(dtype).itemsize), dtype)
-    a[:] = fill
-    return a
 
 
 class _IOVec(ctypes.Structure):

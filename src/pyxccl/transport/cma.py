@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import errno
 
+from .copies import MIN_BYTES, PIECE, bounce_at, short_ahead
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -40,15 +42,30 @@ def _move(call, name: str, pid: int, local_addr: int, remote_addr: int, nbytes: 
 
 
 def read(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
-    """Copy ``nbytes`` at ``src_addr`` in process ``pid`` to ``dst_addr`` here."""
-    _move(_readv, "process_vm_readv", pid, dst_addr, src_addr, nbytes)
+    """Copy ``nbytes`` at ``src_addr`` in process ``pid`` to ``dst_addr`` here (at a distance where the
+    kernel's copy is slow, through the bounce buffer of ``copies.py``)."""
+    if nbytes < MIN_BYTES or not short_ahead(dst_addr, src_addr):
+        _move(_readv, "process_vm_readv", pid, dst_addr, src_addr, nbytes)
+        return
+    for at in range(0, nbytes, PIECE):
+        m = min(PIECE, nbytes - at)
+        _, b = bounce_at(src_addr + at, m)
+        _move(_readv, "process_vm_readv", pid, b, src_addr + at, m)
+        ctypes.memmove(dst_addr + at, b, m)
 
 
 def write(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
-    """Copy ``nbytes`` at ``src_addr`` here to ``dst_addr`` in process ``pid``."""
+    """Copy ``nbytes`` at ``src_addr`` here to ``dst_addr`` in process ``pid`` (as ``read``)."""
     if _writev is None:
         raise OSError(errno.ENOSYS, "process_vm_writev is not available")
-    _move(_writev, "process_vm_writev", pid, src_addr, dst_addr, nbytes)
+    if nbytes < MIN_BYTES or not short_ahead(dst_addr, src_addr):
+        _move(_writev, "process_vm_writev", pid, src_addr, dst_addr, nbytes)
+        return
+    for at in range(0, nbytes, PIECE):
+        m = min(PIECE, nbytes - at)
+        _, b = bounce_at(src_addr + at, m)
+        ctypes.memmove(b, src_addr + at, m)
+        _move(_writev, "process_vm_writev", pid, b, dst_addr + at, m)
 
 
 def works(pid: int, addr: int) -> bool:

@@ -30,6 +30,7 @@ import numpy as np
 
 from .._errors import CollectiveMismatchError, CommAbortedError, CommTimeoutError, PeerLostError, ProtocolError
 from ..dtypes import CODE_DTYPE, DTYPE_CODE, dtype_name
+from .copies import copy
 
 COLL = -1               # the tag of collective messages
 ABORT = -2              # the tag of a rank's "I gave up on this communicator" message
@@ -79,7 +80,7 @@ class RecvRequest:
         """Take ``src`` (uint8) as bytes [off, off+len) of the message."""
         n = src.nbytes
         if self.reduce is None:
-            np.copyto(self.raw[off:off + n], src)
+            copy(self.raw[off:off + n], src)
         else:
             dt = self.dst.dtype
             a, b = off // dt.itemsize, (off + n) // dt.itemsize

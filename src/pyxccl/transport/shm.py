@@ -29,6 +29,7 @@ import numpy as np
 
 from .._errors import ProtocolError
 from .base import CHUNK_ALIGN, CREDIT, SHM_DATA, StreamPeer
+from .copies import copy
 
 SLOT_BYTES = int(os.environ.get("PYXCCL_SHM_SLOT_BYTES", 1 << 20))
 SLOTS = int(os.environ.get("PYXCCL_SHM_SLOTS", 4))
@@ -94,7 +95,7 @@ class ShmPeer(StreamPeer):
         for off in range(0, total, sb):
             n = min(sb, total - off)
             slot = self._take_slot(deadline)
-            np.copyto(self._out[slot * sb: slot * sb + n], payload[off:off + n])
+            copy(self._out[slot * sb: slot * sb + n], payload[off:off + n])
             self._send_frames([self.header(SHM_DATA, key, dtype_code, total, off, n, slot, call)], deadline)
 
     def _take_slot(self, deadline: float) -> int:

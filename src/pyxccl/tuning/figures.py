@@ -7,13 +7,15 @@ import time
 
 import numpy as np
 
+from ..transport.copies import page_aligned
+
 # A cached latency above WIDE times the one seen now (plus SLACK) was measured on a busy machine.
 WIDE, SLACK = 3.0, 0.5e-6
 
 
 def local_figures(clock=time.perf_counter) -> tuple[float, float]:
     """(gamma, copy): seconds per byte of an in-place numpy add and of a copy, on 4 MiB; the fastest of 5."""
-    a, b = np.ones(1 << 20, np.float32), np.ones(1 << 20, np.float32)
+    a, b = page_aligned(1 << 20, 1), page_aligned(1 << 20, 1)
     best_add = best_copy = float("inf")
     for _ in range(5):
         t = clock()
@@ -45,7 +47,7 @@ def memory_figure(clock=time.perf_counter) -> float:
     """Seconds per byte read or written in memory, by one process: a copy between buffers twice
     the last-level cache (64 to 256 MiB each) reads and writes every byte once; the fastest of 3."""
     nbytes = min(256 << 20, max(64 << 20, 2 * last_level_cache()))
-    a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
+    a, b = page_aligned(nbytes // 4, 1), page_aligned(nbytes // 4, 1)
     best = float("inf")
     for _ in range(3):
         t = clock()
