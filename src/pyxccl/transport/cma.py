@@ -41,31 +41,35 @@ def _move(call, name: str, pid: int, local_addr: int, remote_addr: int, nbytes: 
         done += got
 
 
-def read(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
-    """Copy ``nbytes`` at ``src_addr`` in process ``pid`` to ``dst_addr`` here (at a distance where the
-    kernel's copy is slow, through the bounce buffer of ``copies.py``)."""
-    if nbytes < MIN_BYTES or not short_ahead(dst_addr, src_addr):
-        _move(_readv, "process_vm_readv", pid, dst_addr, src_addr, nbytes)
-        return
+def _bounced(call, name: str, pid: int, local_addr: int, remote_addr: int, nbytes: int, reading: bool) -> None:
+    """``_move`` where the kernel's copy would be slow (``copies.py``): in pieces through the bounce buffer,
+    half a page from the source."""
     for at in range(0, nbytes, PIECE):
         m = min(PIECE, nbytes - at)
-        _, b = bounce_at(src_addr + at, m)
-        _move(_readv, "process_vm_readv", pid, b, src_addr + at, m)
-        ctypes.memmove(dst_addr + at, b, m)
+        _, b = bounce_at((remote_addr if reading else local_addr) + at, m)
+        if not reading:
+            ctypes.memmove(b, local_addr + at, m)
+        _move(call, name, pid, b, remote_addr + at, m)
+        if reading:
+            ctypes.memmove(local_addr + at, b, m)
+
+
+def read(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``src_addr`` in process ``pid`` to ``dst_addr`` here."""
+    if nbytes >= MIN_BYTES and short_ahead(dst_addr, src_addr):
+        _bounced(_readv, "process_vm_readv", pid, dst_addr, src_addr, nbytes, reading=True)
+    else:
+        _move(_readv, "process_vm_readv", pid, dst_addr, src_addr, nbytes)
 
 
 def write(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
-    """Copy ``nbytes`` at ``src_addr`` here to ``dst_addr`` in process ``pid`` (as ``read``)."""
+    """Copy ``nbytes`` at ``src_addr`` here to ``dst_addr`` in process ``pid``."""
     if _writev is None:
         raise OSError(errno.ENOSYS, "process_vm_writev is not available")
-    if nbytes < MIN_BYTES or not short_ahead(dst_addr, src_addr):
+    if nbytes >= MIN_BYTES and short_ahead(dst_addr, src_addr):
+        _bounced(_writev, "process_vm_writev", pid, src_addr, dst_addr, nbytes, reading=False)
+    else:
         _move(_writev, "process_vm_writev", pid, src_addr, dst_addr, nbytes)
-        return
-    for at in range(0, nbytes, PIECE):
-        m = min(PIECE, nbytes - at)
-        _, b = bounce_at(src_addr + at, m)
-        ctypes.memmove(b, src_addr + at, m)
-        _move(_writev, "process_vm_writev", pid, b, dst_addr + at, m)
 
 
 def works(pid: int, addr: int) -> bool:
