@@ -194,26 +194,21 @@ def _cma_rates(comm, sizes: list[int], timed) -> dict:
     """Seconds per byte of a single-copy read (process_vm_readv, as the engine's Gets of posted
     buffers) of ``nb`` bytes from the next rank's buffer, every rank reading at once; {} if the
     kernel refuses."""
-    import ctypes
-
     import numpy as np
 
-    class IOVec(ctypes.Structure):
-        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
+    from pyxccl.transport import cma
     from pyxccl.transport.copies import page_aligned
-    libc = ctypes.CDLL(None, use_errno=True)
     bufs = {nb: page_aligned(max(1, nb // 4), 1) for nb in sizes}
     peers = comm.allgather_object((os.getpid(), {nb: b.ctypes.data for nb, b in bufs.items()}))
     pid, addrs = peers[(comm.rank + 1) % comm.size]
     out = {}
     for nb in sizes:
         dst = page_aligned(len(bufs[nb]), 0)
-        loc, rem = IOVec(dst.ctypes.data, dst.nbytes), IOVec(addrs[nb], dst.nbytes)
+        one = cma.reader(pid, dst.ctypes.data, addrs[nb], dst.nbytes)
         ok = [True]
 
         def read():
-            if libc.process_vm_readv(pid, ctypes.byref(loc), 1, ctypes.byref(rem), 1, 0) != dst.nbytes:
+            if not one():
                 ok[0] = False
         ts = np.array([statistics.median(timed(read, max(5, min(40, (32 << 20) // max(nb, 1)))))
                        if ok[0] else -1.0])

@@ -36,7 +36,7 @@ def test_copy_at_every_distance(nbytes, dist):
 @pytest.mark.parametrize("nbytes", SIZES)
 @pytest.mark.parametrize("dist", (0, 16, 24))
 def test_single_copies_at_every_distance(nbytes, dist):
-    """cma.read and cma.write (this process as the other one: the kernel's copy all the same)."""
+    """cma.read, cma.write and cma.reader (this process as the other one: the kernel's copy all the same)."""
     src, dst = _pair(nbytes, dist, 7 * nbytes + dist)
     if not cma.works(os.getpid(), src.ctypes.data):
         pytest.skip("process_vm_readv is not allowed here")
@@ -45,3 +45,7 @@ def test_single_copies_at_every_distance(nbytes, dist):
     dst[:] = 0
     cma.write(os.getpid(), dst.ctypes.data, src.ctypes.data, nbytes)
     assert np.array_equal(dst, src)
+    dst[:] = 0
+    one = cma.reader(os.getpid(), dst.ctypes.data, src.ctypes.data, nbytes)     # calibrate's timed read
+    assert one() and np.array_equal(dst, src)
+    assert not cma.reader(os.getpid(), dst.ctypes.data, 0, nbytes)()             # a bad address: False

@@ -253,6 +253,7 @@ static void copy_nt(char *dst, const char *src, int64_t nbytes) {
 #define SHORT_AHEAD 32
 #define VEC_MIN 256                 /* below this memcpy does not use rep movsb */
 #define BOUNCE_PIECE (256 << 10)    /* a single copy through the bounce buffer, a piece at a time (in L2) */
+static int apart(const char *a, const char *b, int64_t nbytes) { return a + nbytes <= b || b + nbytes <= a; }
 static inline int short_ahead(const void *dst, const void *src) {
     uintptr_t d = ((uintptr_t)dst - (uintptr_t)src) & (PAGE_BYTES - 1);
     return d && d < SHORT_AHEAD;
@@ -290,7 +291,7 @@ static void copy_sse2(char *restrict dst, const char *restrict src, int64_t nbyt
 /* memmove, never through rep movsb at a short distance ahead (above) */
 static void copy(char *dst, const char *src, int64_t nbytes) {
 #ifdef HAVE_STREAM
-    if (nbytes >= VEC_MIN && short_ahead(dst, src) && (dst + nbytes <= src || src + nbytes <= dst)) {
+    if (nbytes >= VEC_MIN && short_ahead(dst, src) && apart(dst, src, nbytes)) {
         if (__builtin_cpu_supports("avx2")) copy_avx2(dst, src, nbytes);
         else copy_sse2(dst, src, nbytes);
         return;
@@ -303,7 +304,7 @@ static void copy(char *dst, const char *src, int64_t nbytes) {
 static int move(Run *r, char *dst, const char *src, int64_t nbytes, int64_t red, int nt) {
     if (!red) {
         if (dst == src) return DONE;
-        if (nt && nbytes >= NT_MIN_PIECE && (dst + nbytes <= src || src + nbytes <= dst)) copy_nt(dst, src, nbytes);
+        if (nt && nbytes >= NT_MIN_PIECE && apart(dst, src, nbytes)) copy_nt(dst, src, nbytes);
         else copy(dst, src, nbytes);
         return DONE;
     }
@@ -320,6 +321,18 @@ static char *bounce(Run *r, const void *like, int64_t nbytes) {
         if (!r->scratch) return NULL;
     }
     return r->scratch + (((uintptr_t)like - (uintptr_t)r->scratch) & (PAGE_BYTES - 1));
+}
+
+/* `nbytes` between `local` here and `remote` in process pid by single copies (process_vm_readv, or
+ * process_vm_writev when `writing`), as many as it takes. */
+static int single_copy(Run *r, pid_t pid, char *local, char *remote, int64_t nbytes, int writing) {
+    for (int64_t done = 0; done < nbytes;) {
+        struct iovec l = {local + done, (size_t)(nbytes - done)}, m = {remote + done, (size_t)(nbytes - done)};
+        ssize_t got = writing ? process_vm_writev(pid, &l, 1, &m, 1, 0) : process_vm_readv(pid, &l, 1, &m, 1, 0);
+        if (got <= 0) { r->err = got < 0 ? errno : EFAULT; return CMA_FAILED; }
+        done += got;
+    }
+    return DONE;
 }
 
 /* Does rank p make my call? (Compared in a call's first round, before any of p's data is read.) */
@@ -341,7 +354,7 @@ static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_
     }
     if (src_off < 0 || src_off + nbytes > posted) { r->err = src_off + nbytes; return BOUNDS; }
     pid_t pid = (pid_t)((volatile uint64_t *)(r->base + r->pids_at))[PID_WORDS * p];
-    const char *from = (const char *)(uintptr_t)(h[ADDR] + src_off);
+    char *from = (char *)(uintptr_t)(h[ADDR] + src_off);
     /* read whole into dst; or, to reduce it or at a short distance ahead, a piece at a time into the
      * bounce buffer, then reduced or copied into dst */
     int direct = !red && !short_ahead(dst, from);
@@ -350,13 +363,7 @@ static int get(Run *r, int64_t p, int parity, int64_t src_off, char *dst, int64_
         int64_t m = nbytes - at < piece ? nbytes - at : piece;      /* (a multiple of the item size) */
         char *to = direct ? dst : bounce(r, from + at, m);
         if (!to) { r->err = ENOMEM; return CMA_FAILED; }
-        for (int64_t done = 0; done < m;) {
-            struct iovec local = {to + done, (size_t)(m - done)};
-            struct iovec remote = {(void *)(from + at + done), (size_t)(m - done)};
-            ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-            if (got <= 0) { r->err = got < 0 ? errno : EFAULT; return CMA_FAILED; }
-            done += got;
-        }
+        if (single_copy(r, pid, to, from + at, m, 0) != DONE) return CMA_FAILED;
         if (!direct && move(r, dst + at, to, m, red, 0) != DONE) return UNSUPPORTED;
     }
     return DONE;
@@ -372,7 +379,6 @@ static const char *local_source(Run *r, const int64_t *i) {
     return window(r, parity, i[1]) + i[2];
 }
 
-static int apart(const char *a, const char *b, int64_t nbytes) { return a + nbytes <= b || b + nbytes <= a; }
 /* A tee's pieces may go into the very bytes of an input (in place: the output is the input): each piece is
  * read whole before it is written */
 static int tee_safe(const char *t, const char *src, int64_t nbytes) { return t == src || apart(t, src, nbytes); }
@@ -440,20 +446,12 @@ static int put_into(Run *r, int64_t p, int64_t dst_off, const char *src, int64_t
     int64_t piece = direct ? nbytes : BOUNCE_PIECE;
     for (int64_t at = 0; at < nbytes; at += piece) {
         int64_t m = nbytes - at < piece ? nbytes - at : piece;
-        const char *from = src + at;
+        char *from = (char *)(uintptr_t)(src + at);     /* (only read: process_vm_writev's iovec is not const) */
         if (!direct) {
-            char *b = bounce(r, into + at, m);
-            if (!b) { r->err = ENOMEM; return CMA_FAILED; }
-            copy(b, from, m);
-            from = b;
+            if (!(from = bounce(r, into + at, m))) { r->err = ENOMEM; return CMA_FAILED; }
+            copy(from, src + at, m);
         }
-        for (int64_t done = 0; done < m;) {
-            struct iovec local = {(void *)(from + done), (size_t)(m - done)};
-            struct iovec remote = {(void *)(into + at + done), (size_t)(m - done)};
-            ssize_t got = process_vm_writev(pid, &local, 1, &remote, 1, 0);
-            if (got <= 0) { r->err = got < 0 ? errno : EFAULT; return CMA_FAILED; }
-            done += got;
-        }
+        if (single_copy(r, pid, from, into + at, m, 1) != DONE) return CMA_FAILED;
     }
     return DONE;
 }

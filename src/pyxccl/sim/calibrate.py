@@ -26,13 +26,13 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import statistics
 import time
 
 import numpy as np
 
+from ..transport import cma
 from ..transport.copies import page_aligned
 
 _SIZES = (64 << 10, 1 << 20)
@@ -59,24 +59,19 @@ def _timed(comm, fn, reps: int, prep=None, clock=time.perf_counter) -> float:
     return float(out[0])
 
 
-class _IOVec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
 def _single_copy(comm) -> list[float] | None:
     """[alpha, beta] of a process_vm_readv read from the next rank, or None where the kernel refuses."""
-    libc = ctypes.CDLL(None, use_errno=True)
     bufs = {nb: page_aligned(nb // 4, 1) for nb in _SIZES}
     pid, addrs = comm.allgather_object((os.getpid(), {nb: b.ctypes.data for nb, b in bufs.items()}))[
         (comm.rank + 1) % comm.size]
     times, ok = [], True
     for nb in _SIZES:
         dst = page_aligned(nb // 4, 0)
-        loc, rem = _IOVec(dst.ctypes.data, nb), _IOVec(addrs[nb], nb)
+        one = cma.reader(pid, dst.ctypes.data, addrs[nb], nb)
 
         def read():
             nonlocal ok
-            ok &= libc.process_vm_readv(pid, ctypes.byref(loc), 1, ctypes.byref(rem), 1, 0) == nb
+            ok &= one()
         times.append(_timed(comm, read, 30, clock=time.thread_time))
     good = np.array([int(ok)])
     comm.allreduce(good, "min")

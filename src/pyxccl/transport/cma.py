@@ -72,6 +72,15 @@ def write(pid: int, dst_addr: int, src_addr: int, nbytes: int) -> None:
         _move(_writev, "process_vm_writev", pid, src_addr, dst_addr, nbytes)
 
 
+def reader(pid: int, dst_addr: int, src_addr: int, nbytes: int):
+    """A read of ``nbytes`` at ``src_addr`` in process ``pid`` to ``dst_addr`` here, prepared once:
+    a callable that makes one ``process_vm_readv`` (no bounce, no loop) and returns whether it read
+    every byte. For timing the kernel's copy as the C executor makes it (``sim.calibrate``)."""
+    local, remote = _Iovec(dst_addr, nbytes), _Iovec(src_addr, nbytes)
+    args = (pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+    return lambda: _readv(*args) == nbytes
+
+
 def works(pid: int, addr: int) -> bool:
     """Can this process read 8 bytes at ``addr`` of process ``pid``?"""
     if _readv is None:
