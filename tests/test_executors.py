@@ -35,6 +35,7 @@ from pyxccl.core import onehost
 from pyxccl.ops import ReduceOp, reducer
 from pyxccl.primitives import PRIMITIVES
 from pyxccl.schedule import offsets
+from pyxccl.transport import copies
 from pyxccl.transport import segment as segment_module
 from pyxccl.transport.segment import HostSegment
 
@@ -344,8 +345,8 @@ def test_every_dtype_and_op_at_every_size(n):
 
 @pytest.mark.parametrize("nt", (4 << 20, 0))
 def test_copies_into_large_buffers_the_same_in_both_executors(nt):
-    """Buffers past the C side's non-temporal threshold (PYXCCL_NT_BYTES, here 4 MiB; and with it off, the
-    default) take its non-temporal copies: pieces that start off the 16-byte line and end in a tail (odd
+    """Buffers past the C side's non-temporal threshold (PYXCCL_NT_BYTES, here 4 MiB, which 2 ranks' buffers of
+    4 MiB pass together; and with it off) take its non-temporal copies: pieces that start off the 16-byte line and end in a tail (odd
     windows and counts), in place and not, through the windows and by single-copy reads, give numpy's bits
     and the Python executor's."""
     n, dt = 2, np.dtype(np.float32)
@@ -371,12 +372,13 @@ def test_copies_into_large_buffers_the_same_in_both_executors(nt):
 
 
 def test_the_non_temporal_threshold_is_read_from_the_environment():
-    """PYXCCL_NT_BYTES sets the C side's threshold when pyxccl loads it (0, never, by default); a negative
-    one is refused."""
+    """PYXCCL_NT_BYTES sets the C side's threshold when pyxccl loads it (by default the last-level cache's
+    size); a negative one is refused."""
     if onehost._native is None:
         pytest.skip("the native executor is not built")
     code = "import pyxccl.core.onehost as o; print(o._native.nt_threshold(0))"
-    for env, want in (({"PYXCCL_NT_BYTES": str(8 << 20)}, 8 << 20), ({}, 0)):
+    for env, want in (({"PYXCCL_NT_BYTES": str(8 << 20)}, 8 << 20), ({"PYXCCL_NT_BYTES": "0"}, 0),
+                      ({}, copies.last_level_cache())):
         e = {k: v for k, v in os.environ.items() if k != "PYXCCL_NT_BYTES"} | env
         out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
         assert int(out.stdout) == want, out

@@ -45,13 +45,17 @@
 #endif
 
 #define YIELD_EVERY_NS 20000
-/* Copies into a call's buffer of at least nt_bytes bypass the cache (non-temporal stores): such a buffer
- * may not be in the cache anyway, and a plain store first reads every line it writes. 0: never, the default:
- * on this project's machine, calls at 2 ranks ran as fast or faster with plain stores at every size from 4
- * to 128 MiB (a 4 MiB gather 0.28-0.30 ms against 0.50-0.51, 64 MiB reduce 17.5-17.7 against 19.0-19.2),
- * though a lone 64 MiB copy had been faster (4.4-5.2 ms against 9.3). PYXCCL_NT_BYTES sets it (onehost.py,
- * through nt_threshold()). Windows never: the next reader wants them in the cache. */
+/* Copies into a call's buffer bypass the cache (non-temporal stores) when that buffer on every rank of the
+ * segment together is larger than nt_bytes, the cache the ranks share (0: never): the buffers cannot stay in
+ * it, and a plain store first reads every line it writes. onehost.py sets it to the last-level cache's size
+ * (PYXCCL_NT_BYTES, through nt_threshold()). At 2 ranks, 32 MiB L3, output buffers (huge pages, as numpy's):
+ * 64 MiB allgather 7.0-8.9 ms against 9.8-10.4, alltoall 6.2-8.7 against 9.8-10.7, gather 3.0-4.1 against
+ * 5.0-5.7; 32 MiB 10-20% faster; 16 MiB (2 x 16 MiB: not larger than the cache) as fast either way.
+ * Never into a buffer reduced into (what a copy put there is read back at once) nor into windows (the
+ * next reader wants them in the cache). glibc's memmove would use such stores only from 3/4 of the
+ * shared cache it believes in (here 192 MiB). */
 static long long nt_bytes = 0;
+static int nt_for(int64_t nbytes, int64_t ranks) { return nt_bytes > 0 && nbytes * ranks > nt_bytes; }
 #define NT_MIN_PIECE 4096
 #define FUSE_BYTES 4096     /* a move and a reduce into the same bytes from this size: one pass (fuse) */
 
@@ -84,7 +88,7 @@ typedef struct {
     int dtype, op;
     char *posted;               /* what I posted this round (NULL: nothing) */
     int posted_nt;              /* copies into it use non-temporal stores (its buffer's Run.nt) */
-    int nt[4];                  /* per buffer id: copies into it use non-temporal stores (nt_bytes) */
+    int nt[4];                  /* per buffer id: copies into it use non-temporal stores (see nt_bytes) */
     char *scratch;              /* single-copy reads that are reduced land here first */
     int64_t scratch_bytes;
     int64_t peer, err;          /* who failed, and errno or offset */
@@ -643,8 +647,7 @@ static void fixed(Run *r, unsigned long long base, long long line, long long hdr
     r->me = me; r->n = n;
     r->call[1] = w0; r->call[2] = w1;
     r->spin_ns = spin; r->yields = yields; r->nap_ns = nap > 0 ? nap : 1; r->dtype = dtype; r->op = op;
-    /* not into a buffer reduced into: what a copy put there is read back at once (from memory, then) */
-    for (int b = 0; b < 3; b++) r->nt[b] = nt_bytes > 0 && need[b] >= nt_bytes && !(writes[b] & 2);
+    for (int b = 0; b < 3; b++) r->nt[b] = nt_for(need[b], n) && !(writes[b] & 2);
 }
 
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -1294,8 +1297,8 @@ static PyObject *nt_threshold(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"nt_threshold", nt_threshold, METH_O, "nt_threshold(nbytes) -> the one before: calls made from now on copy into "
-     "their buffers of at least nbytes with non-temporal stores (0: never)"},
+    {"nt_threshold", nt_threshold, METH_O, "nt_threshold(nbytes) -> the one before: calls made from now on copy with "
+     "non-temporal stores into a buffer that on every rank of the segment together is larger than nbytes (0: never)"},
     {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},
     {"fence", fence, METH_NOARGS, "fence(): a full memory barrier"},
     {"overlap", overlap, METH_VARARGS, "overlap(a, b) -> bool: do two contiguous buffers share memory?"},

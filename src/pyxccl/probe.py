@@ -26,7 +26,8 @@ import numpy as np
 from .transport.topology import job_cpus
 from .tuning import linkcache
 from .tuning.cost import Link, Machine
-from .tuning.figures import disagreements, last_level_cache, local_figures, memory_figure
+from .transport.copies import last_level_cache
+from .tuning.figures import disagreements, local_figures, memory_figure
 
 log = logging.getLogger("pyxccl")
 

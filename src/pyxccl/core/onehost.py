@@ -84,8 +84,8 @@ if NATIVE_REFUSED is not None:
                   f"Rebuild it (`python setup.py build_ext --inplace` in a checkout, or reinstall pyxccl)",
                   RuntimeWarning, stacklevel=2)
     _native = None
-if _native is not None:     # non-temporal copies into a call's buffers from this size (0: never; _native.c)
-    _native.nt_threshold(int(os.environ.get("PYXCCL_NT_BYTES", "0")))
+if _native is not None:     # non-temporal copies into a call's buffers that together pass the cache (_native.c)
+    _native.nt_threshold(int(os.environ.get("PYXCCL_NT_BYTES", copies.last_level_cache())))
 
 
 def numpy_differs(mod) -> frozenset:

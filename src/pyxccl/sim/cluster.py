@@ -113,7 +113,7 @@ class Cluster:
         (the segment's round as calls see it, single-copy reads), in place of the probe's figures."""
         from ..transport.topology import job_cpus
         from ..tuning import linkcache
-        from ..tuning.figures import last_level_cache
+        from ..transport.copies import last_level_cache
         from ..tuning.cost import DEFAULT_LINKS
         entry, why = linkcache.load(linkcache.cache_path(), linkcache.fingerprint())
         links = dict(entry.links) if entry else {}

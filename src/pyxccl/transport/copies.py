@@ -4,7 +4,8 @@ few KiB to about the L2 size, the kernel's single copies (``cma.py``) at every s
 machine (AMD EPYC, glibc 2.36) a 256 KiB copy 16 bytes ahead ran at 1.9 GB/s against 36; numpy puts
 large arrays 16 bytes into a page, so buffers meet at such distances often. Such a copy goes here in
 pieces through a bounce buffer half a page from its source: two copies, both at harmless distances.
-(The native executor does the same in C: ``_native.c``, ``short_ahead``.)
+(The native executor does the same in C: ``_native.c``, ``short_ahead``.) And the last-level cache's size,
+past which the native executor's copies into a call's buffers bypass the cache (``_native.c``, ``nt_bytes``).
 
 >>> import numpy as np
 >>> a = np.arange(100_000, dtype=np.float32); b = np.empty_like(a)
@@ -72,3 +73,19 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
                 np.copyto(d8[at:at + m], t)
             return
     np.copyto(dst, src)
+
+
+def last_level_cache() -> int:
+    """Bytes of the largest CPU cache (sysfs), 32 MiB when it cannot be read."""
+    best = 0
+    for idx in range(8):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu0/cache/index{idx}/size") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KkMmGg")
+        if digits.isdigit():
+            best = max(best, int(digits) * unit)
+    return best or 32 << 20

@@ -1,4 +1,4 @@
-"""What this machine's figures are without a peer (the add and copy rates, the last-level cache,
+"""What this machine's figures are without a peer (the add and copy rates,
 memory), and the rule that says a cached latency was measured on a busy machine. The probing
 itself (ping-pongs and segment rounds between ranks) drives a communicator: ``pyxccl/probe.py``."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ..transport.copies import page_aligned
+from ..transport.copies import last_level_cache, page_aligned
 
 # A cached latency above WIDE times the one seen now (plus SLACK) was measured on a busy machine.
 WIDE, SLACK = 3.0, 0.5e-6
@@ -25,22 +25,6 @@ def local_figures(clock=time.perf_counter) -> tuple[float, float]:
         np.copyto(a, b)
         best_copy = min(best_copy, clock() - t)
     return best_add / a.nbytes, best_copy / a.nbytes
-
-
-def last_level_cache() -> int:
-    """Bytes of the largest CPU cache (sysfs), 32 MiB when it cannot be read."""
-    best = 0
-    for idx in range(8):
-        try:
-            with open(f"/sys/devices/system/cpu/cpu0/cache/index{idx}/size") as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-        digits = text.rstrip("KkMmGg")
-        if digits.isdigit():
-            best = max(best, int(digits) * unit)
-    return best or 32 << 20
 
 
 def memory_figure(clock=time.perf_counter) -> float:
