@@ -287,6 +287,21 @@ def test_broadcast_by_puts_on_a_rank_pool(pools, n):
     assert all(algos == ["segment"] for _, algos, *_ in out), out
 
 
+def test_broadcast_by_single_copies_from_a_smaller_size_where_every_rank_has_a_core():
+    """A broadcast reads the root's buffer (Post, then single copies) from BROADCAST_CMA_OWN_BYTES where every
+    rank has a core of its own (Window.piece), else from BROADCAST_CMA_BYTES; below, through the windows."""
+    from pyxccl.algorithms.segment import BROADCAST_CMA_BYTES, BROADCAST_CMA_OWN_BYTES
+
+    def by_single_copies(nbytes, own_cores):
+        w = Window.of(2 << 20, 4, cma=True, pipelined=own_cores)
+        steps = registry.lookup("broadcast", "segment").schedule(1, 2, window=w, count=nbytes // 4, root=0).steps
+        return any(type(o) is Post for o in steps[0])
+    for own in (True, False):
+        start = BROADCAST_CMA_OWN_BYTES if own else BROADCAST_CMA_BYTES
+        assert by_single_copies(start, own) and by_single_copies(BROADCAST_CMA_BYTES, own)
+        assert not by_single_copies(start - 4, own)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", (2, 3))
 def test_broadcast_in_pieces_on_a_rank_pool(pools, n):

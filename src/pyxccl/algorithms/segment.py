@@ -32,7 +32,8 @@ from .registry import register
 
 ONESHOT_BYTES = 64 << 10   # up to this, every rank reduces everything: one round, least latency
 CMA_BYTES = 256 << 10      # blocks from this size move by single-copy reads, when the kernel allows them
-BROADCAST_CMA_BYTES = 4 << 20   # a broadcast from this size: by single-copy reads (see broadcast)
+BROADCAST_CMA_BYTES = 4 << 20   # a broadcast from this size: by single-copy reads (see broadcast) ...
+BROADCAST_CMA_OWN_BYTES = 512 << 10     # ... or from this size where every rank has a core of its own
 ROOT_REDUCES = 2           # a reduce on this many ranks or fewer, each with a core: the root reduces it all
                            # (measured at 2; see _root_reduces)
 TEE_PIECE_BYTES = 1 << 20  # an allgather's block goes to every output a piece at a time (see _gathering)
@@ -290,20 +291,23 @@ def scatter(rank: int, nranks: int, counts: list[int], root: int, window: Window
 
 @register("broadcast", "segment", segment=True, alike=True)
 def broadcast(rank: int, nranks: int, count: int, root: int, window: Window) -> Schedule:
-    """Through the windows up to BROADCAST_CMA_BYTES: the root copies piece k+1 in while the others copy
-    piece k out, so two cores copy at once. Where every rank has a core of its own (``Window.piece``), a
-    piece is PIECE_BYTES, not a window, so that this happens from 64 KiB on: at 2 ranks 1 MiB took
-    113-120 us against 190-209 as one window's piece, 256 KiB 30-32 against 41-47 (32 KiB pieces were
-    a little faster than 64 or 128 KiB below 1 MiB); with more ranks than cores a hand-off may cost a
-    time slice (4 ranks on 2 cores: 256-512 KiB 15-20% slower in 32 KiB pieces), so pieces stay whole
-    windows there. Above, the others read the root's buffer by single-copy
-    reads, and a last round keeps the root from returning before they are done: two hand-offs instead
-    of two per window-sized piece. On a quiet machine the windows were as fast or faster (a read through
-    the kernel is slower than a copy in user space), but a hand-off costs a time slice when the cores
-    are shared with other work: measured on this 2-core machine under load, 64 MiB took 17-20 ms by
-    single-copy reads and 66-75 ms through the windows, 8 MiB 3.0 ms and 6.4-6.6 ms."""
+    """Through the windows up to BROADCAST_CMA_BYTES (BROADCAST_CMA_OWN_BYTES where every rank has a core
+    of its own): the root copies piece k+1 in while the others copy piece k out, so two cores copy at
+    once. Where every rank has a core of its own (``Window.piece``), a piece is PIECE_BYTES, not a window,
+    so that this happens from 64 KiB on: at 2 ranks 1 MiB took 113-120 us against 190-209 as one window's
+    piece, 256 KiB 30-32 against 41-47 (32 KiB pieces were a little faster than 64 or 128 KiB below
+    1 MiB); with more ranks than cores a hand-off may cost a time slice (4 ranks on 2 cores: 256-512 KiB
+    15-20% slower in 32 KiB pieces), so pieces stay whole windows there. Above, the root writes the head
+    of its buffer into the others' and they read the rest, by single copies, and a last round keeps the
+    root from returning before they are done: two hand-offs instead of two per piece. 2 ranks, batches
+    of the two forms alternating in one job (2026-11-28, median of 10 batches): 512 KiB 36.6 us against
+    39.4 through the windows, 1 MiB 61.4 against 72.2, 2 MiB 107 against 166, 256 KiB 21.8 against 17.9;
+    4 ranks on 2 cores the windows win (1 MiB 98 us against 190, 2 MiB 231 against 355), and there a
+    hand-off costs a time slice when the cores are shared with other work: measured on this 2-core
+    machine under load, 64 MiB took 17-20 ms by single-copy reads and 66-75 ms through the windows, 8 MiB
+    3.0 ms and 6.4-6.6 ms."""
     s = _new(rank, nranks, window)
-    if window.copies_once(count * CMA_BYTES // BROADCAST_CMA_BYTES):
+    if window.copies_once(count * CMA_BYTES // (BROADCAST_CMA_OWN_BYTES if window.piece else BROADCAST_CMA_BYTES)):
         # the root writes the head of its buffer into every other rank's (Put) while each reads the rest:
         # both sides copy at once (1/n of it the root's to each, so that it copies about as long as each)
         head = count // nranks
