@@ -64,7 +64,7 @@ ALLOWED = {
     "launch_env": BASE,
     "launcher": BASE | {"launch_env", "transport"},
     "info": BASE | {"algorithms", "pyxccl", "tuning"},
-    "sim": BASE | {"algorithms", "bench", "plan", "primitives", "schedule", "transport", "tuning",
+    "sim": BASE | {"_native", "algorithms", "bench", "plan", "primitives", "schedule", "transport", "tuning",
                    "walk"},
     "plan": BASE | {"sim", "transport", "tuning"},
     "bench": BASE | {"launcher", "primitives", "pyxccl"},

@@ -254,13 +254,14 @@ def test_calibration_measures_what_calls_see(pools):
     if fig["cma"] is not None:       # process_vm_readv allowed here
         alpha, beta = fig["cma"]
         assert alpha >= 0 and 1 / 200e9 < beta < 1 / 0.1e9
-    for key in ("peer", "win"):     # window reads and writes: (bytes, seconds) at rising sizes
+    for key in ("peer", "win", "red"):     # window reads and writes, reductions: (bytes, seconds) at rising sizes
         sizes = [nb for nb, _ in fig[key]]
         assert sizes == sorted(set(sizes)) and sizes[0] > 0
         assert all(0 < t < 0.01 for _, t in fig[key])
     c = Cluster.measured(1, 2, calibration=fig)
     assert c.seg.alpha == fig["seg"] and (c.cma is None) == (fig["cma"] is None)
     assert c.peer == tuple(map(tuple, fig["peer"])) and c.win_write == tuple(map(tuple, fig["win"]))
+    assert c.red == tuple(map(tuple, fig["red"]))
     assert run("allgather", 4 << 20, c, ["segment"])[0].time > 0
 
 
@@ -289,6 +290,28 @@ def test_windows_are_priced_as_rounds_use_them():
     b = 32 * KiB
     assert t["a2a"] == pytest.approx(4e-6 + 4 * b * 2e-11)
     assert t["a2a+"] == pytest.approx(4e-6 + 2 * (b / 2 * 2e-11 + at_size(win, b / 2)) + b * 2e-11 + at_size(peer, b))
+
+
+def test_reductions_at_least_the_measured_reductions_of_their_size():
+    """With reductions measured at a few sizes (``red``: sim.calibrate's, every rank at once, CPU time), a
+    segment reduction costs no less than the table's time at its size, stretched where ranks share cores;
+    a table below the gamma rate changes nothing. A 64 KiB allreduce on 2 ranks: one round, each rank
+    reduces one 64 KiB block."""
+    from dataclasses import replace
+
+    from pyxccl.tuning.cost import at_size
+    KiB = 1 << 10
+    c = Cluster(1, 2, intra=Link(20e-6, 1e-9), inter=Link(60e-6, 1e-9), cpu=True, cores=2, copy=2e-11,
+                gamma=2e-11, seg=Link(4e-6, 0.0), cma=None, single_copy=False)
+    red = ((16 * KiB, 2e-6), (128 * KiB, 9e-6))
+
+    def time(**kw):
+        return run("allreduce", 64 * KiB, replace(c, **kw), ["segment"], inplace=False)[0].time
+    more = at_size(red, 64 * KiB) - 64 * KiB * 2e-11
+    assert more > 0
+    assert time(red=red) - time() == pytest.approx(more)
+    assert time(red=red, cores=1) - time(cores=1) == pytest.approx(2 * more)      # two ranks a core
+    assert time(red=((64 * KiB, 1e-9),)) == time()
 
 
 def test_docstring_examples_run():

@@ -59,6 +59,8 @@ class Cluster:
     win_write: tuple = ()            # ... and writing one's window that the others read in its last round
     mem_at: tuple = ()               # ... and a copy between two call buffers, every rank at once, at a few
                                      # sizes (sim.calibrate; (): ``mem`` beyond ``cache``: cost.memory_term)
+    red: tuple = ()                  # ... and a reduction, every rank at once, at a few sizes (sim.calibrate;
+                                     # (): ``gamma``)
     seg: Link | None = None          # CPU machines on one host: the shared segment's round ("seg")
     segment_bytes: int = 2 << 20     # ... and each rank's window of it
     single_copy: bool = True         # ... and whether single-copy reads work
@@ -131,5 +133,6 @@ class Cluster:
                         peer=tuple(tuple(x) for x in calibration["peer"]) if calibration.get("peer") else (),
                         win_write=tuple(tuple(x) for x in calibration["win"]) if calibration.get("win") else (),
                         mem_at=tuple(tuple(x) for x in calibration["mem"]) if calibration.get("mem") else (),
+                        red=tuple(tuple(x) for x in calibration["red"]) if calibration.get("red") else (),
                         source=c.source + "; calibrated")
         return c

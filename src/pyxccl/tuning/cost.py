@@ -38,7 +38,8 @@ cost, except where the figures were measured (``sim.calibrate``: ``peer``, ``win
 a window's lines live in the cache of the core that used them last, so reading a peer's
 window, and writing the part of one's own window that the others read in its last round,
 cost what they were measured to cost at their size (every rank at once; 4x a copy in
-cache at 64-256 KiB on this machine).
+cache at 64-256 KiB on this machine), and a reduction no less than a reduction of its size with
+every rank reducing at once (``red``; 1.1-1.6x the probe's one figure here).
 
 The model's answer for a collective is the time of the slowest rank.
 """
@@ -83,6 +84,7 @@ class Machine:
     win_write: tuple = ()        # writing one's window the others read last round: the same (): a copy
     mem_at: tuple = ()           # a copy between two call buffers of each size, every rank at once, CPU time:
                                  # ((bytes, seconds), ...) (sim.calibrate; (): ``mem`` beyond ``cache``)
+    red: tuple = ()              # a reduction of each size, every rank at once, CPU time: the same (): gamma
 
     def link(self, klass: str) -> Link:
         """Measured figures of ``klass``, else the defaults."""
@@ -181,7 +183,7 @@ class Net:
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
         self.gamma, self.copy, self.mem, self.cache = machine.gamma, machine.copy, machine.mem, machine.cache
         self.cma, self.peer, self.win_write = machine.cma, machine.peer, machine.win_write
-        self.mem_at = machine.mem_at
+        self.mem_at, self.red = machine.mem_at, machine.red
         self._links = machine.link
         self.seg = machine.link("seg")
         self._shape, self.sym = shape, sym
@@ -294,6 +296,7 @@ class Timing(Semantics):
         self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
         self.peer = getattr(net, "peer", ())       # a read of a window another rank just wrote, when measured
         self.win_write = getattr(net, "win_write", ())     # a write of a window the others read, when measured
+        self.red = getattr(net, "red", ())         # a reduction at its size, every rank at once, when measured
         self.held = self._held(scheds) if self.seg and self.win_write else {}
         self.posted: set = set()                   # (rank, round) that posted a user buffer to read in place
         self.booked = Booked()                     # the shared resources' busy times
@@ -377,6 +380,8 @@ class Timing(Semantics):
                 t = max(self._cost(i, nbytes, rate, touches), at_size(self.peer, nbytes))
         if t is None:
             t = self._cost(i, nbytes, rate, touches)
+        if o.reduce and self.red:       # (measured in CPU time: stretched where ranks share cores)
+            t = max(t, at_size(self.red, nbytes) * self.stretch[i])
         held = self.held.get((self.rank_of[i], k), 0.0) if to == "win" and not o.reduce else 0.0
         if held:
             # writing the window: the lines the others read in its last round are in their cores' caches
