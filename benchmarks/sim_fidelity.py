@@ -477,6 +477,9 @@ def _terms():
     def reductions(c, row, now):
         return replace(c, red=()) if c.red else None
 
+    def streamed(c, row, now):
+        return replace(c, mem_nt_at=()) if c.mem_nt_at else None
+
     def seg_before(c, row, now):
         cal = now.get("_calibration") or {}
         return replace(c, seg=Link(cal["seg"], 0.0)) if cal.get("seg_sweep") and row["hosts"] == 1 else None
@@ -490,6 +493,7 @@ def _terms():
     return [
         ("windows as copies: without the calibrated reads of a peer's window and writes of one's own", windows),
         ("reductions at the probe's figure (gamma), not calibrate's reductions at their size", reductions),
+        ("copies into buffers past the cache at the plain copies' rate, not the non-temporal ones'", streamed),
         ("segment round: median of barrier calls now, not the probe's fastest batch", seg),
         ("segment round: as calibrate found it before the sweep, not sampled between the rows", seg_before),
         ("memory: the probe's figure beyond the LLC, not calibrate's copies at the call's size", memory_probe),

@@ -371,6 +371,19 @@ def test_copies_into_large_buffers_the_same_in_both_executors(nt):
             onehost._native.nt_threshold(was)
 
 
+def test_copy_into_copies_as_a_calls_copy():
+    """_native.copy_into (sim/calibrate.py's copies) gives the source's bytes with plain and with
+    non-temporal stores, off the 16-byte line and with a tail; sizes must match."""
+    for nbytes in (5000, (1 << 20) + 20):
+        src = np.random.default_rng(nbytes).integers(0, 256, nbytes + 3, dtype=np.uint8)[3:]
+        for nt in (False, True):
+            dst = np.zeros(nbytes, np.uint8)
+            assert onehost._native.copy_into(dst, src, nt) is None
+            assert np.array_equal(dst, src)
+    with pytest.raises(ValueError, match="differ in size"):
+        onehost._native.copy_into(dst, src[1:], True)
+
+
 def test_the_non_temporal_threshold_is_read_from_the_environment():
     """PYXCCL_NT_BYTES sets the C side's threshold when pyxccl loads it (by default the last-level cache's
     size); a negative one is refused."""

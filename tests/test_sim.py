@@ -314,6 +314,39 @@ def test_reductions_at_least_the_measured_reductions_of_their_size():
     assert time(red=((64 * KiB, 1e-9),)) == time()
 
 
+def test_buffers_written_with_non_temporal_stores_are_priced_so():
+    """The C executor writes a call's buffer with non-temporal stores when it is written, never reduced into,
+    and on every rank of the host together larger than the cache (``cost.streamed``, as ``_native.c``'s
+    ``nt_bytes``); its bytes then cost what calibrate's such copies cost (``mem_nt_at``), the others' what
+    plain copies cost."""
+    from dataclasses import replace
+
+    from pyxccl.algorithms.segment import Window
+    from pyxccl.primitives import PRIMITIVES
+    from pyxccl.tuning.cost import streamed
+    MiB = 1 << 20
+    w = Window(1 << 18, 8)          # through the windows (no single copies, no pieces)
+
+    def scheds(prim, count):
+        args = PRIMITIVES[prim].args(2, count)
+        return [registry.lookup(prim, "segment").schedule(r, 2, window=w, **args) for r in range(2)]
+    ag, rs = scheds("allgather", 4 * MiB), scheds("reduce_scatter", 4 * MiB)
+    assert streamed(ag, 4, 2, 32 * MiB) == {"out"}              # 2 ranks x 32 MiB of output > 32 MiB
+    assert streamed(ag, 4, 2, 64 * MiB) == frozenset()
+    assert streamed(rs, 4, 2, 1 * MiB) == frozenset()            # reduced into: plain stores
+    plain = ((1 * MiB, 1 * MiB * 1e-10), (64 * MiB, 64 * MiB * 1.5e-10))
+    nt = ((1 * MiB, 1 * MiB * 1e-10), (64 * MiB, 64 * MiB * 1e-10))
+    c = Cluster(1, 2, intra=Link(20e-6, 1e-9), inter=Link(60e-6, 1e-9), cpu=True, cores=2, copy=2e-11,
+                gamma=2e-11, seg=Link(4e-6, 0.0), cma=None, single_copy=False, mem_at=plain, cache=32 * MiB)
+
+    def time(prim, **kw):
+        return run(prim, 64 * MiB, replace(c, **kw), ["segment"], inplace=False)[0].time
+    assert time("allgather", mem_nt_at=nt) < 0.9 * time("allgather")
+    assert time("allgather", mem_nt_at=nt, cache=1 << 40) == time("allgather", cache=1 << 40)
+    # (one core: the reduce-scatter's one-round form, which reduces into the output)
+    assert time("reduce_scatter", mem_nt_at=nt, cores=1) == time("reduce_scatter", cores=1)
+
+
 def test_docstring_examples_run():
     """The examples in the simulator's and planner's docstrings are what they print."""
     import doctest

@@ -1212,6 +1212,25 @@ static PyObject *reduce_into(PyObject *self, PyObject *args) {
     return PyBool_FromLong(ok);
 }
 
+/* copy_into(dst, src, nt) -> None: dst = src as the executor copies into a call's buffer, with non-temporal
+ * stores when nt (see nt_bytes). For sim/calibrate.py's figures of copies. */
+static PyObject *copy_into(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer d, s;
+    int nt;
+    if (!PyArg_ParseTuple(args, "w*y*p", &d, &s, &nt)) return NULL;
+    int same = d.len == s.len;
+    if (same) {
+        Py_BEGIN_ALLOW_THREADS
+        move(NULL, d.buf, s.buf, d.len, 0, nt);     /* (a move that does not reduce uses no Run) */
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&s);
+    if (!same) { PyErr_SetString(PyExc_ValueError, "copy_into: dst and src differ in size"); return NULL; }
+    Py_RETURN_NONE;
+}
+
 static PyObject *overlap(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *a, *b;
@@ -1305,6 +1324,7 @@ static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "Run a compiled segment program from instruction pc (see core/onehost.py)."},
     {"can_reduce", can_reduce, METH_VARARGS, "can_reduce(dtype_code, op_code) -> bool"},
     {"reduce_into", reduce_into, METH_VARARGS, "reduce_into(dtype_code, op_code, dst, src) -> bool: dst = dst (op) src"},
+    {"copy_into", copy_into, METH_VARARGS, "copy_into(dst, src, nt): dst = src as a call's copy (nt: non-temporal stores)"},
     {NULL, NULL, 0, NULL},
 };
 

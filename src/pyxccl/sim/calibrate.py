@@ -18,7 +18,9 @@ it keeps the fastest of a few batches. A prediction of what calls take needs wha
   cost as they outgrow each cache level and the memory is shared with the ranks on the other cores
   (here, two ranks: 20-22 GB/s at 4 MiB, 5.7-6.6 GB/s at 64 MiB), in CPU time: the time a rank waited
   for a core another rank held is the model's stretch, not the copy's. The model charges a call's bytes
-  in user buffers at the rate of its size (``tuning.cost.memory_term``).
+  in user buffers at the rate of its size (``tuning.cost.memory_term``); and the same copy with
+  non-temporal stores, for the buffers the native executor writes that way (those that pass the cache);
+- a reduction of a round's piece, every rank at once, by the native executor's own loop.
 
 >>> # on every rank of a one-host job:
 >>> # figures = pyxccl.sim.calibrate.measure(comm)
@@ -110,15 +112,23 @@ def _windows(comm) -> dict:
     return out
 
 
-def _memory(comm) -> list:
-    """[[bytes, seconds], ...]: a copy of that many bytes between two buffers of this rank, at each size
-    of ``_MEM_SIZES``, every rank at once (the slowest rank's median)."""
-    out = []
+def _memory(comm) -> tuple[list, list]:
+    """([[bytes, seconds], ...], the same): a copy of that many bytes between two buffers of this rank, at
+    each size of ``_MEM_SIZES``, every rank at once (the slowest rank's median), in CPU time; with plain
+    stores, and with the non-temporal ones the native executor uses into buffers that pass the cache
+    (``_native.c``, ``nt_bytes``; ``[]`` without it)."""
+    try:
+        from .._native import copy_into
+    except ImportError:
+        copy_into = None
+    plain, streamed = [], []
     for nb in _MEM_SIZES:
         a, b = page_aligned(nb // 4, 1), page_aligned(nb // 4, 0)
-        out.append([nb, _timed(comm, lambda: np.copyto(b, a), max(3, min(20, (64 << 20) // nb)),
-                               clock=time.thread_time)])
-    return out
+        reps = max(3, min(20, (64 << 20) // nb))
+        plain.append([nb, _timed(comm, lambda: np.copyto(b, a), reps, clock=time.thread_time)])
+        if copy_into is not None:
+            streamed.append([nb, _timed(comm, lambda: copy_into(b, a, True), reps, clock=time.thread_time)])
+    return plain, streamed
 
 
 def _reductions(comm) -> list:
@@ -144,10 +154,11 @@ def _reductions(comm) -> list:
 def measure(comm) -> dict:
     """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None,
     "peer" and "win": [[bytes, seconds], ...] or None (``_windows``), "mem": [[bytes, seconds], ...]
-    (``_memory``), "red": the same (``_reductions``)}."""
+    and "mem_nt" (``_memory``), "red": the same (``_reductions``)}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
     seg = _timed(comm, lambda: comm.barrier(algorithm="segment"), 60)
     win = _windows(comm)
+    mem, mem_nt = _memory(comm)
     return {"seg": seg, "cma": _single_copy(comm), "peer": win.get("peer"), "win": win.get("win"),
-            "mem": _memory(comm), "red": _reductions(comm)}
+            "mem": mem, "mem_nt": mem_nt, "red": _reductions(comm)}

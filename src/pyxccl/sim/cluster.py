@@ -59,6 +59,8 @@ class Cluster:
     win_write: tuple = ()            # ... and writing one's window that the others read in its last round
     mem_at: tuple = ()               # ... and a copy between two call buffers, every rank at once, at a few
                                      # sizes (sim.calibrate; (): ``mem`` beyond ``cache``: cost.memory_term)
+    mem_nt_at: tuple = ()            # ... and the same copy with non-temporal stores (into the buffers the
+                                     # C executor writes so: tuning.cost.streamed)
     red: tuple = ()                  # ... and a reduction, every rank at once, at a few sizes (sim.calibrate;
                                      # (): ``gamma``)
     seg: Link | None = None          # CPU machines on one host: the shared segment's round ("seg")
@@ -133,6 +135,7 @@ class Cluster:
                         peer=tuple(tuple(x) for x in calibration["peer"]) if calibration.get("peer") else (),
                         win_write=tuple(tuple(x) for x in calibration["win"]) if calibration.get("win") else (),
                         mem_at=tuple(tuple(x) for x in calibration["mem"]) if calibration.get("mem") else (),
+                        mem_nt_at=tuple(tuple(x) for x in calibration["mem_nt"]) if calibration.get("mem_nt") else (),
                         red=tuple(tuple(x) for x in calibration["red"]) if calibration.get("red") else (),
                         source=c.source + "; calibrated")
         return c

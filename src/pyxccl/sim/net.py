@@ -27,6 +27,7 @@ class ClusterNet(Net):
         self.cpu, self.reduce_overlap = c.cpu, c.reduce_overlap
         self.gamma, self.copy, self.mem, self.cache, self.cma = c.gamma, c.copy, c.mem, c.cache, c.cma
         self.peer, self.win_write, self.mem_at, self.red = c.peer, c.win_write, c.mem_at, c.red
+        self.mem_nt_at = c.mem_nt_at
         self.seg = c.seg or DEFAULT_LINKS["seg"]
         self.stretch = Same(max(1.0, c.per_host / c.cores) if c.cpu and c.cores else 1.0)
         self._inside, self._between = ("shm", "tcp") if c.cpu else ("intra", "inter")

@@ -84,6 +84,7 @@ class Machine:
     win_write: tuple = ()        # writing one's window the others read last round: the same (): a copy
     mem_at: tuple = ()           # a copy between two call buffers of each size, every rank at once, CPU time:
                                  # ((bytes, seconds), ...) (sim.calibrate; (): ``mem`` beyond ``cache``)
+    mem_nt_at: tuple = ()        # the same copy with non-temporal stores (into the buffers ``streamed`` says)
     red: tuple = ()              # a reduction of each size, every rank at once, CPU time: the same (): gamma
 
     def link(self, klass: str) -> Link:
@@ -111,6 +112,27 @@ def at_size(table, nbytes: int) -> float:
             return t0 + (t1 - t0) * (nbytes - b0) / (b1 - b0)
         b0, t0 = b1, t1
     return t0 * nbytes / b0
+
+
+def streamed(scheds, itemsize: int, local: int, cache: int) -> frozenset:
+    """The call buffers the C executor writes with non-temporal stores (``_native.c``, ``nt_bytes``): those
+    written and never reduced into whose extent in the program, on each of the host's ``local`` ranks
+    together, is larger than the last-level cache."""
+    need: dict = {}
+    written, reduced = set(), set()
+    for s in scheds:
+        for step in s.steps:
+            for o in step:
+                t = type(o)
+                ends = ((o.src, o.src_off + o.count), (o.dst, o.dst_off + o.count)) if t is Copy else \
+                    ((o.buf, o.off + o.count),) if t in (Get, Post, Put) else ()
+                for b, end in ends:
+                    need[b] = max(need.get(b, 0), end)
+                to = o.dst if t is Copy else o.buf if t is Get else None
+                if to is not None:
+                    (reduced if o.reduce else written).add(to)
+    return frozenset(b for b in written - reduced
+                     if b in CALL_BUFFERS and need[b] * itemsize * local > cache)
 
 
 def memory_term(mem: float, cache: int, mem_at: tuple, local: int, working_set: int,
@@ -183,7 +205,7 @@ class Net:
         self.klass, self.stretch, self.hosts = klass, stretch, hosts
         self.gamma, self.copy, self.mem, self.cache = machine.gamma, machine.copy, machine.mem, machine.cache
         self.cma, self.peer, self.win_write = machine.cma, machine.peer, machine.win_write
-        self.mem_at, self.red = machine.mem_at, machine.red
+        self.mem_at, self.mem_nt_at, self.red = machine.mem_at, machine.mem_nt_at, machine.red
         self._links = machine.link
         self.seg = machine.link("seg")
         self._shape, self.sym = shape, sym
@@ -289,10 +311,17 @@ class Timing(Semantics):
         # the share of the call's bytes that live in memory, not in cache, and what a byte read or
         # written there costs each rank of the host
         self.memshare, self.membyte = 0.0, [0.0] * n
+        self.streamed: frozenset = frozenset()     # buffers the C executor writes with non-temporal stores
         if net.cpu and scheds:
-            terms = [memory_term(net.mem, net.cache, getattr(net, "mem_at", ()), net.local(scheds[0].rank),
-                                 working_set, st) for st in self.stretch]
+            local = net.local(scheds[0].rank)
+            terms = [memory_term(net.mem, net.cache, getattr(net, "mem_at", ()), local, working_set, st)
+                     for st in self.stretch]
             self.memshare, self.membyte = terms[0][0], [b for _, b in terms]
+            nt_at = getattr(net, "mem_nt_at", ())
+            if self.seg and nt_at and working_set:
+                self.streamed = streamed(scheds, itemsize, local, net.cache)
+                self.membyte_nt = [memory_term(net.mem, net.cache, nt_at, local, working_set, st)[1]
+                                   for st in self.stretch]
         self.cma = getattr(net, "cma", None)       # a single-copy read's own rate, when measured
         self.peer = getattr(net, "peer", ())       # a read of a window another rank just wrote, when measured
         self.win_write = getattr(net, "win_write", ())     # a write of a window the others read, when measured
@@ -346,13 +375,15 @@ class Timing(Semantics):
             self.cur[i] = k
             self.t[i] = self.recv_free[i] = self.out_done[i] = self.clock[i]
 
-    def _cost(self, i, nbytes, rate, touches) -> float:
+    def _cost(self, i, nbytes, rate, touches, streamed=False) -> float:
         """``nbytes`` at ``rate`` (seconds per byte in cache) by rank index i, ``touches`` of them in user
-        buffers: their share in memory costs what the host's memory gives each rank, if that is more."""
+        buffers: their share in memory costs what the host's memory gives each rank, if that is more
+        (``streamed``: into a buffer written with non-temporal stores, what such a copy costs)."""
         cpu = rate * self.stretch[i]
         if not self.memshare or not touches:
             return nbytes * cpu
-        return nbytes * (cpu * (1 - self.memshare) + self.memshare * max(cpu, touches * self.membyte[i]))
+        byte = (self.membyte_nt if streamed else self.membyte)[i]
+        return nbytes * (cpu * (1 - self.memshare) + self.memshare * max(cpu, touches * byte))
 
     def _put(self, i, o: Put) -> float:
         """A Put: the writer's core copies its block into the posted buffer (user buffers both), by a single
@@ -379,7 +410,7 @@ class Timing(Semantics):
                 # host's ranks at once (their sharing of cores is in them: no stretch on top)
                 t = max(self._cost(i, nbytes, rate, touches), at_size(self.peer, nbytes))
         if t is None:
-            t = self._cost(i, nbytes, rate, touches)
+            t = self._cost(i, nbytes, rate, touches, to in self.streamed)
         if o.reduce and self.red:       # (measured in CPU time: stretched where ranks share cores)
             t = max(t, at_size(self.red, nbytes) * self.stretch[i])
         held = self.held.get((self.rank_of[i], k), 0.0) if to == "win" and not o.reduce else 0.0
