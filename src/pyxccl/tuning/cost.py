@@ -38,8 +38,9 @@ cost, except where the figures were measured (``sim.calibrate``: ``peer``, ``win
 a window's lines live in the cache of the core that used them last, so reading a peer's
 window, and writing the part of one's own window that the others read in its last round,
 cost what they were measured to cost at their size (every rank at once; 4x a copy in
-cache at 64-256 KiB on this machine), and a reduction no less than a reduction of its size with
-every rank reducing at once (``red``; 1.1-1.6x the probe's one figure here).
+cache at 64-256 KiB on this machine), a reduction no less than a reduction of its size with
+every rank reducing at once (``red``; 1.1-1.6x the probe's one figure here), and the bytes written
+into a buffer the C executor writes with non-temporal stores at such copies' rate (``streamed``).
 
 The model's answer for a collective is the time of the slowest rank.
 """
