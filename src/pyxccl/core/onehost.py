@@ -85,7 +85,8 @@ if NATIVE_REFUSED is not None:
                   RuntimeWarning, stacklevel=2)
     _native = None
 if _native is not None:     # non-temporal copies into a call's buffers that together pass the cache (_native.c)
-    _native.nt_threshold(int(os.environ.get("PYXCCL_NT_BYTES", copies.last_level_cache())))
+    _nt = os.environ.get("PYXCCL_NT_BYTES")
+    _native.nt_threshold(int(_nt) if _nt is not None else copies.last_level_cache())
 
 
 def numpy_differs(mod) -> frozenset:

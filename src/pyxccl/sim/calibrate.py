@@ -37,6 +37,13 @@ import numpy as np
 from ..transport import cma
 from ..transport.copies import page_aligned
 
+try:                        # the C executor's own copy and reduction loops, where it is built (and current)
+    from .. import _native
+except ImportError:
+    _native = None
+if not hasattr(_native, "copy_into"):
+    _native = None
+
 _SIZES = (64 << 10, 1 << 20)
 
 
@@ -117,17 +124,13 @@ def _memory(comm) -> tuple[list, list]:
     each size of ``_MEM_SIZES``, every rank at once (the slowest rank's median), in CPU time; with plain
     stores, and with the non-temporal ones the native executor uses into buffers that pass the cache
     (``_native.c``, ``nt_bytes``; ``[]`` without it)."""
-    try:
-        from .._native import copy_into
-    except ImportError:
-        copy_into = None
     plain, streamed = [], []
     for nb in _MEM_SIZES:
         a, b = page_aligned(nb // 4, 1), page_aligned(nb // 4, 0)
         reps = max(3, min(20, (64 << 20) // nb))
         plain.append([nb, _timed(comm, lambda: np.copyto(b, a), reps, clock=time.thread_time)])
-        if copy_into is not None:
-            streamed.append([nb, _timed(comm, lambda: copy_into(b, a, True), reps, clock=time.thread_time)])
+        if _native is not None:
+            streamed.append([nb, _timed(comm, lambda: _native.copy_into(b, a, True), reps, clock=time.thread_time)])
     return plain, streamed
 
 
@@ -137,11 +140,9 @@ def _reductions(comm) -> list:
     CPU time, by the native executor's own loop where it is built (numpy's add otherwise, the Python
     executor's). On this machine 38-57 ps a byte, against the probe's one figure of 36 (``gamma``: one
     process, the fastest of five numpy adds of 4 MiB)."""
-    try:
-        from .. import _native
-        codes = _native.tables()["dtypes"]["float32"], _native.tables()["ops"]["sum"]
-    except (ImportError, AttributeError, KeyError):
-        _native = None
+    if _native is not None:
+        tables = _native.tables()
+        codes = tables["dtypes"]["float32"], tables["ops"]["sum"]
     out, small = [], 64
     for nb in (small,) + _WINDOW_SIZES:
         a, b = page_aligned(nb // 4, 1), page_aligned(nb // 4, 0)
