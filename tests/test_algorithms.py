@@ -302,6 +302,20 @@ def test_broadcast_by_single_copies_from_a_smaller_size_where_every_rank_has_a_c
         assert not by_single_copies(start - 4, own)
 
 
+def test_allgather_puts_its_blocks_into_every_output_at_any_size_where_every_rank_has_a_core():
+    """Where every rank has a core of its own (Window.piece), an allgather's block goes into every output a
+    piece at a time (Puts of TEE_PIECE_BYTES) however large; elsewhere every rank reads every block."""
+    from pyxccl.algorithms.segment import TEE_PIECE_BYTES
+
+    def steps(nbytes, own_cores):
+        w = Window.of(2 << 20, 4, cma=True, pipelined=own_cores)
+        return registry.lookup("allgather", "segment").schedule(1, 2, window=w, counts=[nbytes // 4] * 2).steps
+    for nbytes in (1 << 20, 64 << 20):
+        puts = [o for o in steps(nbytes, True)[0] if type(o) is Put]
+        assert len(puts) == 2 * (nbytes // TEE_PIECE_BYTES) and {o.count * 4 for o in puts} == {TEE_PIECE_BYTES}
+        assert not any(type(o) is Put for o in steps(nbytes, False)[0])
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", (2, 3))
 def test_broadcast_in_pieces_on_a_rank_pool(pools, n):

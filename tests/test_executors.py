@@ -347,8 +347,8 @@ def test_every_dtype_and_op_at_every_size(n):
 def test_copies_into_large_buffers_the_same_in_both_executors(nt):
     """Buffers past the C side's non-temporal threshold (PYXCCL_NT_BYTES, here 4 MiB, which 2 ranks' buffers of
     4 MiB pass together; and with it off) take its non-temporal copies: pieces that start off the 16-byte line and end in a tail (odd
-    windows and counts), in place and not, through the windows and by single-copy reads, give numpy's bits
-    and the Python executor's."""
+    windows and counts), in place and not, through the windows, by single-copy reads and by an allgather's
+    puts, give numpy's bits and the Python executor's."""
     n, dt = 2, np.dtype(np.float32)
     big = (4 << 20) // dt.itemsize + 5                      # elements: past the threshold, not a whole line
     windows = (Window(100_003, oneshot=8), Window(100_003, oneshot=8, single_copy=3))
@@ -361,6 +361,10 @@ def test_copies_into_large_buffers_the_same_in_both_executors(nt):
             op = ReduceOp.SUM if p.reduces else None
             for in_place in ((False, True) if prim in IN_PLACE else (False,)):
                 cases.append(Case(prim, a, w, dt, op, in_place))
+    # an allgather's blocks put into every output a piece at a time (ranks with a core each), at any size
+    tee = Window(100_003, oneshot=8, single_copy=2_999, piece=5)      # pieces of 11,996 elements
+    a = PRIMITIVES["allgather"].args(n, big // n + 1, 0)
+    cases += [Case("allgather", a, tee, dt, None, in_place) for in_place in (False, True)]
     world = World(n, 100_003 * dt.itemsize + 64)
     was = onehost._native.nt_threshold(nt) if onehost._native is not None else None
     try:

@@ -14,7 +14,7 @@ and every rank writes its block into it (``Put``, through process_vm_writev),
 but for a tail the root reads itself, so that the ranks copy at once instead
 of the root copying every block; a last round keeps the root from returning
 before the writers are done, and a writer before the root read its tail. An
-allgather of blocks up to 8 MiB where every rank has a core of its own goes
+allgather where every rank has a core of its own goes
 that way too: every rank writes its block into every output, a piece at a
 time, so that a piece is read from memory once for all of them.
 
@@ -37,7 +37,6 @@ BROADCAST_CMA_OWN_BYTES = 512 << 10     # ... or from this size where every rank
 ROOT_REDUCES = 2           # a reduce on this many ranks or fewer, each with a core: the root reduces it all
                            # (measured at 2; see _root_reduces)
 TEE_PIECE_BYTES = 1 << 20  # an allgather's block goes to every output a piece at a time (see _gathering)
-TEE_MAX_BYTES = 8 << 20    # ... for blocks up to this size
 PIECE_BYTES = 32 << 10     # where every rank has a core: a broadcast's pieces through the windows (see broadcast)
 
 
@@ -210,15 +209,15 @@ def _gathering(rank, n, counts, window, root):
                    Put(root, off[rank], "in", 0, counts[rank] - tail[rank]))
             _round(s, *((Sync(root),) if tail[rank] else ()))
         return s
-    if (root is None and window.piece and window.copies_once(most)
-            and most <= TEE_MAX_BYTES * window.single_copy // CMA_BYTES):
+    if root is None and window.piece and window.copies_once(most):
         # every rank writes its block into every output (its own first), a piece at a time, so that the
         # piece is read from memory once and written from the cache (Puts run in the order written).
         # 2 ranks, alternating runs against every rank reading every block, in a fast phase of the machine:
         # 4 MiB 0.44-0.47 ms against 0.52-0.58, 16 MiB 3.3-3.6 against 3.7-3.8; in a slow one: 1 MiB 0.145
         # against 0.158, 4 MiB 1.00-1.04 against 1.12-1.20, 16 MiB 4.1-4.6 against 4.5-5.0 (256 KiB pieces:
-        # 4 MiB 0.48-0.65). Not for larger blocks: 64 MiB took 13.7-14.2 ms against 14.4-14.7 in the fast
-        # phase, but 17.3-25.1 against 15.4-16.7 in the slow one (6 runs of each)
+        # 4 MiB 0.48-0.65). Larger blocks too since the C executor streams into outputs past the cache
+        # (medians of batches in one job, output size: 32 MiB 4.1-4.2 ms against 4.6, 64 MiB 7.9 against
+        # 9.1-9.2, 256 MiB 32.3 against 35.9; streaming off, 64 MiB 9.3 against 10.3)
         piece = TEE_PIECE_BYTES * window.single_copy // CMA_BYTES
         _round(s, Post("out", 0, off[-1], writes=True),
                *(Put(q, off[rank] + a, "in", a, min(piece, counts[rank] - a))
