@@ -40,7 +40,8 @@ window, and writing the part of one's own window that the others read in its las
 cost what they were measured to cost at their size (every rank at once; 4x a copy in
 cache at 64-256 KiB on this machine), a reduction no less than a reduction of its size with
 every rank reducing at once (``red``; 1.1-1.6x the probe's one figure here), and the bytes written
-into a buffer the C executor writes with non-temporal stores at such copies' rate (``streamed``).
+into a buffer the C executor writes with non-temporal stores at such copies' rate (``streamed``);
+a piece put into several outputs one after another is read from memory once.
 
 The model's answer for a collective is the time of the slowest rank.
 """
@@ -117,7 +118,8 @@ def at_size(table, nbytes: int) -> float:
 
 def streamed(scheds, itemsize: int, local: int, cache: int) -> frozenset:
     """The call buffers the C executor writes with non-temporal stores (``_native.c``, ``nt_bytes``): those
-    written and never reduced into whose extent in the program, on each of the host's ``local`` ranks
+    written (a buffer posted for the others' Puts too: its owner's own Put streams) and never reduced into
+    whose extent in the program, on each of the host's ``local`` ranks
     together, is larger than the last-level cache."""
     need: dict = {}
     written, reduced = set(), set()
@@ -129,9 +131,9 @@ def streamed(scheds, itemsize: int, local: int, cache: int) -> frozenset:
                     ((o.buf, o.off + o.count),) if t in (Get, Post, Put) else ()
                 for b, end in ends:
                     need[b] = max(need.get(b, 0), end)
-                to = o.dst if t is Copy else o.buf if t is Get else None
+                to = o.dst if t is Copy else o.buf if t is Get or (t is Post and o.writes) else None
                 if to is not None:
-                    (reduced if o.reduce else written).add(to)
+                    (reduced if t is not Post and o.reduce else written).add(to)
     return frozenset(b for b in written - reduced
                      if b in CALL_BUFFERS and need[b] * itemsize * local > cache)
 
@@ -329,6 +331,8 @@ class Timing(Semantics):
         self.red = getattr(net, "red", ())         # a reduction at its size, every rank at once, when measured
         self.held = self._held(scheds) if self.seg and self.win_write else {}
         self.posted: set = set()                   # (rank, round) that posted a user buffer to read in place
+        self.posting = [None] * n                  # the buffer each rank posted last (its own Puts' target)
+        self.put_from = [None] * n                 # what each rank's last Put read: (buffer, offset, count)
         self.booked = Booked()                     # the shared resources' busy times
         self.clock = [0.0] * n
         self.chan: dict = {}
@@ -388,12 +392,16 @@ class Timing(Semantics):
 
     def _put(self, i, o: Put) -> float:
         """A Put: the writer's core copies its block into the posted buffer (user buffers both), by a single
-        copy into another process (priced at the single-copy read's figures) unless it is its own."""
-        touches = (o.buf in CALL_BUFFERS) + 1
+        copy into another process (priced at the single-copy read's figures) unless it is its own (then
+        into a streamed buffer as ``streamed`` says). The piece the Put before read is in the cache: an
+        allgather's block put into every output a piece at a time is read from memory once."""
+        again = self.put_from[i] == (o.buf, o.off, o.count)
+        self.put_from[i] = (o.buf, o.off, o.count)
+        touches = (o.buf in CALL_BUFFERS and not again) + 1
         nbytes = o.count * self.itemsize
         if o.peer != self.rank_of[i] and self.cma is not None:
             return self.cma.alpha * self.stretch[i] + self._cost(i, nbytes, max(self.net.copy, self.cma.beta), touches)
-        return self._cost(i, nbytes, self.net.copy, touches)
+        return self._cost(i, nbytes, self.net.copy, touches, o.peer == self.rank_of[i] and self.posting[i] in self.streamed)
 
     def _work(self, i, k, o, src_user: bool) -> float:
         """A local copy or reduction, or a Get (``src_user``: of a buffer its owner posted, read in place
@@ -436,6 +444,7 @@ class Timing(Semantics):
             if not o.writes:        # (a buffer the others write into: they send)
                 self.sent[i] += o.count * self.itemsize
             self.posted.add((r, k))
+            self.posting[i] = o.buf
             return
         if self.inplace and type(o) is Copy and o.src == "in" and o.dst == "out" and o.src_off == o.dst_off:
             return      # the same buffer: the engine does not copy
