@@ -127,10 +127,10 @@ def _worker(a) -> None:
 
 
 def _rounds(comm, reps: int) -> list[float]:
-    """This rank's times of ``reps`` barrier calls on the segment (a barrier before each)."""
+    """This rank's times of ``reps`` barrier calls on the segment (one before each)."""
     ts = []
     for _ in range(reps):
-        comm.barrier()
+        comm.barrier(algorithm="segment")
         t = time.perf_counter()
         comm.barrier(algorithm="segment")
         ts.append(time.perf_counter() - t)
@@ -158,8 +158,7 @@ def _figures_now(comm, hosts: int, sizes: list[int]) -> dict:
     out: dict = {"load": os.getloadavg()[0]}
     per_host = comm.size // hosts
     if hosts == 1:
-        ts = timed(lambda: comm.barrier(algorithm="segment"), 60)
-        ts = np.array(ts)
+        ts = np.array(_rounds(comm, 60))
         comm.allreduce(ts, "max")
         out["seg"] = [float(np.median(ts)), float(ts.min())]
     rates = {}

@@ -163,6 +163,37 @@ def same_books(comm):
     return fails
 
 
+def taking_turns(comm):
+    """Two forms of a call taking turns on one output (its algorithm named or not, two ops, two roots) each
+    repeat in C once both ran (PreparedCalls.forms), with no key looked up and no Python path, and give
+    their own results."""
+    ctx = context(comm)
+    fails, r, n = [], comm.rank, comm.size
+    x = np.zeros(4, np.float32)
+
+    def fill():
+        x[:] = r + 1
+    pairs = [
+        ("barrier", lambda: comm.barrier(), lambda: comm.barrier(algorithm=SEG), None),
+        ("sum and max", lambda: (fill(), comm.allreduce(x, algorithm=SEG)),
+         lambda: (fill(), comm.allreduce(x, ReduceOp.MAX, algorithm=SEG)), (sum(range(1, n + 1)), n)),
+        ("two roots", lambda: (fill(), comm.broadcast(x, root=0, algorithm=SEG)),
+         lambda: (fill(), comm.broadcast(x, root=n - 1, algorithm=SEG)), (1, n)),
+    ]
+    for what, a, b, want in pairs:
+        for _ in range(2):
+            a(), b()
+        with _Starts() as s:
+            for _ in range(3):
+                for call, value in ((a, want and want[0]), (b, want and want[1])):
+                    call()
+                    if want is not None and not np.all(x == value):
+                        fails.append(f"{what}: {x}, want {value}")
+        if s.n or s.keyed:
+            fails.append(f"{what}: {s.n} calls took the Python path, {s.keyed} were looked up by their key")
+    return fails
+
+
 def busy_engine(comm):
     """A blocking call behind a queued one takes the Python path and runs after it: entries in number
     order, both results right."""

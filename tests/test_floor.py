@@ -30,6 +30,12 @@ def test_the_c_path_finds_the_thread_word_of_the_python_path(pools):
     _ok(pools(2).run(ff.thread_words, transport="shm"))
 
 
+def test_two_forms_of_a_call_taking_turns_on_one_output_each_repeat_in_c(pools):
+    if not NATIVE:
+        return
+    _ok(pools(2).run(ff.taking_turns, transport="shm"))
+
+
 def test_a_blocking_call_behind_a_queued_one_runs_after_it(pools):
     _ok(pools(2).run(ff.busy_engine, transport="shm"))
 

@@ -295,12 +295,17 @@ class PreparedCalls(dict):
     the same word, needs no key: ``fast.again`` checks those objects, the thread and the arrays against
     the key's in C (``remember``: ``fast.expect``; an id is only where to look: another array there is
     checked the same way), and returns True when it ran, else ``Prepared.settle`` takes it
-    (``FULL_PATH`` for its result: the output, or the full path when anything is not the key's)."""
+    (``FULL_PATH`` for its result: the output, or the full path when anything is not the key's).
+    ``forms``: the same per (name, id of the output, and the ids of the root, op, algorithm and timeout
+    objects), where a call whose ``last`` is of another form looks next: calls of two forms taking turns
+    on one output (``barrier()`` and ``barrier(algorithm=...)``, a sum and a max into one array) each
+    repeat in C instead of going through their keys every time."""
 
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()
         self.last: dict = {}
+        self.forms: dict = {}
 
     def remember(self, name: str, inp, out, root, op, algorithm, timeout, thread: int, p: Prepared) -> None:
         """Prepared call ``p`` just ran blocking on ``inp`` and ``out`` under its key: its repeats on
@@ -315,10 +320,10 @@ class PreparedCalls(dict):
         p.fast.expect(np.ndarray, None if inp is None else inp.dtype, 0 if inp is None else inp.nbytes,
                       None if out is None else out.dtype, 0 if out is None else out.nbytes, inp is out,
                       -1 if p.at is None else p.at, p.prim.gathers, root, op, algorithm, timeout, thread)
-        last = self.last
-        if len(last) >= _KEPT:
-            self.last = last = {}
-        last[name, id(out)] = p
+        last, forms = self.last, self.forms
+        if len(forms) >= _KEPT:         # (last's keys are forms' cut short: it holds no more)
+            self.last, self.forms = last, forms = {}, {}
+        last[name, id(out)] = forms[name, id(out), id(root), id(op), id(algorithm), id(timeout)] = p
 
     def keep(self, k, p: Prepared) -> None:
         try:
@@ -334,4 +339,4 @@ class PreparedCalls(dict):
         """Forget every prepared call (the plans they ran changed)."""
         with self._lock:
             super().clear()
-            self.last = {}
+            self.last, self.forms = {}, {}

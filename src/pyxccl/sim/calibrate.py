@@ -51,15 +51,15 @@ _WINDOW_SIZES = (16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20)
 _MEM_SIZES = (1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
-def _timed(comm, fn, reps: int, prep=None, clock=time.perf_counter) -> float:
-    """Median over ``reps`` calls of the slowest rank's time of ``fn`` (``prep``, then a barrier, before
-    each), on ``clock`` (``time.thread_time``: the CPU time of the rank, not the time it waited for a core
-    that another rank held)."""
+def _timed(comm, fn, reps: int, prep=None, clock=time.perf_counter, sync=None) -> float:
+    """Median over ``reps`` calls of the slowest rank's time of ``fn`` (``prep``, then a barrier: ``sync``
+    or ``comm.barrier``, before each), on ``clock`` (``time.thread_time``: the CPU time of the rank, not the
+    time it waited for a core that another rank held)."""
     ts = []
     for _ in range(reps):
         if prep is not None:
             prep()
-        comm.barrier()
+        (sync or comm.barrier)()
         t = clock()
         fn()
         ts.append(clock() - t)
@@ -158,7 +158,9 @@ def measure(comm) -> dict:
     and "mem_nt" (``_memory``), "red": the same (``_reductions``)}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
-    seg = _timed(comm, lambda: comm.barrier(algorithm="segment"), 60)
+    # (the barrier before each of the same form: a call of another form in between costs its lookup)
+    round_ = lambda: comm.barrier(algorithm="segment")     # noqa: E731
+    seg = _timed(comm, round_, 60, sync=round_)
     win = _windows(comm)
     mem, mem_nt = _memory(comm)
     return {"seg": seg, "cma": _single_copy(comm), "peer": win.get("peer"), "win": win.get("win"),
