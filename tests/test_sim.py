@@ -314,37 +314,41 @@ def test_reductions_at_least_the_measured_reductions_of_their_size():
     assert time(red=((64 * KiB, 1e-9),)) == time()
 
 
+_MiB = 1 << 20
+_PLAIN = ((_MiB, _MiB * 1e-10), (64 * _MiB, 64 * _MiB * 1.5e-10))     # copies past the 32 MiB cache: 1.5x
+_NT = ((_MiB, _MiB * 1e-10), (64 * _MiB, 64 * _MiB * 1e-10))          # ... not with non-temporal stores
+
+
+def _at_64_mib(prim, **kw):
+    """The model's time of a 64 MiB segment call on 2 ranks (a core each) whose memory is what slows them."""
+    from dataclasses import replace
+    c = Cluster(1, 2, intra=Link(20e-6, 1e-9), inter=Link(60e-6, 1e-9), cpu=True, cores=2, copy=2e-11,
+                gamma=2e-11, seg=Link(4e-6, 0.0), cma=None, single_copy=False, mem_at=_PLAIN, cache=32 * _MiB)
+    return run(prim, 64 * _MiB, replace(c, **kw), ["segment"], inplace=False)[0].time
+
+
+def _segment_schedules(prim, count, window):
+    from pyxccl.primitives import PRIMITIVES
+    args = PRIMITIVES[prim].args(2, count)
+    return [registry.lookup(prim, "segment").schedule(r, 2, window=window, **args) for r in range(2)]
+
+
 def test_buffers_written_with_non_temporal_stores_are_priced_so():
     """The C executor writes a call's buffer with non-temporal stores when it is written, never reduced into,
     and on every rank of the host together larger than the cache (``cost.streamed``, as ``_native.c``'s
     ``nt_bytes``); its bytes then cost what calibrate's such copies cost (``mem_nt_at``), the others' what
     plain copies cost."""
-    from dataclasses import replace
-
     from pyxccl.algorithms.segment import Window
-    from pyxccl.primitives import PRIMITIVES
     from pyxccl.tuning.cost import streamed
-    MiB = 1 << 20
     w = Window(1 << 18, 8)          # through the windows (no single copies, no pieces)
-
-    def scheds(prim, count):
-        args = PRIMITIVES[prim].args(2, count)
-        return [registry.lookup(prim, "segment").schedule(r, 2, window=w, **args) for r in range(2)]
-    ag, rs = scheds("allgather", 4 * MiB), scheds("reduce_scatter", 4 * MiB)
-    assert streamed(ag, 4, 2, 32 * MiB) == {"out"}              # 2 ranks x 32 MiB of output > 32 MiB
-    assert streamed(ag, 4, 2, 64 * MiB) == frozenset()
-    assert streamed(rs, 4, 2, 1 * MiB) == frozenset()            # reduced into: plain stores
-    plain = ((1 * MiB, 1 * MiB * 1e-10), (64 * MiB, 64 * MiB * 1.5e-10))
-    nt = ((1 * MiB, 1 * MiB * 1e-10), (64 * MiB, 64 * MiB * 1e-10))
-    c = Cluster(1, 2, intra=Link(20e-6, 1e-9), inter=Link(60e-6, 1e-9), cpu=True, cores=2, copy=2e-11,
-                gamma=2e-11, seg=Link(4e-6, 0.0), cma=None, single_copy=False, mem_at=plain, cache=32 * MiB)
-
-    def time(prim, **kw):
-        return run(prim, 64 * MiB, replace(c, **kw), ["segment"], inplace=False)[0].time
-    assert time("allgather", mem_nt_at=nt) < 0.9 * time("allgather")
-    assert time("allgather", mem_nt_at=nt, cache=1 << 40) == time("allgather", cache=1 << 40)
+    ag, rs = _segment_schedules("allgather", 4 * _MiB, w), _segment_schedules("reduce_scatter", 4 * _MiB, w)
+    assert streamed(ag, 4, 2, 32 * _MiB) == {"out"}              # 2 ranks x 32 MiB of output > 32 MiB
+    assert streamed(ag, 4, 2, 64 * _MiB) == frozenset()
+    assert streamed(rs, 4, 2, 1 * _MiB) == frozenset()            # reduced into: plain stores
+    assert _at_64_mib("allgather", mem_nt_at=_NT) < 0.9 * _at_64_mib("allgather")
+    assert _at_64_mib("allgather", mem_nt_at=_NT, cache=1 << 40) == _at_64_mib("allgather", cache=1 << 40)
     # (one core: the reduce-scatter's one-round form, which reduces into the output)
-    assert time("reduce_scatter", mem_nt_at=nt, cores=1) == time("reduce_scatter", cores=1)
+    assert _at_64_mib("reduce_scatter", mem_nt_at=_NT, cores=1) == _at_64_mib("reduce_scatter", cores=1)
 
 
 def test_an_allgathers_puts_read_each_piece_once_and_stream_into_its_own_output():
@@ -353,26 +357,13 @@ def test_an_allgathers_puts_read_each_piece_once_and_stream_into_its_own_output(
     the own Put into a buffer the C executor streams (posted for the others' Puts: ``cost.streamed``) at
     non-temporal copies' rate. Memory-bound, 2 ranks: 3 block-sized passes over memory against an alltoall's
     4 (its own block and the other's, each read and written)."""
-    from dataclasses import replace
-
     from pyxccl.algorithms.segment import Window
-    from pyxccl.primitives import PRIMITIVES
     from pyxccl.tuning.cost import streamed
-    MiB = 1 << 20
-    w = Window.of(2 << 20, 4, True, True)
-    ag = [registry.lookup("allgather", "segment").schedule(r, 2, window=w, **PRIMITIVES["allgather"].args(2, 4 * MiB))
-          for r in range(2)]
+    ag = _segment_schedules("allgather", 4 * _MiB, Window.of(2 << 20, 4, True, True))
     assert any(type(o).__name__ == "Put" for o in ag[0].steps[0])
-    assert streamed(ag, 4, 2, 32 * MiB) == {"out"}
-    plain = ((1 * MiB, 1 * MiB * 1e-10), (64 * MiB, 64 * MiB * 1.5e-10))
-    nt = ((1 * MiB, 1 * MiB * 1e-10), (64 * MiB, 64 * MiB * 1e-10))
-    c = Cluster(1, 2, intra=Link(20e-6, 1e-9), inter=Link(60e-6, 1e-9), cpu=True, cores=2, copy=2e-11,
-                gamma=2e-11, seg=Link(4e-6, 0.0), cma=None, single_copy=True, mem_at=plain, cache=32 * MiB)
-
-    def time(prim, **kw):
-        return run(prim, 64 * MiB, replace(c, **kw), ["segment"], inplace=False)[0].time
-    assert 0.7 < time("allgather") / time("alltoall") < 0.8
-    assert time("allgather", mem_nt_at=nt) < 0.85 * time("allgather")
+    assert streamed(ag, 4, 2, 32 * _MiB) == {"out"}
+    assert 0.7 < _at_64_mib("allgather", single_copy=True) / _at_64_mib("alltoall", single_copy=True) < 0.8
+    assert _at_64_mib("allgather", single_copy=True, mem_nt_at=_NT) < 0.85 * _at_64_mib("allgather", single_copy=True)
 
 
 def test_docstring_examples_run():
