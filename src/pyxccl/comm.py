@@ -57,9 +57,10 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         ctx = self._ctx
         kept = ctx.prepared
         # this array's last blocking repeat: its C call checks the arrays, objects and thread (no key)
-        if async_op is False:
-            p = kept.last.get((name, id(out)))
-            done = p.fast.again(inp, out, root, op, algorithm, timeout) if p is not None else None
+        # (a form of it remembered in ``forms`` has an entry here too: PreparedCalls.remember)
+        p = kept.last.get((name, id(out))) if async_op is False else None
+        if p is not None:
+            done = p.fast.again(inp, out, root, op, algorithm, timeout)
             if done is None:        # another form of the call on this output: the one remembered for this one?
                 q = kept.forms.get((name, id(out), id(root), id(op), id(algorithm), id(timeout)))
                 if q is not None:
@@ -67,10 +68,9 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
                     kept.last[name, id(out)] = q
             if done is True:
                 return out
-            if p is not None:
-                done = p.settle(inp, out, FULL_PATH, done)
-                if done is not FULL_PATH:
-                    return done
+            done = p.settle(inp, out, FULL_PATH, done)
+            if done is not FULL_PATH:
+                return done
         thread = ctx.thread_word()
         k = key(name, inp, out, root, op, algorithm, timeout, thread)
         try:
