@@ -1,5 +1,6 @@
 """`pyxccl bench --check` over a small sweep of every primitive: no wrong element, every column; and
-`bench --vs` with its peers (what runs without them installed; the real runs skip only where one is absent)."""
+`bench --vs` with its peers (what runs without them installed; the real runs: gloo and MPICH always, the test
+extra has them; the others skip only where one is absent)."""
 import argparse
 import json
 import os
@@ -14,6 +15,7 @@ from pyxccl.bench import methodology as M
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 HEAVY = ("impi", "deepspeed", "oneccl")     # the peers scripts/setup_peers.sh installs
+PIP = ("gloo", "mpi")                       # the peers of the pip extras: the test extra has them too
 
 COLUMNS = {"lib", "op", "n", "size", "count", "type", "redop", "root", "out_of_place", "in_place"}
 PART = {"time_us", "min_us", "algbw", "busbw", "wrong", "algorithm"}
@@ -217,10 +219,13 @@ def test_vs_missing_peers_say_so_and_the_table_still_comes(tmp_path):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("lib", HEAVY)
+@pytest.mark.parametrize("lib", PIP + HEAVY)
 def test_vs_installed_peer(tmp_path, lib):
-    """The real thing, where scripts/setup_peers.sh has been run (CI does not download these GBs)."""
-    if installs.missing(lib):
+    """The real thing: gloo and MPICH always (`make test` installs them), the others where
+    scripts/setup_peers.sh has been run (CI does not download those GBs)."""
+    if lib in PIP:
+        assert installs.missing(lib) is None, "the test extra installs it: pip install -e '.[test]'"
+    elif installs.missing(lib):
         pytest.skip(installs.missing(lib))
     out = tmp_path / "vs.json"
     p = subprocess.run([sys.executable, "-m", "pyxccl", "bench", "--vs", lib, "-n", "2", "all",
