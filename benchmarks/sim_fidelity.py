@@ -42,8 +42,11 @@ machine is shared: a busy neighbour doubles the 4-rank times).
 How it predicts. Every measured row goes through ``pyxccl.sim.run(prim, nbytes, cluster,
 [algorithm])`` with ``cluster = Cluster.measured(hosts, per_host, inter=<measured tcp>,
 calibration=...)`` whose shared-memory, segment, copy, reduction and memory figures are those the
-job's tuner recorded, and whose single-copy read rate and window reads and writes are those
-``pyxccl.sim.calibrate.measure`` found in the job before its sweep, and whose segment round is the
+job's tuner recorded, and whose single-copy read rate, window reads and writes, copies and segment
+round are those ``pyxccl.sim.calibrate.measure`` found in the job right before each timing of the row
+(the row's prediction is the median of those; the machine's speed moves 2-3x within a minute, so a
+calibration taken once before a sweep of a minute predicts other moments than the rows'). For a
+measurement saved before rows had their own: calibrate's figures before the sweep, whose segment round is the
 median of barrier calls sampled between the rows (10 after each; with 4 ranks on 2 cores it drifts
 2-10x within minutes, so a figure taken once before the sweep predicts another machine state; for a
 measurement saved before that existed: calibrate's round, or for one older still the round and the
@@ -95,10 +98,13 @@ def _worker(a) -> None:
     times: dict = {}
     algos: dict = {}
     rounds_seen: list = []      # the segment's round, sampled between the rows (one host)
+    row_cals: dict = {}         # calibrate's figures right before each timing of a row (one host)
     for _ in range(a.rounds):
         for prim in prims:
             for nbytes in sizes:
                 case = Case(prim, nbytes, "float32", comm.rank, comm.size, False)
+                if calibration is not None:
+                    row_cals.setdefault((prim, case.nbytes), []).append(calibrate.measure(comm))
                 w, it = M.iters_for(case.nbytes)
                 if a.iters_scale != 1:
                     it = max(3, round(it * a.iters_scale))
@@ -117,7 +123,9 @@ def _worker(a) -> None:
     now = _figures_now(comm, hosts, sorted({s for _, s in times}))
     if comm.rank == 0:
         rows = [dict(prim=p, hosts=hosts, per_host=comm.size // hosts, size=s, algorithm=algos[(p, s)],
-                     time=statistics.median(ts), min=min(ts), iters=len(ts)) for (p, s), ts in times.items()]
+                     time=statistics.median(ts), min=min(ts), iters=len(ts),
+                     **({"calibrations": row_cals[(p, s)]} if (p, s) in row_cals else {}))
+                for (p, s), ts in times.items()]
         doc = dict(rows=rows, machine=m.to_json() if m is not None else None,
                    source=getattr(m, "source", ""), ranks=comm.size, hosts=hosts, now=now,
                    calibration=calibration)
@@ -416,24 +424,35 @@ def predict(doc: dict) -> list[dict]:
     """Every measured row of ``doc`` (what measure_* saved) with the simulator's time for it:
     ``predicted`` with the figures the job's tuner used, ``now`` (or None) with those the job
     measured after its sweep (``cluster_now``)."""
-    import pyxccl.sim
-
-    def sim(c, row):
-        return pyxccl.sim.run(row["prim"], row["size"], c, [row["algorithm"]], inplace=False)[0].time
-
     out = []
     for part in ("local", "hosts"):
         if part not in doc:
             continue
         for row in doc[part]["rows"]:
             job = _job(doc, part, row)
-            pred = sim(cluster_for(row, job.get("machine"), calibration_of(job)), row)
+            pred = _predicted(row, job)
             c = cluster_now(row, job.get("machine"), job.get("now"))
-            now = sim(c, row) if c is not None else None
+            now = _sim(c, row) if c is not None else None
             out.append(dict(row, part=part, others=job.get("others_cores"), predicted=pred,
                             error=(pred - row["time"]) / row["time"],
                             now=now, now_error=None if now is None else (now - row["time"]) / row["time"]))
     return out
+
+
+def _sim(c, row: dict) -> float:
+    """The simulator's time for a measured row on cluster ``c`` (the algorithm that ran, out of place)."""
+    import pyxccl.sim
+    return pyxccl.sim.run(row["prim"], row["size"], c, [row["algorithm"]], inplace=False)[0].time
+
+
+def _predicted(row: dict, job: dict, change=None) -> float:
+    """The row's time under the model (``change(cluster)``: with one figure changed, ``_terms``): with
+    the figures calibrate measured right before each of the row's timings where the job took them (the
+    median of those predictions, as the row's time is the median of its timings), else with those it
+    measured once before the sweep."""
+    cals = row.get("calibrations") or [calibration_of(job)]
+    return statistics.median(_sim((change or (lambda c: c))(cluster_for(row, job.get("machine"), cal)), row)
+                             for cal in cals)
 
 
 def _host_buffers(row: dict) -> int:
@@ -506,7 +525,6 @@ def _terms():
 
 def terms(doc: dict, file=None) -> None:
     """Median |error| per part when one figure is changed (``_terms``): which term is off."""
-    import pyxccl.sim
     file = file or sys.stdout
     print("\n# which term: median |error| with one figure changed (each measured by the job after its sweep)",
           file=file)
@@ -516,9 +534,8 @@ def terms(doc: dict, file=None) -> None:
         for part in errs:
             for row in doc.get(part, {}).get("rows", []):
                 job = _job(doc, part, row)
-                c = cluster_for(row, job.get("machine"), calibration_of(job))
-                c = f(c, row, dict(job.get("now") or {}, _calibration=calibration_of(job))) or c
-                t = pyxccl.sim.run(row["prim"], row["size"], c, [row["algorithm"]], inplace=False)[0].time
+                now = dict(job.get("now") or {}, _calibration=calibration_of(job))
+                t = _predicted(row, job, lambda c: f(c, row, now) or c)
                 errs[part].append(abs(t - row["time"]) / row["time"])
         cols = [statistics.median(e) if e else None for e in (errs["local"], errs["hosts"],
                                                              errs["local"] + errs["hosts"])]

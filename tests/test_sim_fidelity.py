@@ -106,3 +106,26 @@ def test_terms(fid):
     # the segment round measured after the sweep (50 us, not 5) changes the local rows' prediction
     seg = next(r for r in rows if r.startswith("segment round:"))
     assert float(seg.split()[-3].rstrip("%")) != got[0]
+
+
+def test_a_row_with_its_own_calibrations_is_predicted_with_each(fid):
+    """A row whose timings each had calibrate's figures taken right before (``calibrations``): the median
+    of the predictions with each, not the job's one calibration before the sweep; ``--terms`` the same."""
+    doc = json.loads(json.dumps(DOC))
+    row = doc["local"]["rows"][0]
+    cals = [{"seg": s, "cma": [5e-6, 1e-10]} for s in (10e-6, 60e-6, 200e-6)]
+    row["calibrations"] = cals
+    job = doc["local"]["machines"]["2"]
+    each = [fid._sim(fid.cluster_for(row, job["machine"], cal), row) for cal in cals]
+    assert len(set(each)) == 3         # the round is in the prediction: each calibration gives its own
+    got = {(r["prim"], r["size"]): r["predicted"] for r in fid.predict(doc)}
+    assert got[("allreduce", 1 << 20)] == statistics.median(each)
+    once = fid._sim(fid.cluster_for(row, job["machine"], job["calibration"]), row)
+    assert got[("allreduce", 1 << 20)] != once
+    assert got[("allgather", 64 << 10)] == fid._sim(fid.cluster_for(doc["local"]["rows"][1], job["machine"],
+                                                                     job["calibration"]), doc["local"]["rows"][1])
+    buf = io.StringIO()
+    fid.terms(doc, file=buf)
+    first = [ln for ln in buf.getvalue().splitlines()[3:] if ln.strip()][0]
+    med = fid.report(fid.predict(doc), file=io.StringIO())
+    assert float(first.split()[-3].rstrip("%")) == pytest.approx(med["local"] * 100, abs=0.051)

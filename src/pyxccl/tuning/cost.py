@@ -415,9 +415,9 @@ class Timing(Semantics):
             if src_user and self.cma is not None:
                 return self.cma.alpha * self.stretch[i] + self._cost(i, nbytes, max(rate, self.cma.beta), touches)
             if not src_user and self.peer:
-                # the bytes come from the writer's core's cache; the figures were measured with all the
-                # host's ranks at once (their sharing of cores is in them: no stretch on top)
-                t = max(self._cost(i, nbytes, rate, touches), at_size(self.peer, nbytes))
+                # the bytes come from the writer's core's cache; the figures are one rank's CPU time with
+                # all the host's ranks at once (stretched where ranks share cores, as the copies)
+                t = max(self._cost(i, nbytes, rate, touches), at_size(self.peer, nbytes) * self.stretch[i])
         if t is None:
             t = self._cost(i, nbytes, rate, touches, to in self.streamed)
         if o.reduce and self.red:       # (measured in CPU time: stretched where ranks share cores)
@@ -426,7 +426,8 @@ class Timing(Semantics):
         if held:
             # writing the window: the lines the others read in its last round are in their cores' caches
             # and must be taken back (the rest costs what a copy costs)
-            t = max(t, self._cost(i, nbytes * (1 - held), rate, touches) + at_size(self.win_write, nbytes * held))
+            t = max(t, self._cost(i, nbytes * (1 - held), rate, touches)
+                    + at_size(self.win_write, nbytes * held) * self.stretch[i])
         return t
 
     def begin(self, r, k):
