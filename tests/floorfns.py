@@ -264,3 +264,36 @@ def thread_words(comm):
     finally:
         ctx.thread_check = True
     return fails
+
+
+def window_ways(comm, calls: int = 40):
+    """A repeated call that copies into its window (a 1 MiB allreduce) picks its way each run (_native.c,
+    nt_windows): by default it runs both ways (each at least three times: the first of each warms up) and
+    stays with one but for every 16th run; set to always or never, it counts no more runs. Every result
+    right, whichever way and whichever the peer took."""
+    from pyxccl.core import onehost
+    ctx = context(comm)
+    fails, n = [], comm.size
+    count = (1 << 20) // 4
+    want = sum(range(1, n + 1))
+    x, out = np.full(count, comm.rank + 1, np.float32), np.zeros(count, np.float32)
+    before = (0, 0)
+    for setting in (2, 1, 0):
+        was = onehost._native.set_nt_windows(setting)
+        comm.barrier()
+        try:
+            for _ in range(calls):
+                out[:] = 0
+                comm.allreduce(x, out=out, algorithm=SEG)
+                if not np.all(out == want):
+                    fails.append(f"setting {setting}: {np.count_nonzero(out != want)} elements wrong")
+                    break
+        finally:
+            onehost._native.set_nt_windows(was)
+        runs = ctx.prepared.last[("allreduce", id(out))].fast.window_runs()
+        if setting == 2 and not (min(runs) >= 3 and sum(runs) >= calls - 2):
+            fails.append(f"by default: {runs} runs plainly and streamed of {calls} calls")
+        if setting != 2 and runs != before:
+            fails.append(f"setting {setting}: counted {runs}, {before} before")
+        before = runs
+    return fails

@@ -343,12 +343,13 @@ def test_every_dtype_and_op_at_every_size(n):
         world.close()
 
 
-@pytest.mark.parametrize("nt", (4 << 20, 0))
-def test_copies_into_large_buffers_the_same_in_both_executors(nt):
+@pytest.mark.parametrize("nt, nt_windows", ((4 << 20, 2), (0, 2), (4 << 20, 1)))
+def test_copies_into_large_buffers_the_same_in_both_executors(nt, nt_windows):
     """Buffers past the C side's non-temporal threshold (PYXCCL_NT_BYTES, here 4 MiB, which 2 ranks' buffers of
     4 MiB pass together; and with it off) take its non-temporal copies: pieces that start off the 16-byte line and end in a tail (odd
     windows and counts), in place and not, through the windows, by single-copy reads and by an allgather's
-    puts, give numpy's bits and the Python executor's."""
+    puts, give numpy's bits and the Python executor's; and so do copies into the windows by such stores
+    (``nt_windows`` 1: PYXCCL_NT_WINDOWS=always; 2, the default, copies plainly on this full path)."""
     n, dt = 2, np.dtype(np.float32)
     big = (4 << 20) // dt.itemsize + 5                      # elements: past the threshold, not a whole line
     windows = (Window(100_003, oneshot=8), Window(100_003, oneshot=8, single_copy=3))
@@ -366,13 +367,15 @@ def test_copies_into_large_buffers_the_same_in_both_executors(nt):
     a = PRIMITIVES["allgather"].args(n, big // n + 1, 0)
     cases += [Case("allgather", a, tee, dt, None, in_place) for in_place in (False, True)]
     world = World(n, 100_003 * dt.itemsize + 64)
-    was = onehost._native.nt_threshold(nt) if onehost._native is not None else None
+    was = (onehost._native.nt_threshold(nt), onehost._native.set_nt_windows(nt_windows)) \
+        if onehost._native is not None else None
     try:
         _check(world, cases, seed=3)
     finally:
         world.close()
         if was is not None:
-            onehost._native.nt_threshold(was)
+            onehost._native.nt_threshold(was[0])
+            onehost._native.set_nt_windows(was[1])
 
 
 def test_copy_into_copies_as_a_calls_copy():
@@ -388,9 +391,9 @@ def test_copy_into_copies_as_a_calls_copy():
         onehost._native.copy_into(dst, src[1:], True)
 
 
-def test_the_non_temporal_threshold_is_read_from_the_environment():
+def test_the_non_temporal_settings_are_read_from_the_environment():
     """PYXCCL_NT_BYTES sets the C side's threshold when pyxccl loads it (by default the last-level cache's
-    size); a negative one is refused."""
+    size), a negative one refused; PYXCCL_NT_WINDOWS its way into windows, an unknown one refused."""
     if onehost._native is None:
         pytest.skip("the native executor is not built")
     code = "import pyxccl.core.onehost as o; print(o._native.nt_threshold(0))"
@@ -401,6 +404,18 @@ def test_the_non_temporal_threshold_is_read_from_the_environment():
         assert int(out.stdout) == want, out
     with pytest.raises(ValueError, match="0 \\(never\\) or more"):
         onehost._native.nt_threshold(-1)
+    # and PYXCCL_NT_WINDOWS how calls copy into their windows (never, always, or by default each prepared
+    # call the way that cost less: _native.c, nt_windows)
+    code = "import pyxccl.core.onehost as o; print(o._native.set_nt_windows(0))"
+    for env, want in (({"PYXCCL_NT_WINDOWS": "never"}, 0), ({"PYXCCL_NT_WINDOWS": "always"}, 1), ({}, 2)):
+        e = {k: v for k, v in os.environ.items() if k != "PYXCCL_NT_WINDOWS"} | env
+        out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True)
+        assert int(out.stdout) == want, out
+    e = dict(os.environ, PYXCCL_NT_WINDOWS="sometimes")
+    out = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True)
+    assert out.returncode != 0 and "PYXCCL_NT_WINDOWS='sometimes': give one of never, always, auto" in out.stderr
+    with pytest.raises(ValueError, match="0 \\(never\\), 1 \\(always\\) or 2"):
+        onehost._native.set_nt_windows(3)
 
 
 def _fused(case: Case, r: int, n: int) -> set[str]:

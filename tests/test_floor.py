@@ -5,6 +5,7 @@ PYXCCL_NATIVE=0 there is no C path, and every call goes through ``Prepared.start
 import os
 
 import numpy as np
+import pytest
 
 import floorfns as ff
 
@@ -47,3 +48,30 @@ def _no_c_path(comm):
     ps = list(ff.context(comm).prepared.values())
     return [f"a C path with PYXCCL_NATIVE=0: {p.name}" for p in ps if p.fast is not None] + \
         ([] if ps else ["nothing prepared"])
+
+
+def test_a_call_copies_into_its_windows_the_way_that_costs_less(pools):
+    """_native.c's nt_windows: the policy alone (both ways tried first, the cheaper kept and the other tried
+    every 16th run, a way that turns dear left once most of its last five runs say so, the settings that
+    force a way), then real calls, whose results are right whichever way each rank took."""
+    if not NATIVE:
+        return
+    from pyxccl.core import onehost
+    picks = onehost._native.window_picks
+    first = [0, 0, 0, 1, 1, 1]          # each way three times (its first run warms up, not kept)
+    for cheap, costs in ((0, ([1.0] * 64, [2.0] * 64)), (1, ([2.0] * 64, [1.0] * 64))):
+        got = picks(*costs)
+        assert got[:6] == first
+        assert [k for k in range(6, 64) if got[k] != cheap] == [k for k in range(6, 64) if k % 16 == 15], got
+    # plain turns dear at run 40 (the machine's slow state): three dear runs make most of its last five
+    got = picks([1.0] * 40 + [3.0] * 60, [2.0] * 100)
+    assert got[36:44] == [0, 0, 0, 0, 0, 0, 0, 1] and got[44:] == [0 if k % 16 == 15 else 1 for k in range(44, 100)]
+    with pytest.raises(ValueError, match="as many"):
+        picks([1.0], [])
+    for setting in (0, 1):
+        was = onehost._native.set_nt_windows(setting)
+        try:
+            assert picks([1.0] * 20, [2.0] * 20) == [setting] * 20 == picks([2.0] * 20, [1.0] * 20)
+        finally:
+            onehost._native.set_nt_windows(was)
+    _ok(pools(2).run(ff.window_ways, transport="shm"))

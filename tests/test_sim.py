@@ -296,6 +296,28 @@ def test_windows_are_priced_as_rounds_use_them():
     assert shared[0].time == pytest.approx(4e-6 + 2 * (at_size(win, nb) + nb * 2e-11 + at_size(peer, nb)))
 
 
+def test_windows_written_the_cheaper_way():
+    """With window figures for non-temporal stores too (sim.calibrate's peer_nt and win_nt), a segment call
+    is priced the way that costs less, as calls pick it (_native.c, nt_windows); without them, plainly."""
+    from dataclasses import replace
+    KiB = 1 << 10
+    c = Cluster(1, 2, intra=Link(20e-6, 1e-9), inter=Link(60e-6, 1e-9), cpu=True, cores=2, copy=2e-11,
+                gamma=2e-11, seg=Link(4e-6, 0.0), cma=None, single_copy=False,
+                peer=((16 * KiB, 2e-6), (64 * KiB, 3e-6)), win_write=((16 * KiB, 3e-6), (64 * KiB, 8e-6)))
+    cheap = ((16 * KiB, 1e-6), (64 * KiB, 2e-6))
+    dear = ((16 * KiB, 9e-6), (64 * KiB, 30e-6))
+
+    def time(c):
+        return run("allgather", 64 * KiB, c, ["segment"], inplace=False)[0].time
+    plain = time(c)
+    assert time(replace(c, peer_nt=dear, win_nt=dear)) == plain
+    both_cheap = replace(c, peer_nt=cheap, win_nt=cheap)
+    assert time(both_cheap) < plain
+    assert time(both_cheap) == time(replace(c, peer=cheap, win_write=cheap))
+    # read figures of their own, or the plain ones
+    assert time(replace(c, win_nt=cheap)) == time(replace(c, win_write=cheap))
+
+
 def test_reductions_at_least_the_measured_reductions_of_their_size():
     """With reductions measured at a few sizes (``red``: sim.calibrate's, every rank at once, CPU time), a
     segment reduction costs no less than the table's time at its size, stretched where ranks share cores;

@@ -51,9 +51,9 @@
  * (PYXCCL_NT_BYTES, through nt_threshold()). At 2 ranks, 32 MiB L3, output buffers (huge pages, as numpy's):
  * 64 MiB allgather 7.0-8.9 ms against 9.8-10.4, alltoall 6.2-8.7 against 9.8-10.7, gather 3.0-4.1 against
  * 5.0-5.7; 32 MiB 10-20% faster; 16 MiB (2 x 16 MiB: not larger than the cache) as fast either way.
- * Never into a buffer reduced into (what a copy put there is read back at once) nor into windows (the
- * next reader wants them in the cache). glibc's memmove would use such stores only from 3/4 of the
- * shared cache it believes in (here 192 MiB). */
+ * Never into a buffer reduced into (what a copy put there is read back at once) nor, by this rule, into
+ * windows (the next reader wants them in the cache; but see nt_windows). glibc's memmove would use such
+ * stores only from 3/4 of the shared cache it believes in (here 192 MiB). */
 static long long nt_bytes = 0;
 static int nt_for(int64_t nbytes, int64_t ranks) { return nt_bytes > 0 && nbytes * ranks > nt_bytes; }
 #define NT_MIN_PIECE 4096
@@ -62,6 +62,58 @@ static int nt_for(int64_t nbytes, int64_t ranks) { return nt_bytes > 0 && nbytes
 #define WIDTH 9             /* int64 per instruction: opcode + 8 arguments */
 enum { I_BEGIN = 1, I_COPY, I_POST, I_PUBLISH, I_GET, I_SYNC, I_PUT };
 enum { B_IN, B_OUT, B_TMP, B_WIN };
+
+/* Copies into one's window by non-temporal stores, or by plain ones. On this project's machine the cost of
+ * writing window lines that the peer's core read the round before is bimodal: it moves between two levels
+ * within seconds as the host places the two vCPUs (512 KiB: 20-45 us, or 116-141). Non-temporal stores
+ * (they take no line back from the other core) cost more in the fast state and less in the slow one: 2
+ * ranks, batches alternating in one job, allreduce 1 MiB 126-163 us against 67-112 plain in the fast
+ * state, 221-262 against 309-377 in the slow one; 256 KiB 33-45 against 22-39, 56-65 against 75-90; 4 MiB
+ * 650-1150 against 500-1000, 843-1095 against 1080-1250. So each Call times its copies into its window
+ * either way (time per byte: what the choice changes on this rank, apart from the peers' own choices, which
+ * a whole call's time mixes in) and takes the cheaper, trying the other every WIN_EXPLORE-th run: a choice
+ * of this rank alone (the bits are the same either way, and no other rank needs to know). Timing whole
+ * calls picked the wrong way in the fast state in about half the jobs. nt_windows: 0 never, 1 always, 2 so
+ * (the default; PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies plainly unless
+ * always. */
+static int nt_windows = 2;
+#define WIN_EXPLORE 16
+#define WIN_KEPT 5          /* a way's cost: the median of its last WIN_KEPT runs' (a preempted run moves no median) */
+typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs; } WinPick;     /* per way: recent costs, runs */
+static double win_time(const WinPick *w, int way) {
+    unsigned k = w->n[way] - 1 < WIN_KEPT ? w->n[way] - 1 : WIN_KEPT;     /* (the first run is not kept) */
+    double v[WIN_KEPT];
+    for (unsigned i = 0; i < k; i++) {          /* insertion sort of at most WIN_KEPT */
+        double x = w->t[way][i];
+        unsigned j = i;
+        for (; j > 0 && v[j - 1] > x; j--) v[j] = v[j - 1];
+        v[j] = x;
+    }
+    return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+}
+static int win_pick(const WinPick *w) {
+    if (nt_windows != 2) return nt_windows;
+    if (w->n[0] < 3) return 0;          /* (the first run of each way warms up: not kept) */
+    if (w->n[1] < 3) return 1;
+    int best = win_time(w, 1) < win_time(w, 0);
+    return w->runs % WIN_EXPLORE == WIN_EXPLORE - 1 ? !best : best;
+}
+static void win_timed(WinPick *w, int way, double cost) {
+    w->runs++;
+    if (w->n[way]++ == 0) return;
+    w->t[way][(w->n[way] - 2) % WIN_KEPT] = cost;
+}
+/* Is instruction i (a COPY or a GET) a copy into my window (not a reduce) that streaming stores would take? */
+static inline int timed_into_window(const int64_t *i) { return i[3] == B_WIN && !i[6] && i[5] >= NT_MIN_PIECE; }
+
+/* Does the program copy into its window (not reducing) in pieces that streaming stores would take? */
+static int copies_into_window(const int64_t *code, Py_ssize_t len) {
+    for (Py_ssize_t pc = 0; pc < len; pc++) {
+        const int64_t *i = code + WIDTH * pc;
+        if ((i[0] == I_COPY || i[0] == I_GET) && timed_into_window(i)) return 1;
+    }
+    return 0;
+}
 /* run()'s outcomes; BUFFER: a buffer the program uses is missing, read-only where it writes, or too
  * small (peer: the buffer id, err: the bytes it needs), found before anything runs */
 enum { DONE = 0, NAPPED, MISMATCH, BOUNDS, CMA_FAILED, UNSUPPORTED, BUFFER };
@@ -89,6 +141,8 @@ typedef struct {
     char *posted;               /* what I posted this round (NULL: nothing) */
     int posted_nt;              /* copies into it use non-temporal stores (its buffer's Run.nt) */
     int nt[4];                  /* per buffer id: copies into it use non-temporal stores (see nt_bytes) */
+    int win_timing;             /* time the copies into my window (nt_windows): their ns and bytes */
+    int64_t win_ns, win_bytes;
     char *scratch;              /* single-copy reads that are reduced land here first */
     int64_t scratch_bytes;
     int64_t peer, err;          /* who failed, and errno or offset */
@@ -483,6 +537,13 @@ static int step(Run *r, const int64_t *i) {
         return DONE;
     }
     case I_COPY:
+        if (r->win_timing && timed_into_window(i)) {
+            int64_t t = now_ns();
+            int rc = move(r, address(r, i[3], i[4]), address(r, i[1], i[2]), i[5], i[6], r->nt[i[3]]);
+            r->win_ns += now_ns() - t;
+            r->win_bytes += i[5];
+            return rc;
+        }
         return move(r, address(r, i[3], i[4]), address(r, i[1], i[2]), i[5], i[6], r->nt[i[3]]);
     case I_POST: {
         volatile uint64_t *h = header(r, r->parity, r->me);
@@ -520,7 +581,15 @@ static int step(Run *r, const int64_t *i) {
                 if (!agrees(r, p)) { r->peer = p; return MISMATCH; }
             }
         }
-        return i[0] == I_SYNC ? DONE : get(r, p, r->parity, i[2], address(r, i[3], i[4]), i[5], i[6], r->nt[i[3]]);
+        if (i[0] == I_SYNC) return DONE;
+        if (r->win_timing && timed_into_window(i)) {
+            int64_t t = now_ns();
+            int rc = get(r, p, r->parity, i[2], address(r, i[3], i[4]), i[5], i[6], r->nt[i[3]]);
+            r->win_ns += now_ns() - t;
+            r->win_bytes += i[5];
+            return rc;
+        }
+        return get(r, p, r->parity, i[2], address(r, i[3], i[4]), i[5], i[6], r->nt[i[3]]);
     }
     case I_PUT: {       /* once p has published this round (its buffer is posted), as a GET waits */
         int64_t p = i[1];
@@ -648,6 +717,7 @@ static void fixed(Run *r, unsigned long long base, long long line, long long hdr
     r->call[1] = w0; r->call[2] = w1;
     r->spin_ns = spin; r->yields = yields; r->nap_ns = nap > 0 ? nap : 1; r->dtype = dtype; r->op = op;
     for (int b = 0; b < 3; b++) r->nt[b] = nt_for(need[b], n) && !(writes[b] & 2);
+    r->nt[B_WIN] = nt_windows == 1;      /* (a Call picks its way on each run: go()) */
 }
 
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -787,6 +857,8 @@ typedef struct {
     Py_ssize_t in_nbytes, out_nbytes, at;        /* at: primitives.apart's in-place offset (-1: none) */
     long long thread;
     int inplace, gathers;
+    int win_copies;             /* the program copies into its window (copies_into_window): a way to pick */
+    WinPick pick;               /* (nt_windows) how its runs went with plain and with non-temporal stores */
 } CallObject;
 
 static double clock_s(clockid_t id) {       /* as time.time() and time.monotonic() give it */
@@ -925,8 +997,12 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         r->peer = -1;
         r->parity = r->round & 1;
         r->call[0] = ncseq;
+        int way = r->nt[B_WIN] = c->win_copies ? win_pick(&c->pick) : 0;
+        r->win_timing = c->win_copies && nt_windows == 2;
         Py_ssize_t pc = 0;
         int status = execute(r, c->code, c->len, &pc);
+        if (status == DONE && r->win_timing && r->win_bytes)
+            win_timed(&c->pick, way, (double)r->win_ns / (double)r->win_bytes);
         for (int b = 0; b < 3; b++)
             if (held[b]) { PyBuffer_Release(&views[b]); held[b] = 0; }
         if (status == DONE) {
@@ -1068,12 +1144,20 @@ static PyObject *call_expect(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *call_window_runs(PyObject *self, PyObject *unused) {
+    (void)unused;
+    CallObject *c = (CallObject *)self;
+    return Py_BuildValue("(II)", c->pick.n[0], c->pick.n[1]);
+}
+
 static PyMethodDef call_methods[] = {
     {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL,
      "again(in, out, root, op, algorithm, timeout): the call on a repeat's arrays and objects, or None"},
     {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, "
      "gathers, root, op, algorithm, timeout, thread)"},
     {"thread_word", call_thread_word, METH_NOARGS, "thread_word(): the calling thread's word as again() finds it"},
+    {"window_runs", call_window_runs, METH_NOARGS, "window_runs() -> (plain, non_temporal): its runs that copied "
+     "into its window each way while set_nt_windows(2) was in force; (0, 0) where it copies into none"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1113,6 +1197,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
         return NULL;
     }
     fixed(&c->fixed, base, line, hdr_at, head, area, pids_at, me, n, w0, w1, spin, yields, nap, dtype, op, c->need, c->writes);
+    c->win_copies = copies_into_window(c->code, c->len);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1;
     PyObject *lock = NULL, *exec_ = NULL, *ops = NULL;
     c->ctx_dict = PyObject_GetAttrString(ctx, "__dict__");
@@ -1296,7 +1381,9 @@ static PyObject *tables(PyObject *self, PyObject *unused) {
         || PyDict_SetItemString(d, "dtypes", dt) < 0 || PyDict_SetItemString(d, "ops", ops) < 0
         || PyDict_SetItemString(d, "reduces", pairs) < 0
         /* where fuse() applies and the pieces of its tee (for the tests that must reach them) */
-        || put(d, "fuse", Py_BuildValue("{s:i,s:i}", "bytes", FUSE_BYTES, "tee_piece", TEE_PIECE)) < 0)
+        || put(d, "fuse", Py_BuildValue("{s:i,s:i}", "bytes", FUSE_BYTES, "tee_piece", TEE_PIECE)) < 0
+        /* set_nt_windows()'s ways (PYXCCL_NT_WINDOWS) */
+        || put(d, "windows", Py_BuildValue("{s:i,s:i,s:i}", "never", 0, "always", 1, "auto", 2)) < 0)
         goto fail;
     Py_DECREF(dt); Py_DECREF(ops); Py_DECREF(pairs);
     return d;
@@ -1315,7 +1402,49 @@ static PyObject *nt_threshold(PyObject *self, PyObject *arg) {
     return PyLong_FromLongLong(was);
 }
 
+static PyObject *set_nt_windows(PyObject *self, PyObject *arg) {
+    (void)self;
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (v < 0 || v > 2) { PyErr_SetString(PyExc_ValueError, "set_nt_windows: 0 (never), 1 (always) or 2 (the faster)"); return NULL; }
+    int was = nt_windows;
+    nt_windows = (int)v;
+    return PyLong_FromLong(was);
+}
+
+/* window_picks(plain_costs, nt_costs) -> the ways (0 plain, 1 non-temporal) a Call's policy picks for runs
+ * whose copies into the window would cost plain_costs[k] or nt_costs[k] (per byte) in run k: win_pick and
+ * win_timed alone, for tests. */
+static PyObject *window_picks(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
+    PyObject *costs[2] = {PySequence_Fast(a, "window_picks: plain_costs must be a sequence"), NULL};
+    if (costs[0]) costs[1] = PySequence_Fast(b, "window_picks: nt_costs must be a sequence");
+    PyObject *out = NULL;
+    if (costs[1] && PySequence_Fast_GET_SIZE(costs[0]) != PySequence_Fast_GET_SIZE(costs[1]))
+        PyErr_SetString(PyExc_ValueError, "window_picks: as many costs each way");
+    else if (costs[1])
+        out = PyList_New(0);
+    WinPick w;
+    memset(&w, 0, sizeof w);
+    for (Py_ssize_t k = 0; out && k < PySequence_Fast_GET_SIZE(costs[0]); k++) {
+        int way = win_pick(&w);
+        double cost = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(costs[way], k));
+        PyObject *v = cost == -1.0 && PyErr_Occurred() ? NULL : PyLong_FromLong(way);
+        if (v && nt_windows == 2) win_timed(&w, way, cost);
+        if (!v || PyList_Append(out, v) < 0) Py_CLEAR(out);
+        Py_XDECREF(v);
+    }
+    Py_XDECREF(costs[0]); Py_XDECREF(costs[1]);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"set_nt_windows", set_nt_windows, METH_O, "set_nt_windows(way) -> the one before: calls copy into their "
+     "windows with plain stores (0), non-temporal ones (1), or (2, the default) prepared calls whichever cost less"},
+    {"window_picks", window_picks, METH_VARARGS, "window_picks(plain_costs, nt_costs) -> [way, ...]: what "
+     "set_nt_windows(2) picks for runs whose copies into the window would cost those (its policy alone, for tests)"},
     {"nt_threshold", nt_threshold, METH_O, "nt_threshold(nbytes) -> the one before: calls made from now on copy with "
      "non-temporal stores into a buffer that on every rank of the segment together is larger than nbytes (0: never)"},
     {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},

@@ -58,13 +58,16 @@ _BEGIN, _COPY, _POST, _PUBLISH, _GET, _SYNC, _PUT = (_OPCODES[k] for k in ("BEGI
 _DONE, _NAPPED, _MISMATCH, _BOUNDS, _CMA_FAILED, _UNSUPPORTED, _BUFFER = _STATUS.values()
 
 
+_WINDOW_WAYS = {"never": 0, "always": 1, "auto": 2}      # PYXCCL_NT_WINDOWS: _native.set_nt_windows()'s ways
+
+
 def tables() -> dict:
     """What the native executor must say its ``tables()`` are, as this side has them."""
     return {"width": _WIDTH, "opcodes": _OPCODES, "status": _STATUS, "buffers": _BUFS,
             "header": {k: getattr(_layout, k) for k in ("SEQ", "W0", "W1", "ADDR", "NBYTES")},
             "dtypes": {dt.name: code for dt, code in _DTYPES.items()},
             "ops": {op.value: code for op, code in _OPS.items() if op is not ReduceOp.AVG},
-            "segment": _layout.LAYOUT, "layout": _layout.LAYOUT_FIELDS}
+            "segment": _layout.LAYOUT, "layout": _layout.LAYOUT_FIELDS, "windows": _WINDOW_WAYS}
 
 
 def native_mismatch(mod) -> str | None:
@@ -87,6 +90,11 @@ if NATIVE_REFUSED is not None:
 if _native is not None:     # non-temporal copies into a call's buffers that together pass the cache (_native.c)
     _nt = os.environ.get("PYXCCL_NT_BYTES")
     _native.nt_threshold(int(_nt) if _nt is not None else copies.last_level_cache())
+    # ... and into windows: plainly, by such stores, or (auto) each prepared call the way that costs less
+    _way = os.environ.get("PYXCCL_NT_WINDOWS", "auto")
+    if _way not in _WINDOW_WAYS:
+        raise ValueError(f"PYXCCL_NT_WINDOWS={_way!r}: give one of {', '.join(_WINDOW_WAYS)}")
+    _native.set_nt_windows(_WINDOW_WAYS[_way])
 
 
 def numpy_differs(mod) -> frozenset:

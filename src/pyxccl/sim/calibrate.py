@@ -97,8 +97,10 @@ def _windows(comm) -> dict:
     window right after it wrote it, "win": the same for writing one's own window right after the
     previous rank read it}, in CPU time (the model stretches them where ranks share cores; by the wall
     they came out the same at 4 ranks on 2 cores as at 2: an op shorter than a time slice runs whole
-    once its rank has the core); {} without a segment. (The windows are free between calls: every
-    round writes its window before publishing.)"""
+    once its rank has the core); with the native executor also "peer_nt" and "win_nt", the same with the
+    window written by non-temporal stores (calls write their windows whichever way costs less: _native.c,
+    nt_windows); {} without a segment. (The windows are free between calls: every round writes its
+    window before publishing.)"""
     seg = comm.shared_segment()
     sizes = [nb for nb in _WINDOW_SIZES if nb <= seg.area] if seg is not None else []
     if not sizes:
@@ -106,18 +108,23 @@ def _windows(comm) -> dict:
     u8 = np.dtype(np.uint8)
     mine, theirs = seg.window(0, comm.rank, u8), seg.window(0, (comm.rank + 1) % comm.size, u8)
     src, dst = page_aligned(max(sizes), 1, np.uint8), page_aligned(max(sizes), 0, np.uint8)
-    out: dict = {"peer": [], "win": []}
-    for nb in sizes:
-        def write():
-            np.copyto(mine[:nb], src[:nb])
+    ways = ("", "_nt") if _native is not None else ("",)
+    out: dict = {k + way: [] for way in ways for k in ("peer", "win")}
+    for way in ways:
+        for nb in sizes:
+            def write():
+                if way:
+                    _native.copy_into(mine[:nb], src[:nb], True)
+                else:
+                    np.copyto(mine[:nb], src[:nb])
 
-        def read():
-            np.copyto(dst[:nb], theirs[:nb])
+            def read():
+                np.copyto(dst[:nb], theirs[:nb])
 
-        def then(f):        # after everyone's last timed op: nobody writes a window another still reads
-            return lambda: (comm.barrier(), f())
-        out["peer"].append([nb, _timed(comm, read, 40, prep=then(write), clock=time.thread_time)])
-        out["win"].append([nb, _timed(comm, write, 40, prep=then(read), clock=time.thread_time)])
+            def then(f):        # after everyone's last timed op: nobody writes a window another still reads
+                return lambda: (comm.barrier(), f())
+            out["peer" + way].append([nb, _timed(comm, read, 40, prep=then(write), clock=time.thread_time)])
+            out["win" + way].append([nb, _timed(comm, write, 40, prep=then(read), clock=time.thread_time)])
     return out
 
 
@@ -156,7 +163,7 @@ def _reductions(comm) -> list:
 
 def measure(comm) -> dict:
     """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None,
-    "peer" and "win": [[bytes, seconds], ...] or None (``_windows``), "mem": [[bytes, seconds], ...]
+    "peer" and "win", "peer_nt" and "win_nt": [[bytes, seconds], ...] or None (``_windows``), "mem": [[bytes, seconds], ...]
     and "mem_nt" (``_memory``), "red": the same (``_reductions``)}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
@@ -166,4 +173,5 @@ def measure(comm) -> dict:
     win = _windows(comm)
     mem, mem_nt = _memory(comm)
     return {"seg": seg, "cma": _single_copy(comm), "peer": win.get("peer"), "win": win.get("win"),
+            "peer_nt": win.get("peer_nt"), "win_nt": win.get("win_nt"),
             "mem": mem, "mem_nt": mem_nt, "red": _reductions(comm)}

@@ -57,6 +57,8 @@ class Cluster:
     peer: tuple = ()                 # ... and reading a window another rank just wrote, ((bytes, seconds),
                                      # ...) measured at a few sizes (sim.calibrate; (): as a copy)
     win_write: tuple = ()            # ... and writing one's window that the others read in its last round
+    peer_nt: tuple = ()              # ... and the two with the window written by non-temporal stores, which
+    win_nt: tuple = ()               # calls take where that costs less (_native.c, nt_windows; (): never)
     mem_at: tuple = ()               # ... and a copy between two call buffers, every rank at once, at a few
                                      # sizes (sim.calibrate; (): ``mem`` beyond ``cache``: cost.memory_term)
     mem_nt_at: tuple = ()            # ... and the same copy with non-temporal stores (into the buffers the
@@ -134,6 +136,8 @@ class Cluster:
                         cma=Link(*calibration["cma"]) if calibration.get("cma") else None,
                         peer=tuple(tuple(x) for x in calibration["peer"]) if calibration.get("peer") else (),
                         win_write=tuple(tuple(x) for x in calibration["win"]) if calibration.get("win") else (),
+                        peer_nt=tuple(tuple(x) for x in calibration["peer_nt"]) if calibration.get("peer_nt") else (),
+                        win_nt=tuple(tuple(x) for x in calibration["win_nt"]) if calibration.get("win_nt") else (),
                         mem_at=tuple(tuple(x) for x in calibration["mem"]) if calibration.get("mem") else (),
                         mem_nt_at=tuple(tuple(x) for x in calibration["mem_nt"]) if calibration.get("mem_nt") else (),
                         red=tuple(tuple(x) for x in calibration["red"]) if calibration.get("red") else (),
