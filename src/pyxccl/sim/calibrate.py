@@ -163,8 +163,8 @@ def _reductions(comm) -> list:
 
 def measure(comm) -> dict:
     """Collective, on a one-host communicator: {"seg": round seconds, "cma": [alpha, beta] or None,
-    "peer" and "win", "peer_nt" and "win_nt": [[bytes, seconds], ...] or None (``_windows``), "mem": [[bytes, seconds], ...]
-    and "mem_nt" (``_memory``), "red": the same (``_reductions``)}."""
+    "peer" and "win", "peer_nt" and "win_nt": [[bytes, seconds], ...] or None (``_windows``),
+    "mem": [[bytes, seconds], ...] and "mem_nt" (``_memory``), "red": the same (``_reductions``)}."""
     if len({t["host"] for t in comm.topology()}) != 1 or comm.size < 2:
         raise ValueError("calibrate on the ranks of one host (the segment and single-copy reads are a host's)")
     # (the barrier before each of the same form: a call of another form in between costs its lookup)
