@@ -52,8 +52,8 @@ def _no_c_path(comm):
 
 def test_a_call_copies_into_its_windows_the_way_that_costs_less(pools):
     """_native.c's nt_windows: the policy alone (both ways tried first, the cheaper kept and the other tried
-    every 16th run, a way that turns dear left once most of its last five runs say so, the settings that
-    force a way), then real calls, whose results are right whichever way each rank took."""
+    every 16th run, a way that turns dear left once most of its last five timed runs say so, the settings
+    that force a way), then real calls, whose results are right whichever way each rank took."""
     if not NATIVE:
         return
     from pyxccl.core import onehost
@@ -63,9 +63,10 @@ def test_a_call_copies_into_its_windows_the_way_that_costs_less(pools):
         got = picks(*costs)
         assert got[:6] == first
         assert [k for k in range(6, 64) if got[k] != cheap] == [k for k in range(6, 64) if k % 16 == 15], got
-    # plain turns dear at run 40 (the machine's slow state): three dear runs make most of its last five
+    # plain turns dear at run 40 (the machine's slow state): once both ways have three, every 4th run is timed
+    # (43, 51, 55 plainly: 47 is the other way's), and three dear ones make most of its last five
     got = picks([1.0] * 40 + [3.0] * 60, [2.0] * 100)
-    assert got[36:44] == [0, 0, 0, 0, 0, 0, 0, 1] and got[44:] == [0 if k % 16 == 15 else 1 for k in range(44, 100)]
+    assert got[40:56] == [0] * 7 + [1] + [0] * 8 and got[56:] == [0 if k % 16 == 15 else 1 for k in range(56, 100)]
     with pytest.raises(ValueError, match="as many"):
         picks([1.0], [])
     for setting in (0, 1):

@@ -98,9 +98,16 @@ static int win_pick(const WinPick *w) {
     int best = win_time(w, 1) < win_time(w, 0);
     return w->runs % WIN_EXPLORE == WIN_EXPLORE - 1 ? !best : best;
 }
-static void win_timed(WinPick *w, int way, double cost) {
+/* Is this run timed? Every run until both ways have three, then every WIN_TIMED-th (the other way's among
+ * them): two clock reads a copy, which for a broadcast's 32 KiB pieces come to a few percent of its time. */
+#define WIN_TIMED 4
+static int win_timing(const WinPick *w) {
+    return nt_windows == 2 && (w->n[0] < 3 || w->n[1] < 3 || w->runs % WIN_TIMED == WIN_TIMED - 1);
+}
+/* After each run (cost: its copies into the window, per byte; < 0 where it was not timed). */
+static void win_ran(WinPick *w, int way, double cost) {
     w->runs++;
-    if (w->n[way]++ == 0) return;
+    if (cost < 0 || w->n[way]++ == 0) return;
     w->t[way][(w->n[way] - 2) % WIN_KEPT] = cost;
 }
 /* Is instruction i (a COPY or a GET) a copy into my window (not a reduce) that streaming stores would take? */
@@ -998,11 +1005,11 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         r->parity = r->round & 1;
         r->call[0] = ncseq;
         int way = r->nt[B_WIN] = c->win_copies ? win_pick(&c->pick) : 0;
-        r->win_timing = c->win_copies && nt_windows == 2;
+        r->win_timing = c->win_copies && win_timing(&c->pick);
         Py_ssize_t pc = 0;
         int status = execute(r, c->code, c->len, &pc);
-        if (status == DONE && r->win_timing && r->win_bytes)
-            win_timed(&c->pick, way, (double)r->win_ns / (double)r->win_bytes);
+        if (status == DONE && c->win_copies && nt_windows == 2)
+            win_ran(&c->pick, way, r->win_timing && r->win_bytes ? (double)r->win_ns / (double)r->win_bytes : -1.0);
         for (int b = 0; b < 3; b++)
             if (held[b]) { PyBuffer_Release(&views[b]); held[b] = 0; }
         if (status == DONE) {
@@ -1156,8 +1163,8 @@ static PyMethodDef call_methods[] = {
     {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, "
      "gathers, root, op, algorithm, timeout, thread)"},
     {"thread_word", call_thread_word, METH_NOARGS, "thread_word(): the calling thread's word as again() finds it"},
-    {"window_runs", call_window_runs, METH_NOARGS, "window_runs() -> (plain, non_temporal): its runs that copied "
-     "into its window each way while set_nt_windows(2) was in force; (0, 0) where it copies into none"},
+    {"window_runs", call_window_runs, METH_NOARGS, "window_runs() -> (plain, non_temporal): its timed runs each way "
+     "(set_nt_windows(2): every run until each way has three, then every 4th); (0, 0) where it copies into no window"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1413,8 +1420,8 @@ static PyObject *set_nt_windows(PyObject *self, PyObject *arg) {
 }
 
 /* window_picks(plain_costs, nt_costs) -> the ways (0 plain, 1 non-temporal) a Call's policy picks for runs
- * whose copies into the window would cost plain_costs[k] or nt_costs[k] (per byte) in run k: win_pick and
- * win_timed alone, for tests. */
+ * whose copies into the window would cost plain_costs[k] or nt_costs[k] (per byte) in run k: win_pick,
+ * win_timing and win_ran alone, for tests. */
 static PyObject *window_picks(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *a, *b;
@@ -1429,10 +1436,10 @@ static PyObject *window_picks(PyObject *self, PyObject *args) {
     WinPick w;
     memset(&w, 0, sizeof w);
     for (Py_ssize_t k = 0; out && k < PySequence_Fast_GET_SIZE(costs[0]); k++) {
-        int way = win_pick(&w);
+        int way = win_pick(&w), timed = win_timing(&w);
         double cost = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(costs[way], k));
         PyObject *v = cost == -1.0 && PyErr_Occurred() ? NULL : PyLong_FromLong(way);
-        if (v && nt_windows == 2) win_timed(&w, way, cost);
+        if (v && nt_windows == 2) win_ran(&w, way, timed ? cost : -1.0);
         if (!v || PyList_Append(out, v) < 0) Py_CLEAR(out);
         Py_XDECREF(v);
     }
