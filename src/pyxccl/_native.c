@@ -521,6 +521,17 @@ static int put_into(Run *r, int64_t p, int64_t dst_off, const char *src, int64_t
     return DONE;
 }
 
+/* A COPY's or GET's copy into my window, timed when the Call times its runs (nt_windows): the clock before
+ * it (0: not timed), then its time and bytes added up. */
+static inline int64_t window_clock(const Run *r, const int64_t *i) {
+    return r->win_timing && timed_into_window(i) ? now_ns() : 0;
+}
+static inline void window_timed(Run *r, const int64_t *i, int64_t t0) {
+    if (!t0) return;
+    r->win_ns += now_ns() - t0;
+    r->win_bytes += i[5];
+}
+
 /* One instruction: i[0] the opcode, then (k: the round's index in the call, 0 in its first)
  *   BEGIN
  *   COPY     src buffer, src offset, dst buffer, dst offset, bytes, reduce?
@@ -543,15 +554,12 @@ static int step(Run *r, const int64_t *i) {
         header(r, r->parity, r->me)[NBYTES] = 0;
         return DONE;
     }
-    case I_COPY:
-        if (r->win_timing && timed_into_window(i)) {
-            int64_t t = now_ns();
-            int rc = move(r, address(r, i[3], i[4]), address(r, i[1], i[2]), i[5], i[6], r->nt[i[3]]);
-            r->win_ns += now_ns() - t;
-            r->win_bytes += i[5];
-            return rc;
-        }
-        return move(r, address(r, i[3], i[4]), address(r, i[1], i[2]), i[5], i[6], r->nt[i[3]]);
+    case I_COPY: {
+        int64_t t0 = window_clock(r, i);
+        int rc = move(r, address(r, i[3], i[4]), address(r, i[1], i[2]), i[5], i[6], r->nt[i[3]]);
+        window_timed(r, i, t0);
+        return rc;
+    }
     case I_POST: {
         volatile uint64_t *h = header(r, r->parity, r->me);
         r->posted = address(r, i[1], i[2]);
@@ -589,14 +597,10 @@ static int step(Run *r, const int64_t *i) {
             }
         }
         if (i[0] == I_SYNC) return DONE;
-        if (r->win_timing && timed_into_window(i)) {
-            int64_t t = now_ns();
-            int rc = get(r, p, r->parity, i[2], address(r, i[3], i[4]), i[5], i[6], r->nt[i[3]]);
-            r->win_ns += now_ns() - t;
-            r->win_bytes += i[5];
-            return rc;
-        }
-        return get(r, p, r->parity, i[2], address(r, i[3], i[4]), i[5], i[6], r->nt[i[3]]);
+        int64_t t0 = window_clock(r, i);
+        int rc = get(r, p, r->parity, i[2], address(r, i[3], i[4]), i[5], i[6], r->nt[i[3]]);
+        window_timed(r, i, t0);
+        return rc;
     }
     case I_PUT: {       /* once p has published this round (its buffer is posted), as a GET waits */
         int64_t p = i[1];

@@ -100,13 +100,12 @@ def run(primitive: str, nbytes: int, cluster: Cluster, algos=None, *, dtype="flo
             raise
         ip = inplace and prim.name == "allreduce"
         nin, nout = prim.buffers(0, args)
-        est, stuck = walk_model(scheds, dt.itemsize, net, ip, working_set=(nout if ip else nin + nout) * dt.itemsize)
+        ws = (nout if ip else nin + nout) * dt.itemsize
+        est, stuck = walk_model(scheds, dt.itemsize, net, ip, working_set=ws)
         if algo.segment and cluster.win_nt and not stuck and not folded:
             # calls write their windows by non-temporal stores where that costs less (_native.c, nt_windows)
             nt = replace(cluster, peer=cluster.peer_nt or cluster.peer, win_write=cluster.win_nt)
-            streamed, _ = walk_model(scheds, dt.itemsize, ClusterNet(nt), ip,
-                                     working_set=(nout if ip else nin + nout) * dt.itemsize)
-            est = min(est, streamed, key=lambda e: e.time)
+            est = min(est, walk_model(scheds, dt.itemsize, ClusterNet(nt), ip, working_set=ws)[0], key=lambda e: e.time)
         if stuck:
             raise RuntimeError(f"{primitive} {name}: ranks {stuck[:8]} could not finish (a deadlock in the "
                                f"schedules: pyxccl.checker.check says where)")
