@@ -9,6 +9,7 @@ Run it (from the repository, with the package on the path):
     python benchmarks/sim_fidelity.py --published [--json FILE]  # published nccl-tests figures (issue 27)
     python benchmarks/sim_fidelity.py --published --fit          # ... refitting on the calibrate part
     python benchmarks/sim_fidelity.py --published --net-latency  # ... pricing NET plugin latencies too
+    python benchmarks/sim_fidelity.py --published --cross-validate   # the fit's forms, leaving a source out
 
 ``--published`` measures nothing: it predicts every point of ``pyxccl/sim/data/nccl_published.json``
 (docs/sim-data.md) with the default simulator ("pyxccl") and the NCCL tuning model's port ("nccl"),
@@ -673,6 +674,31 @@ def published(fit: bool = False, json_path: str | None = None, file=None, net_la
     return doc
 
 
+def cross_validated(file=None) -> dict:
+    """Print and return {form: {model: (points, median, worst)}}: each calibrate source predicted by the
+    fit on the other calibrate sources, in each of the fit's forms (``pyxccl.sim.published.cross_validate``),
+    and per source for the form FITTED has."""
+    from pyxccl.sim import published as P
+    file = file or sys.stdout
+    by_form = P.cross_validate(P.load())
+    out = {}
+    print(f"# leave one calibrate source out: each predicted by the fit on the others (validation points unused)\n"
+          f"{'form':<18}{'model':<8}{'n':>5}{'median':>9}{'worst':>8}", file=file)
+    for name, rows in by_form.items():
+        for m in P.MODELS:
+            errs = [abs(r.error[m]) for r in rows if not r.left_out]
+            out.setdefault(name, {})[m] = (len(errs), statistics.median(errs), max(errs))
+            print(f"{name:<18}{m:<8}{len(errs):>5}{statistics.median(errs) * 100:>8.1f}%{max(errs) * 100:>7.0f}%",
+                  file=file)
+    kept = next(iter(P.FIT_FORMS))
+    print(f"\n# per source, form {kept!r}: median |error| left out", file=file)
+    for src in sorted({r.point.source_id for r in by_form[kept]}):
+        rs = [r for r in by_form[kept] if r.point.source_id == src and not r.left_out]
+        print(f"{src:<32}{len(rs):>4}  " + "  ".join(
+            f"{m} {statistics.median(abs(r.error[m]) for r in rs) * 100:5.1f}%" for m in P.MODELS), file=file)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--part", choices=("local", "hosts", "all"), default="all", help="what to measure")
@@ -692,6 +718,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="with --published: write the rows and summaries here")
     ap.add_argument("--net-latency", action="store_true",
                     help="with --published: price the NET plugin latencies the sources name (S12: 150 us)")
+    ap.add_argument("--cross-validate", action="store_true",
+                    help="with --published: the fit's forms judged by leaving each calibrate source out")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--prims", help=argparse.SUPPRESS)
@@ -702,7 +730,10 @@ def main(argv=None) -> int:
         _worker(a)
         return 0
     if a.published:
-        published(a.fit, a.json, net_latency=a.net_latency)
+        if a.cross_validate:
+            cross_validated()
+        else:
+            published(a.fit, a.json, net_latency=a.net_latency)
         return 0
     if a.load:
         with open(a.load) as f:

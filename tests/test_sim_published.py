@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import math
+import statistics
 from importlib import resources
 from pathlib import Path
 
@@ -148,6 +149,41 @@ def test_fit_sees_calibrate_points_only(points, monkeypatch):
     assert all(v.net_step_lat == 0.0 for (m, _), v in fitted.FITTED.items() if m == "pyxccl")
 
 
+def test_cross_validation_predicts_each_source_by_a_fit_on_the_others(points, monkeypatch):
+    """Leave one source out: a calibrate point is predicted once a form, by a fit that saw none of its
+    source's points and no validation point; the fit of each fold is ``fit`` itself."""
+    calp = P.calibration_points(points)
+    sources = sorted({p.source_id for p in calp})
+    few = [p for p in calp if p.source_id in sources[:3]][::3]       # three sources, a third of their points
+    fits, predicted = [], []
+    real_fit, real_eval = P.fit, P.evaluate
+
+    def fit(pts, form="add", net_step=True):
+        cal = real_fit(pts, form, net_step)
+        fits.append(({p.source_id for p in pts}, (form, net_step), cal))
+        return cal
+
+    def evaluate(pts, calibration=None):
+        if calibration is not None and any(calibration is c for *_, c in fits):
+            trained, how, _ = next(f for f in fits if f[2] is calibration)
+            predicted.extend((p, how, trained) for p in pts)
+        return real_eval(pts, calibration)
+    monkeypatch.setattr(P, "fit", fit)
+    monkeypatch.setattr(P, "evaluate", evaluate)
+    forms = {"add": ("add", False), "floor + net step": ("floor", True)}
+    out = P.cross_validate(few + [_one(points, part="validate")], forms)
+    assert set(out) == set(forms)
+    for name, how in forms.items():
+        mine = [(p, t) for p, h, t in predicted if h == how]
+        assert sorted(p.id for p, _ in mine) == sorted(p.id for p in few)       # each point once
+        assert all(p.source_id not in trained and trained for p, trained in mine)
+        assert [r.point.id for r in out[name]] == [p.id for p, _ in mine]
+        for src in sources[:3]:     # the rows are the fold's predictions
+            held = [r for r in out[name] if r.point.source_id == src]
+            cal = real_fit([q for q in few if q.source_id != src], *how)
+            assert [r.error for r in held] == [w.error for w in real_eval([r.point for r in held], cal)]
+
+
 def test_net_step_latency(points):
     """net_step_lat: added to each network step NCCL's latency model counts (tuning.cc), so NCCL's choice sees
     it; fitted as the median (measured - predicted) / steps over the several-node calibrate points <= 64 KiB."""
@@ -240,6 +276,18 @@ def test_benchmark_published_table(monkeypatch, tmp_path, capsys, points):
     s = next(x for x in saved["summary"] if (x["part"], x["model"], x["points"]) == ("calibrate", "nccl", "clean"))
     errs = sorted(abs(r["error"]["nccl"]) for r in saved["rows"] if not r["left_out"])
     assert s["before"]["count"] == len(errs) and math.isclose(s["before"]["worst"], errs[-1])
+
+    # --cross-validate: the fit's forms over the sources left out one at a time, the medians of their rows
+    calp = P.calibration_points(points)
+    few = [p for p in calp if p.source_id in ("S11-oci-oke-a100-2n", "S15-unresolved-a100-thanos")][::2]
+    monkeypatch.setattr(P, "load", lambda path=None: few)
+    got = fid.main(["--published", "--cross-validate"])
+    out = capsys.readouterr().out
+    assert got == 0 and "leave one calibrate source out" in out and "S15-unresolved-a100-thanos" in out
+    cv = P.cross_validate(few)
+    for name, rows in cv.items():
+        errs = [abs(r.error["nccl"]) for r in rows]
+        assert f"{name:<18}nccl    {len(errs):>5}{statistics.median(errs) * 100:>8.1f}%" in out
 
 
 # --- the command line prints the validated figure (differential: the CLI against the fidelity table) ------

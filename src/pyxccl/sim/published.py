@@ -326,13 +326,35 @@ def calibration_points(points: list[Point]) -> list[Point]:
     return [p for p in points if p.part == "calibrate" and not p.suspect and model_input(p)[0] is not None]
 
 
-def fit(points: list[Point], form: str = "add") -> dict:
-    """The fitted parameters, {(model, preset): fitted.Params}, from calibrate points only (``fitted.fit``)."""
+def fit(points: list[Point], form: str = "add", net_step: bool = True) -> dict:
+    """The fitted parameters, {(model, preset): fitted.Params}, from calibrate points only (``fitted.fit``;
+    ``net_step``: NCCL's model's latency per network step fitted too)."""
     bad = [p.id for p in points if p.part != "calibrate"]
     if bad:
         raise InvalidArgumentError(f"fit: points {bad[:8]} are not in the calibrate part: fit on "
                                    "calibration_points(load()) only")
-    return fitted.fit(points, evaluate, form, steps=net_steps)
+    return fitted.fit(points, evaluate, form, steps=net_steps if net_step else None)
+
+
+#: the fit's forms ``cross_validate`` compares: name -> ``fit``'s (form, net_step); the first is FITTED's
+FIT_FORMS = {"add + net step": ("add", True), "add": ("add", False), "floor + net step": ("floor", True)}
+
+
+def cross_validate(points: list[Point], forms: dict = FIT_FORMS) -> dict:
+    """{form name: [Row, ...]}: leave one source out over the calibrate part. Each calibrate source's points
+    are predicted with the parameters ``fit`` (in that form) finds on the other calibrate sources, so every
+    row is a prediction of a source its fit did not see: the error to expect from sources no fit has seen,
+    by which a form with more fitted figures is judged fairly against one with fewer (on its own fit's
+    points more figures always fit better). Uses calibrate points only, as ``fit``."""
+    points = calibration_points(points)
+    out = {}
+    for name, (form, net_step) in forms.items():
+        rows = []
+        for src in sorted({p.source_id for p in points}):
+            held = [p for p in points if p.source_id == src]
+            rows += evaluate(held, fit([p for p in points if p.source_id != src], form, net_step))
+        out[name] = rows
+    return out
 
 
 def net_steps(p: Point, choice: str) -> int:
