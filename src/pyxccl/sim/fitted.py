@@ -84,7 +84,9 @@ def launch_lat_of(points) -> float:
 # Each point priced with the NCCL release its source states (nccl.VERSIONS; unknown: 2.30.7).
 # Form "add" (base_lat) chosen over "floor" by calibrate-part error only (median |error| on the 108 clean
 # calibrate points, before the launch and release inputs: pyxccl 10.0% vs 14.0%, nccl 8.2% vs 8.7%); two
-# forms were tried, no other.
+# forms were tried, no other. With today's inputs NCCL's model is a little closer with "floor" (calibrate
+# 5.9% vs 6.2%, each source left out 14.9% vs 16.9%: docs/sim.md, "What to expect from sources no fit
+# has seen"): the forms are not told apart, and the table keeps "add".
 # inter_eff > 1 for pyxccl is no faster NIC: it stands for what pyxccl's algorithms lack against NCCL's
 # across hosts (NVLSTree, a tree whose two nodes exchange half of a ring's bytes).
 # Regenerate: python benchmarks/sim_fidelity.py --published --fit
