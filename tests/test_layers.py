@@ -28,15 +28,16 @@ def _python_files():
 # bottom up. A part is a top-level module, a package (everything under it), or for compression/ one of
 # its modules: the package spans layers (codecs below the framework, policy in it, collectives in the API).
 # docs/design.md ("Layers and allowed imports") says the same in words.
-BASE = {"_errors", "_version", "dtypes", "ranks"}
+BASE = {"_errors", "_env", "_version", "dtypes", "ranks"}
 ALLOWED = {
     "_errors": set(), "_version": set(), "dtypes": set(), "ranks": set(), "schedule": set(),
+    "_env": {"_errors"},            # the environment variables, each parsed in one place
     "ops": {"_errors", "dtypes"},
     "primitives": {"_errors", "dtypes", "ops"},
     "walk": {"schedule"},
     # platform
-    "transport": {"_errors", "_native", "dtypes"},      # _native: the fence of weakly ordered CPUs
-    "rendezvous": {"_errors", "transport"},
+    "transport": {"_env", "_errors", "_native", "dtypes"},      # _native: the fence of weakly ordered CPUs
+    "rendezvous": {"_env", "_errors", "transport"},
     # algorithms: schedules only
     "algorithms": BASE | {"ops", "primitives", "schedule"},
     "compression.codecs": BASE | {"_kernels"},

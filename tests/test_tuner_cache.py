@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pyxccl._errors import InvalidArgumentError
 from pyxccl.testing import RankPool
 from pyxccl import probe
 from pyxccl.tuning import Machine, Tuner, linkcache
@@ -337,10 +338,13 @@ def test_an_unwritable_file_warns_and_the_figures_still_come(monkeypatch, tmp_pa
     assert m.link("seg").alpha == pytest.approx(2.5 * US, rel=1e-3)
 
 
-def test_a_bad_max_age_warns_and_uses_a_week(monkeypatch):
+def test_a_bad_max_age_is_refused_and_unset_is_a_week(monkeypatch):
     monkeypatch.setenv("PYXCCL_LINKS_MAX_AGE", "a week")
-    with pytest.warns(LinkCacheWarning, match="PYXCCL_LINKS_MAX_AGE='a week' is not a number of seconds"):
-        assert linkcache.max_age() == linkcache.DEFAULT_MAX_AGE
+    with pytest.raises(InvalidArgumentError, match="PYXCCL_LINKS_MAX_AGE='a week' is not a number from 0 "
+                                                   "\\(seconds cached link figures stay valid\\); fix or unset it"):
+        linkcache.max_age()
+    monkeypatch.delenv("PYXCCL_LINKS_MAX_AGE")
+    assert linkcache.max_age() == linkcache.DEFAULT_MAX_AGE
 
 
 def _hammer(path: str, who: int, rounds: int) -> None:

@@ -12,6 +12,7 @@ import atexit
 import os
 import weakref
 
+from . import _env
 from ._errors import (CollectiveMismatchError, CommAbortedError, CommClosedError, CommError, CommTimeoutError,
                       InvalidArgumentError, NotSupportedError, PeerLostError, ProtocolError, PyxcclError,
                       RendezvousError, TensorArgumentError, UnsupportedOpError)
@@ -70,7 +71,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
     init_arguments(rank, size, store, init_method, timeout, transport)     # before anything is made
     _setup_logging()
     timeout = default_timeout() if timeout is None else float(timeout)
-    transport = transport or os.environ.get("PYXCCL_TRANSPORT", "auto")
+    transport = transport or _env.get("PYXCCL_TRANSPORT")
     master = os.environ.get("MASTER_ADDR")
     if rank is None or size is None:
         info = read_launch_env()
@@ -102,7 +103,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
         mine = PrefixStore(f"pyxccl/{gen}", store)
         mesh = build_mesh(mine, rank, size, transport=transport, master_addr=master, timeout=timeout)
         mesh.store, mesh.how = mine, (transport, master)
-    comm = _world(mesh, timeout, tune=os.environ.get("PYXCCL_TUNE", "1") != "0")
+    comm = _world(mesh, timeout, tune=_env.get("PYXCCL_TUNE"))
     if store is not None:
         store.release()         # started: rank 0's store holds no connection per rank while idle
     _open.add(comm)
@@ -113,7 +114,7 @@ def _setup_logging() -> None:
     """PYXCCL_DEBUG=INFO (or WARN, DEBUG) logs set-up and algorithm choices to stderr, like NCCL_DEBUG."""
     import logging
     import socket
-    level = os.environ.get("PYXCCL_DEBUG", "").upper()
+    level = _env.get("PYXCCL_DEBUG")
     log = logging.getLogger("pyxccl")
     if not level or log.handlers:
         return

@@ -60,6 +60,7 @@ import sys
 import threading
 import time
 
+from . import _env
 from ._errors import InvalidArgumentError
 
 __all__ = ["run", "free_port", "node_ranks", "shares"]
@@ -180,7 +181,7 @@ def shares(local_n: int) -> list[set[int]] | None:
     """The CPUs each of ``local_n`` local ranks is bound to (consecutive, as even as can be; with more
     ranks than CPUs, one each, in turn), or None when they are not bound (PYXCCL_BIND=none, one rank)."""
     cpus = sorted(os.sched_getaffinity(0))
-    if os.environ.get("PYXCCL_BIND", "core") == "none" or local_n < 2:
+    if _env.get("PYXCCL_BIND") == "none" or local_n < 2:
         return None
     if local_n > len(cpus):
         return [{cpus[i % len(cpus)]} for i in range(local_n)]

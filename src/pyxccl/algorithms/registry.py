@@ -112,6 +112,11 @@ def algorithms(primitive: str) -> list[str]:
     return sorted(n for p, n in _REGISTRY if p == primitive)
 
 
+def primitives() -> list[str]:
+    """The primitives with algorithms (the names ``algorithm=`` and PYXCCL_ALGO choose for)."""
+    return sorted({p for p, _ in _REGISTRY})
+
+
 def records(primitive: str) -> list[Algorithm]:
     """The records of ``primitive``'s algorithms, by name."""
     return [_REGISTRY[(primitive, n)] for n in algorithms(primitive)]

@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import _env
 from .._errors import InvalidArgumentError
 from ..algorithms import registry
 from ..algorithms.segment import Window
@@ -198,10 +199,19 @@ SETUP = {"allgather": "bruck"}
 
 
 def _parse_algo_env(spec: str) -> dict[str, str]:
-    """PYXCCL_ALGO="allreduce=ring,allgather=ring" -> {"allreduce": "ring", ...}."""
+    """PYXCCL_ALGO="allreduce=ring,allgather=ring" -> {"allreduce": "ring", ...}; a part that is no
+    primitive=algorithm pair of known names is an InvalidArgumentError (not a setting silently dropped)."""
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        prim, _, name = part.partition("=")
-        if name:
-            out[prim.strip()] = name.strip()
+        prim, _, name = (s.strip() for s in part.partition("="))
+        if prim not in registry.primitives():
+            why = f"{prim!r} is no primitive (give primitive=algorithm pairs: {', '.join(registry.primitives())})"
+        elif registry.canonical(name) not in registry.algorithms(prim):
+            why = f"{name!r} is no algorithm of {prim} ({', '.join(registry.algorithms(prim))})"
+        else:
+            out[prim] = name
+            continue
+        rank = _env.rank()
+        raise InvalidArgumentError(f"{'' if rank is None else f'rank {rank}: '}PYXCCL_ALGO={spec!r}: {why}; "
+                                   f"fix or unset it", rank=rank, op="init")
     return out

@@ -30,6 +30,7 @@ import warnings
 
 import numpy as np
 
+from .. import _env
 from .._errors import ProtocolError
 from ..ops import ReduceOp
 from ..schedule import Copy, Get, Post, Put, Schedule, Sync
@@ -88,13 +89,10 @@ if NATIVE_REFUSED is not None:
                   RuntimeWarning, stacklevel=2)
     _native = None
 if _native is not None:     # non-temporal copies into a call's buffers that together pass the cache (_native.c)
-    _nt = os.environ.get("PYXCCL_NT_BYTES")
-    _native.nt_threshold(int(_nt) if _nt is not None else copies.last_level_cache())
+    _nt = _env.get("PYXCCL_NT_BYTES")
+    _native.nt_threshold(copies.last_level_cache() if _nt is None else _nt)
     # ... and into windows: plainly, by such stores, or (auto) each prepared call the way that costs less
-    _way = os.environ.get("PYXCCL_NT_WINDOWS", "auto")
-    if _way not in _WINDOW_WAYS:
-        raise ValueError(f"PYXCCL_NT_WINDOWS={_way!r}: give one of {', '.join(_WINDOW_WAYS)}")
-    _native.set_nt_windows(_WINDOW_WAYS[_way])
+    _native.set_nt_windows(_WINDOW_WAYS[_env.get("PYXCCL_NT_WINDOWS")])
 
 
 def numpy_differs(mod) -> frozenset:
@@ -127,7 +125,7 @@ def native_codes(dt: np.dtype, op) -> tuple[int, int] | None:
     """(dtype, op) codes for the native executor, or None when a call of ``dt`` and ``op`` runs in
     Python (not built, turned off, a dtype or reduction the C code does not know, or one where it
     would not give numpy's bits: ``numpy_differs``)."""
-    if _native is None or os.environ.get("PYXCCL_NATIVE", "1") == "0":
+    if _native is None or not _env.get("PYXCCL_NATIVE"):
         return None
     if op is None:
         return (-1, -1) if dt.type.__module__ == "numpy" else None     # ml_dtypes' arrays export no buffer
@@ -358,7 +356,7 @@ def attach_segment(ctx, broadcast_object, allgather_object) -> None:
         return
     from ..transport.cma import works
     from ..transport.segment import HostSegment, ordering_problem
-    area = int(os.environ.get("PYXCCL_SHM_AREA_BYTES", 2 << 20)) if ctx.rank == 0 else 0
+    area = _env.get("PYXCCL_SHM_AREA_BYTES") if ctx.rank == 0 else 0
     seg = HostSegment(0, ctx.size, area) if ctx.rank == 0 else None
     where = broadcast_object((os.getpid(), seg.fd, seg.area) if seg else None)
     try:
@@ -379,7 +377,7 @@ def attach_segment(ctx, broadcast_object, allgather_object) -> None:
         if seg is not None:
             seg.close()
         return
-    seg.cma = all(c for _, c, _ in oks) and os.environ.get("PYXCCL_CMA", "1") != "0"
+    seg.cma = all(c for _, c, _ in oks) and _env.get("PYXCCL_CMA")
     seg.pipelined = all(f for _, _, f in oks)
     seg.check_alive = ctx.check_alive
     ctx.use_segment(seg)

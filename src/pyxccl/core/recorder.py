@@ -23,6 +23,8 @@ import threading
 import time
 from collections import deque
 
+from .. import _env
+
 # Fields of an entry as dumps and ``expand`` give them (the indices below are into that form).
 FIELDS = ("seq", "coll_seq", "op", "dtype", "count", "bytes", "algorithm", "peer",
           "issued", "started", "ended", "state", "error")
@@ -41,8 +43,7 @@ def expand(e: list) -> list:
 
 def capacity() -> int:
     """How many operations a communicator's recorder keeps (``PYXCCL_RECORD``, default 2000)."""
-    v = os.environ.get("PYXCCL_RECORD", "2000")
-    return int(v) if v.isdigit() else 2000
+    return _env.get("PYXCCL_RECORD")
 
 
 class Recorder:

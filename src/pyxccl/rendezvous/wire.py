@@ -31,13 +31,13 @@ The server reads what a client sends as it arrives, in its event loop
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 import socket
 import struct
 from dataclasses import dataclass
 
-from .._errors import InvalidArgumentError, RendezvousError
+from .. import _env
+from .._errors import RendezvousError
 from ..transport import auth
 
 SET, GET, ADD, CHECK, DELETE, MULTI_GET = range(1, 7)
@@ -91,12 +91,9 @@ class Limits:
         values = {}
         for field, var in (("max_connections", "PYXCCL_STORE_MAX_CONNECTIONS"),
                            ("max_value", "PYXCCL_STORE_MAX_VALUE"), ("max_bytes", "PYXCCL_STORE_MAX_BYTES")):
-            raw = os.environ.get(var)
-            if raw is not None:
-                if not raw.strip().isdecimal() or int(raw) < 1:
-                    raise InvalidArgumentError(f"{var}={raw!r} is not a positive integer; fix or unset it",
-                                               op="store")
-                values[field] = int(raw)
+            v = _env.get(var)
+            if v is not None:
+                values[field] = v
         values.update(overrides)
         return cls(**values)
 

@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 from . import auth
+from .. import _env
 from .._errors import InvalidArgumentError, PeerLostError, RendezvousError
 from .fds import ensure_fds
 from .mailbox import LOST, Mailbox, lost_error
@@ -487,7 +488,7 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
         job = store.get("pyxccl/job", timeout=timeout).decode()
     me = host_id()
     addr = local_address(master_addr, rank=rank)
-    nsocks = _nsocks(rank)
+    nsocks = _env.get("PYXCCL_NSOCKS")
     ensure_fds(6, f"rank {rank}")        # two listeners, the progress loop's selector and wake-up pair
     tcp_l = socket.create_server((addr, 0), backlog=max(16, min(size, 4096)))
     unix_name = f"\0pyxccl-{job}-{rank}"
@@ -521,14 +522,6 @@ def build_mesh(store, rank: int, size: int, *, transport: str, master_addr: str 
         raise
     mesh.learn(infos, {"shm": 1, "tcp": infos[0].get("nsocks", 1)})
     return mesh
-
-
-def _nsocks(rank: int) -> int:
-    v = os.environ.get("PYXCCL_NSOCKS", "1")
-    if not v.isdigit() or not 1 <= int(v) <= 16:
-        raise InvalidArgumentError(f"rank {rank}: PYXCCL_NSOCKS={v!r}; use a number of connections per peer "
-                                   f"pair from 1 to 16", rank=rank, op="init")
-    return int(v)
 
 
 def _dial(kind: str, info: dict, deadline: float, rank: int, peer: int, where: str) -> socket.socket:

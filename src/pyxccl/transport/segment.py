@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from .. import _env
 from .._errors import CommTimeoutError, ProtocolError
 from .mailbox import lost_error
 from .topology import job_cpus
@@ -152,14 +153,14 @@ class HostSegment:
         self.round = 0
         self._typed: dict = {}
         self.oversubscribed = oversubscribed = nranks > job_cpus()
-        self.spin = 0.0 if oversubscribed else float(os.environ.get("PYXCCL_SPIN_US", 1000)) * 1e-6
+        self.spin = 0.0 if oversubscribed else _env.get("PYXCCL_SPIN_US") * 1e-6
         # yields before sleeping, oversubscribed. Up to 2 ranks a core, the rank a wait needs is likely its
         # core-mate, and a sleep costs a wake-up (30-100 us here): 4 ranks on 2 cores, 8 B allreduce, 25-160 us
         # with 20 yields (a median of 77 over 7 quiet runs), 21-35 with 200 (median 27). With many ranks a
         # core a yield hands the core to another waiter: 64 ranks on 2, issue 26's job 7.5 s with 20 and
         # 9.1 s with 200, its steady 8 B calls 12 and 24 ms
         few = nranks <= 2 * job_cpus()
-        self.yields = int(os.environ.get("PYXCCL_YIELDS", 200 if few else 20)) if oversubscribed else 0
+        self.yields = _env.get("PYXCCL_YIELDS", 200 if few else 20) if oversubscribed else 0
         self.waits = (int(self.spin * 1e9), self.yields, NAP_NS)       # the native executor's wait settings
         self.deadline = 0.0
         self.op, self.seq = "fast path", 0     # the call running on the segment, named in errors

@@ -27,12 +27,13 @@ from collections import deque
 
 import numpy as np
 
+from .. import _env
 from .._errors import ProtocolError
 from .base import CHUNK_ALIGN, CREDIT, SHM_DATA, StreamPeer
 from .copies import copy
 
-SLOT_BYTES = int(os.environ.get("PYXCCL_SHM_SLOT_BYTES", 1 << 20))
-SLOTS = int(os.environ.get("PYXCCL_SHM_SLOTS", 4))
+SLOT_BYTES = _env.get("PYXCCL_SHM_SLOT_BYTES")
+SLOTS = _env.get("PYXCCL_SHM_SLOTS")
 
 
 def ring(rank: int, peer: int) -> int:

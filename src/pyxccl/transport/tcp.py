@@ -19,7 +19,6 @@ in order, and a message's main frame goes out before or with its stripes).
 from __future__ import annotations
 
 import functools
-import os
 import select
 import socket
 import threading
@@ -27,6 +26,7 @@ import time
 
 import numpy as np
 
+from .. import _env
 from .._errors import ProtocolError
 from .base import CHUNK_ALIGN, DATA, HEADER, STRIPE, StreamPeer, recv_exact, recv_into_all
 
@@ -37,13 +37,13 @@ STRIPE_BYTES = 1 << 20
 class TcpPeer(StreamPeer):
     def __init__(self, rank, peer, mailbox, on_lost, sock: socket.socket, lanes=()):
         super().__init__(rank, peer, mailbox, on_lost, sock)
-        link_timeout = float(os.environ.get("PYXCCL_LINK_TIMEOUT", "5"))
+        link_timeout = _env.get("PYXCCL_LINK_TIMEOUT")
         for s in (sock, *lanes):
             if s.family != socket.AF_UNIX:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _detect_link_loss(s, link_timeout)
         self._scratch = np.empty(_PIECE, np.uint8)
-        self._stripe_bytes = int(os.environ.get("PYXCCL_STRIPE_BYTES", STRIPE_BYTES))
+        self._stripe_bytes = _env.get("PYXCCL_STRIPE_BYTES", STRIPE_BYTES)
         self._lanes = list(lanes)
         self.connections = 1 + len(self._lanes)
         self._order = threading.Lock()      # one striped message at a time: stripes keep one order on every lane

@@ -8,6 +8,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
+from .. import _env
 from .._errors import InvalidArgumentError
 
 
@@ -158,10 +159,7 @@ def _is_local(address: str) -> bool:
 def job_cpus() -> int:
     """CPUs this host gives the job: the launcher's count when it bound each rank to a share of them
     (PYXCCL_JOB_CPUS), else this process's own. (More ranks than this: the ranks take turns.)"""
-    try:
-        return max(1, int(os.environ.get("PYXCCL_JOB_CPUS", "")))
-    except ValueError:
-        return len(os.sched_getaffinity(0))
+    return _env.get("PYXCCL_JOB_CPUS") or len(os.sched_getaffinity(0))
 
 
 def numa_node() -> int:

@@ -8,11 +8,11 @@ without a shape, the C core not built, or ``PYXCCL_SIMCORE=0``) through ``cost.r
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _env
 from . import compact as _compact
 from . import cost, symmetric
 from .cost import SOCKET_BUFFER, Estimate, Link
@@ -24,7 +24,7 @@ except ImportError:         # not built (it is optional): the Python reference r
 
 
 def available() -> bool:
-    return _simcore is not None and os.environ.get("PYXCCL_SIMCORE", "1") != "0"
+    return _simcore is not None and _env.get("PYXCCL_SIMCORE")
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
+from .. import _env
 from ..transport.topology import job_cpus
 from .cost import Link
 
@@ -61,16 +62,7 @@ def cache_path() -> str:
 
 def max_age() -> float:
     """Seconds an entry stays valid (``PYXCCL_LINKS_MAX_AGE``, default a week)."""
-    raw = os.environ.get("PYXCCL_LINKS_MAX_AGE", "")
-    try:
-        age = float(raw) if raw else DEFAULT_MAX_AGE
-    except ValueError:
-        age = -1.0
-    if not age >= 0 or math.isinf(age):
-        warnings.warn(f"PYXCCL_LINKS_MAX_AGE={raw!r} is not a number of seconds >= 0; using "
-                      f"{DEFAULT_MAX_AGE} (a week). Set it to e.g. 86400 for a day.", LinkCacheWarning, stacklevel=2)
-        age = DEFAULT_MAX_AGE
-    return age
+    return _env.get("PYXCCL_LINKS_MAX_AGE", DEFAULT_MAX_AGE)
 
 
 def _cpu_model() -> str:

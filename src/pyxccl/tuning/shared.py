@@ -20,6 +20,7 @@ import json
 import os
 import time
 
+from .. import _env
 from .._version import __version__
 from ..algorithms import registry
 from ..primitives import PRIMITIVES
@@ -60,7 +61,7 @@ class SharedTable:
 
     @classmethod
     def open(cls, directory: str, inputs, max_age: float) -> "SharedTable | None":
-        if os.environ.get("PYXCCL_TUNER_SHARE", "1") == "0":
+        if not _env.get("PYXCCL_TUNER_SHARE"):
             return None
         try:
             os.makedirs(directory, exist_ok=True)

@@ -3,10 +3,10 @@ and keep the rest in a residual that is added back at the next step."""
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
+from ... import _env
 from ._base import Compressor, check_f32, check_u8, err
 
 try:        # the optional compiled kernels: the selection's one pass, the sum's scatter (setup.py)
@@ -14,7 +14,7 @@ try:        # the optional compiled kernels: the selection's one pass, the sum's
         sum_pairs as _sum_pairs_native
 except ImportError:          # pragma: no cover  (no C compiler where it was installed)
     _candidates_native = _scatter_add_native = _sum_pairs_native = None
-if os.environ.get("PYXCCL_NATIVE", "1") == "0":      # as for the segment executor: the numpy path only
+if not _env.get("PYXCCL_NATIVE"):      # as for the segment executor: the numpy path only
     _candidates_native = _scatter_add_native = _sum_pairs_native = None
 
 __all__ = ["Sparsifier", "TopK", "Threshold", "pack", "unpack", "nbytes", "accumulate", "sum_packed", "decompress"]
