@@ -129,7 +129,12 @@ def get(name: str, default=None):
         return spec.default if default is None else default
     v, why = spec.parse(text)
     if why is not None:
-        r = rank()
-        raise InvalidArgumentError(f"{'' if r is None else f'rank {r}: '}{name}={text!r} {why}; fix or unset it",
-                                   rank=r, op="init")
+        raise refused(name, text, why)
     return v
+
+
+def refused(name: str, text: str, why: str) -> InvalidArgumentError:
+    """The error for variable ``name`` set to ``text``, which it does not take (``why``)."""
+    r = rank()
+    return InvalidArgumentError(f"{'' if r is None else f'rank {r}: '}{name}={text!r} {why}; fix or unset it",
+                                rank=r, op="init")

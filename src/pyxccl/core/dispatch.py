@@ -205,13 +205,11 @@ def _parse_algo_env(spec: str) -> dict[str, str]:
     for part in filter(None, (p.strip() for p in spec.split(","))):
         prim, _, name = (s.strip() for s in part.partition("="))
         if prim not in registry.primitives():
-            why = f"{prim!r} is no primitive (give primitive=algorithm pairs: {', '.join(registry.primitives())})"
+            why = f"{prim!r}, no primitive (give primitive=algorithm pairs: {', '.join(registry.primitives())})"
         elif registry.canonical(name) not in registry.algorithms(prim):
-            why = f"{name!r} is no algorithm of {prim} ({', '.join(registry.algorithms(prim))})"
+            why = f"{name!r}, no algorithm of {prim} ({', '.join(registry.algorithms(prim))})"
         else:
             out[prim] = name
             continue
-        rank = _env.rank()
-        raise InvalidArgumentError(f"{'' if rank is None else f'rank {rank}: '}PYXCCL_ALGO={spec!r}: {why}; "
-                                   f"fix or unset it", rank=rank, op="init")
+        raise _env.refused("PYXCCL_ALGO", spec, f"asks for {why}")
     return out
