@@ -683,12 +683,12 @@ def cross_validated(file=None) -> dict:
     by_form = P.cross_validate(P.load())
     out = {}
     print(f"# leave one calibrate source out: each predicted by the fit on the others (validation points unused)\n"
-          f"{'form':<18}{'model':<8}{'n':>5}{'median':>9}{'worst':>8}", file=file)
+          f"{'form':<26}{'model':<8}{'n':>5}{'median':>9}{'worst':>8}", file=file)
     for name, rows in by_form.items():
         for m in P.MODELS:
             errs = [abs(r.error[m]) for r in rows if not r.left_out]
             out.setdefault(name, {})[m] = (len(errs), statistics.median(errs), max(errs))
-            print(f"{name:<18}{m:<8}{len(errs):>5}{statistics.median(errs) * 100:>8.1f}%{max(errs) * 100:>7.0f}%",
+            print(f"{name:<26}{m:<8}{len(errs):>5}{statistics.median(errs) * 100:>8.1f}%{max(errs) * 100:>7.0f}%",
                   file=file)
     kept = next(iter(P.FIT_FORMS))
     print(f"\n# per source, form {kept!r}: median |error| left out", file=file)

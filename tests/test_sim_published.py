@@ -158,9 +158,9 @@ def test_cross_validation_predicts_each_source_by_a_fit_on_the_others(points, mo
     fits, predicted = [], []
     real_fit, real_eval = P.fit, P.evaluate
 
-    def fit(pts, form="add", net_step=True):
-        cal = real_fit(pts, form, net_step)
-        fits.append(({p.source_id for p in pts}, (form, net_step), cal))
+    def fit(pts, *how):
+        cal = real_fit(pts, *how)
+        fits.append(({p.source_id for p in pts}, how, cal))
         return cal
 
     def evaluate(pts, calibration=None):
@@ -170,7 +170,7 @@ def test_cross_validation_predicts_each_source_by_a_fit_on_the_others(points, mo
         return real_eval(pts, calibration)
     monkeypatch.setattr(P, "fit", fit)
     monkeypatch.setattr(P, "evaluate", evaluate)
-    forms = {"add": ("add", False), "floor + net step": ("floor", True)}
+    forms = {"add": ("add", False, False), "floor + net step, pooled": ("floor", True, True)}
     out = P.cross_validate(few + [_one(points, part="validate")], forms)
     assert set(out) == set(forms)
     for name, how in forms.items():
@@ -287,7 +287,7 @@ def test_benchmark_published_table(monkeypatch, tmp_path, capsys, points):
     cv = P.cross_validate(few)
     for name, rows in cv.items():
         errs = [abs(r.error["nccl"]) for r in rows]
-        assert f"{name:<18}nccl    {len(errs):>5}{statistics.median(errs) * 100:>8.1f}%" in out
+        assert f"{name:<26}nccl    {len(errs):>5}{statistics.median(errs) * 100:>8.1f}%" in out
 
 
 # --- the command line prints the validated figure (differential: the CLI against the fidelity table) ------

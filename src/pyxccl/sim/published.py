@@ -326,18 +326,21 @@ def calibration_points(points: list[Point]) -> list[Point]:
     return [p for p in points if p.part == "calibrate" and not p.suspect and model_input(p)[0] is not None]
 
 
-def fit(points: list[Point], form: str = "add", net_step: bool = True) -> dict:
+def fit(points: list[Point], form: str = "add", net_step: bool = True, pooled: bool = True) -> dict:
     """The fitted parameters, {(model, preset): fitted.Params}, from calibrate points only (``fitted.fit``;
-    ``net_step``: NCCL's model's latency per network step fitted too)."""
+    ``net_step``: NCCL's model's latency per network step fitted too; ``pooled``: one base and launch
+    latency for every preset)."""
     bad = [p.id for p in points if p.part != "calibrate"]
     if bad:
         raise InvalidArgumentError(f"fit: points {bad[:8]} are not in the calibrate part: fit on "
                                    "calibration_points(load()) only")
-    return fitted.fit(points, evaluate, form, steps=net_steps if net_step else None)
+    return fitted.fit(points, evaluate, form, steps=net_steps if net_step else None, pooled=pooled)
 
 
-#: the fit's forms ``cross_validate`` compares: name -> ``fit``'s (form, net_step); the first is FITTED's
-FIT_FORMS = {"add + net step": ("add", True), "add": ("add", False), "floor + net step": ("floor", True)}
+#: the fit's forms ``cross_validate`` compares: name -> ``fit``'s (form, net_step, pooled); the first is FITTED's
+FIT_FORMS = {"add + net step, pooled": ("add", True, True), "add + net step": ("add", True, False),
+             "add": ("add", False, False), "floor + net step, pooled": ("floor", True, True),
+             "floor + net step": ("floor", True, False)}
 
 
 def cross_validate(points: list[Point], forms: dict = FIT_FORMS) -> dict:
@@ -348,11 +351,11 @@ def cross_validate(points: list[Point], forms: dict = FIT_FORMS) -> dict:
     points more figures always fit better). Uses calibrate points only, as ``fit``."""
     points = calibration_points(points)
     out = {}
-    for name, (form, net_step) in forms.items():
+    for name, how in forms.items():
         rows = []
         for src in sorted({p.source_id for p in points}):
             held = [p for p in points if p.source_id == src]
-            rows += evaluate(held, fit([p for p in points if p.source_id != src], form, net_step))
+            rows += evaluate(held, fit([p for p in points if p.source_id != src], *how))
         out[name] = rows
     return out
 
