@@ -26,6 +26,7 @@ except pyxccl.PyxcclError as e:
     broken = out / "broken"
     record.update(error=type(e).__name__, message=str(e), peer=e.peer,
                   after=now - float(broken.read_text()) if broken.exists() else None)
-(out / f"result.{comm.rank}").write_text(json.dumps(record))
+(out / f"tmp.{comm.rank}").write_text(json.dumps(record))
+(out / f"tmp.{comm.rank}").rename(out / f"result.{comm.rank}")      # whole, when the test reads it
 time.sleep(30)   # stay: a rank that exits would be news to the others (the test tears the hosts down)
 os._exit(0)
