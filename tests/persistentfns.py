@@ -562,6 +562,16 @@ def refusals(comm) -> list:
     t.join(TIMEOUT)
     if errs != [None] or not np.all(x == want):
         fails.append(f"a start from another thread: {errs}, {x}")
+    if cc.thread_check and len(req._prepared) != 2:     # thread word -> its Prepared
+        fails.append(f"a start from another thread ran the call prepared for the init's thread: "
+                     f"{len(req._prepared)} prepared")
+    if req._mine is not None:       # the init's C call refuses another thread, running nothing
+        got = []
+        t = threading.Thread(target=lambda: got.append(req._mine(x, x)), name="persistent-side")
+        t.start()
+        t.join(TIMEOUT)
+        if got != [None]:
+            fails.append(f"the init's C call from another thread answered {got}, not None")
     x[:] = r + 1
     req()                      # and from this one again
     if not np.all(x == want):

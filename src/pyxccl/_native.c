@@ -819,6 +819,150 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     return outcome(r, status, pc);
 }
 
+/* Lock: threading.Lock's interface (acquire(blocking=True, timeout=-1), release(), locked(), with), for the
+ * engine's two locks (core/engine.py), so that a Call takes and checks them in C instead of through three
+ * Python calls a call (~0.25 us of a ~2 us 8-byte call). The lock is PyThread's, as threading.Lock's is;
+ * `held` (read and written under the GIL) says that a thread that got it has got the GIL back. */
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    int held;
+} LockObject;
+
+static PyTypeObject LockType;
+
+static inline int lock_try(LockObject *l) {        /* (GIL held) take it if free, without waiting */
+    if (l->held || !PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) return 0;
+    l->held = 1;
+    return 1;
+}
+
+static inline int lock_busy(LockObject *l) {       /* as threading.Lock.locked(): taken, maybe by a thread
+                                                     * that has not got the GIL back yet */
+    if (l->held) return 1;
+    if (!PyThread_acquire_lock(l->lock, NOWAIT_LOCK)) return 1;
+    PyThread_release_lock(l->lock);
+    return 0;
+}
+
+static inline void lock_release(LockObject *l) {   /* (GIL held, held) */
+    l->held = 0;
+    PyThread_release_lock(l->lock);
+}
+
+static PyObject *lock_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "Lock() takes no arguments");
+        return NULL;
+    }
+    LockObject *l = (LockObject *)type->tp_alloc(type, 0);
+    if (!l) return NULL;
+    if (!(l->lock = PyThread_allocate_lock())) {
+        Py_DECREF(l);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)l;
+}
+
+static void lock_dealloc(PyObject *self) {
+    LockObject *l = (LockObject *)self;
+    if (l->lock) {
+        if (l->held) PyThread_release_lock(l->lock);
+        PyThread_free_lock(l->lock);
+    }
+    Py_TYPE(self)->tp_free(self);
+}
+
+/* Wait for it (timeout < 0: for ever) with the GIL released, as threading.Lock.acquire; signals wake the
+ * wait so that their handlers run (their exception ends it). */
+static PyObject *lock_wait(LockObject *l, double timeout) {
+    if (lock_try(l)) Py_RETURN_TRUE;
+    int64_t deadline = timeout >= 0 ? now_ns() + (int64_t)(timeout * 1e9) : 0;
+    for (;;) {
+        PY_TIMEOUT_T us = -1;
+        if (timeout >= 0) {
+            int64_t left = deadline - now_ns();
+            if (left <= 0) Py_RETURN_FALSE;
+            us = (PY_TIMEOUT_T)(left / 1000);
+        }
+        PyLockStatus st;
+        Py_BEGIN_ALLOW_THREADS
+        st = PyThread_acquire_lock_timed(l->lock, us, 1);
+        Py_END_ALLOW_THREADS
+        if (st == PY_LOCK_ACQUIRED) {
+            l->held = 1;
+            Py_RETURN_TRUE;
+        }
+        if (st == PY_LOCK_FAILURE) Py_RETURN_FALSE;
+        if (PyErr_CheckSignals() < 0) return NULL;     /* PY_LOCK_INTR */
+    }
+}
+
+static PyObject *lock_acquire(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"blocking", "timeout", NULL};
+    int blocking = 1;
+    double timeout = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|pd:acquire", kwlist, &blocking, &timeout)) return NULL;
+    if (!blocking && timeout != -1) {
+        PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+        return NULL;
+    }
+    if (timeout < 0 && timeout != -1) {
+        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+        return NULL;
+    }
+    LockObject *l = (LockObject *)self;
+    if (!blocking) return PyBool_FromLong(lock_try(l));
+    return lock_wait(l, timeout);
+}
+
+static PyObject *lock_enter(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return lock_wait((LockObject *)self, -1);
+}
+
+static PyObject *lock_release_py(PyObject *self, PyObject *unused) {
+    (void)unused;
+    LockObject *l = (LockObject *)self;
+    if (!l->held) {
+        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+        return NULL;
+    }
+    lock_release(l);
+    Py_RETURN_NONE;
+}
+
+static PyObject *lock_exit(PyObject *self, PyObject *args) {
+    (void)args;
+    return lock_release_py(self, NULL);
+}
+
+static PyObject *lock_locked(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(lock_busy((LockObject *)self));
+}
+
+static PyMethodDef lock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))lock_acquire, METH_VARARGS | METH_KEYWORDS,
+     "acquire(blocking=True, timeout=-1) -> bool, as threading.Lock's"},
+    {"release", lock_release_py, METH_NOARGS, "release(): RuntimeError when it is not held"},
+    {"locked", lock_locked, METH_NOARGS, "locked() -> bool"},
+    {"__enter__", lock_enter, METH_NOARGS, NULL},
+    {"__exit__", lock_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pyxccl._native.Lock",
+    .tp_basicsize = sizeof(LockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A lock with threading.Lock's interface that a Call takes in C (the engine's locks).",
+    .tp_new = lock_new,
+    .tp_methods = lock_methods,
+    .tp_dealloc = lock_dealloc,
+};
+
 /* --- Call: a prepared blocking call, run with its bookkeeping in one C call ------------------------
  *
  * core/prepared.py makes one per Prepared that the native executor runs (Prepared.fast). Calling it,
@@ -860,8 +1004,7 @@ typedef struct {
     int out_writes, finish;
     Run fixed;                  /* what every run of it starts from (fixed()) */
     unsigned long long recent_mask;
-    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock_locked, *exec_acquire, *exec_release,
-        *ops_append, *trace, *what, *record, *tally, *running, *done;
+    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock, *exec, *ops_append, *trace, *what, *record, *tally, *running, *done;
     /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then; and the objects
      * its root, op, algorithm and timeout were, and the issuing thread's word (Context.thread_word) */
     PyObject *array_type, *in_dtype, *out_dtype, *root, *opobj, *algorithm, *timeout;
@@ -876,15 +1019,6 @@ static double clock_s(clockid_t id) {       /* as time.time() and time.monotonic
     struct timespec t;
     clock_gettime(id, &t);
     return (double)((int64_t)t.tv_sec * 1000000000 + t.tv_nsec) / 1e9;
-}
-
-/* Is this lock method's answer False (an unlocked lock)? -1 on error. */
-static int unlocked(PyObject *locked) {
-    PyObject *v = PyObject_CallNoArgs(locked);
-    if (!v) return -1;
-    int is = v == Py_False;
-    Py_DECREF(v);
-    return is;
 }
 
 /* The call on args = (in, out, tmp); exact: again()'s, the sizes those of expect() and in and out apart. */
@@ -937,13 +1071,10 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         result = Py_False;
         goto refused;
     }
-    int free_ = unlocked(c->lock_locked);
-    if (free_ < 0) goto failed;
-    if (!free_) { result = Py_False; goto refused; }
-    PyObject *got = PyObject_CallOneArg(c->exec_acquire, Py_False);      /* Engine.claim's acquire(False) */
-    if (!got) goto failed;
-    Py_DECREF(got);
-    if (got != Py_True) { result = Py_False; goto refused; }
+    if (lock_busy((LockObject *)c->lock) || !lock_try((LockObject *)c->exec)) {      /* Engine.claim's acquire(False) */
+        result = Py_False;
+        goto refused;
+    }
     /* the numbers (Prepared.start's) and the entry (Recorder.begin's) */
     PyObject *s0 = PyDict_GetItemWithError(d, S_seq), *s1 = PyDict_GetItemWithError(d, S_coll_seq);
     long long nseq = s0 ? PyLong_AsLongLong(s0) : -1;
@@ -1027,10 +1158,8 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
                 PyList_SetItem(entry, 6, ended);
                 Py_INCREF(c->done);
                 PyList_SetItem(entry, 7, c->done);
-                PyObject *rel = PyObject_CallNoArgs(c->exec_release);
-                Py_XDECREF(rel);
+                lock_release((LockObject *)c->exec);
                 Py_DECREF(entry); Py_DECREF(seq); Py_DECREF(cseq);
-                if (!rel) return NULL;
                 Py_RETURN_TRUE;
             }
         }
@@ -1041,17 +1170,13 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     PyObject *back = t ? PyTuple_Pack(5, ran, entry, seq, cseq, t) : NULL;
     Py_XDECREF(t);
     Py_DECREF(ran); Py_DECREF(entry); Py_DECREF(seq); Py_DECREF(cseq);
-    if (!back) {
-        PyObject *rel = PyObject_CallNoArgs(c->exec_release);
-        Py_XDECREF(rel);
-    }
+    if (!back) lock_release((LockObject *)c->exec);
     return back;
 
 claimed_failed: {       /* an error of Python's own (memory): the engine is not kept */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        PyObject *rel = PyObject_CallNoArgs(c->exec_release);
-        Py_XDECREF(rel);
+        lock_release((LockObject *)c->exec);
         PyErr_Restore(et, ev, tb);
     }
 failed:
@@ -1097,8 +1222,8 @@ static long long thread_word(CallObject *c) {
 /* again(in, out, root, op, algorithm, timeout): the call (as call(in, out, None) answers) when it is a
  * repeat of the call expect() described: in and out arrays as its key's (the same array type and dtype
  * objects, the same sizes, in place or apart as then, no scratch; out None where that call had no output),
- * root, op, algorithm and timeout the same objects, from a thread of the same word. Else None with nothing
- * done: the caller takes the key's way (comm.py, core/prepared.py). */
+ * root, op, algorithm and timeout the same objects, from the thread it was prepared for (its word). Else None
+ * with nothing done: the caller takes the key's way (comm.py, core/prepared.py). */
 static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     CallObject *c = (CallObject *)self;
     if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "again(in, out, root, op, algorithm, timeout)"); return NULL; }
@@ -1123,6 +1248,16 @@ static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t na
     return go(c, three, 1);
 }
 
+/* mine(in, out): call(in, out, None) on the thread it was prepared for (a persistent request's blocking
+ * start, core/persistent.py), else None with nothing done (the caller finds or makes that thread's). */
+static PyObject *call_mine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    CallObject *c = (CallObject *)self;
+    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "mine(in, out)"); return NULL; }
+    if (thread_word(c) != c->thread) Py_RETURN_NONE;
+    PyObject *three[3] = {args[0], args[1], Py_None};
+    return go(c, three, 0);
+}
+
 /* thread_word(): what again() takes for the calling thread's word (-1: none; tests/test_floor.py compares it
  * with Context.thread_word's). */
 static PyObject *call_thread_word(PyObject *self, PyObject *unused) {
@@ -1131,16 +1266,15 @@ static PyObject *call_thread_word(PyObject *self, PyObject *unused) {
 }
 
 /* expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, gathers, root, op, algorithm,
- * timeout, thread): what again() takes (in_dtype or out_dtype None: no input or output; at, gathers:
- * primitives.apart's rule for an input and output that overlap, at -1 for none; thread: the word). */
+ * timeout): what again() takes (in_dtype or out_dtype None: no input or output; at, gathers:
+ * primitives.apart's rule for an input and output that overlap, at -1 for none). */
 static PyObject *call_expect(PyObject *self, PyObject *args) {
     CallObject *c = (CallObject *)self;
     PyObject *at, *idt, *odt, *root, *op, *algorithm, *timeout;
     Py_ssize_t inb, outb, off;
     int inplace, gathers;
-    long long thread;
-    if (!PyArg_ParseTuple(args, "OOnOnpnpOOOOL:expect", &at, &idt, &inb, &odt, &outb, &inplace, &off, &gathers,
-                          &root, &op, &algorithm, &timeout, &thread))
+    if (!PyArg_ParseTuple(args, "OOnOnpnpOOOO:expect", &at, &idt, &inb, &odt, &outb, &inplace, &off, &gathers,
+                          &root, &op, &algorithm, &timeout))
         return NULL;
     c->at = off; c->gathers = gathers;
     if (!PyType_Check(at)) { PyErr_SetString(PyExc_TypeError, "expect: an array type"); return NULL; }
@@ -1151,7 +1285,7 @@ static PyObject *call_expect(PyObject *self, PyObject *args) {
     Py_INCREF(op); Py_XSETREF(c->opobj, op);
     Py_INCREF(algorithm); Py_XSETREF(c->algorithm, algorithm);
     Py_INCREF(timeout); Py_XSETREF(c->timeout, timeout);
-    c->in_nbytes = inb; c->out_nbytes = outb; c->inplace = inplace; c->thread = thread;
+    c->in_nbytes = inb; c->out_nbytes = outb; c->inplace = inplace;
     Py_RETURN_NONE;
 }
 
@@ -1165,7 +1299,9 @@ static PyMethodDef call_methods[] = {
     {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL,
      "again(in, out, root, op, algorithm, timeout): the call on a repeat's arrays and objects, or None"},
     {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, "
-     "gathers, root, op, algorithm, timeout, thread)"},
+     "gathers, root, op, algorithm, timeout)"},
+    {"mine", (PyCFunction)(void (*)(void))call_mine, METH_FASTCALL,
+     "mine(in, out): call(in, out, None) on the thread it was prepared for, else None"},
     {"thread_word", call_thread_word, METH_NOARGS, "thread_word(): the calling thread's word as again() finds it"},
     {"window_runs", call_window_runs, METH_NOARGS, "window_runs() -> (plain, non_temporal): its timed runs each way "
      "(set_nt_windows(2): every run until each way has three, then every 4th); (0, 0) where it copies into no window"},
@@ -1173,16 +1309,19 @@ static PyMethodDef call_methods[] = {
 };
 
 /* Call(program, segment, words, settings, ctx, engine, recorder, what, record, tally, writes, finish,
- *      recent_calls, states) -- see above; segment: the HostSegment (its layout is read once), words:
- *      the call's fingerprint words (w0, w1), settings: as run()'s, states: (RUNNING, DONE). */
+ *      recent_calls, states, thread) -- see above; segment: the HostSegment (its layout is read once), words:
+ *      the call's fingerprint words (w0, w1), settings: as run()'s, states: (RUNNING, DONE), thread: the word
+ *      of the thread it was prepared for (Context.thread_word's; its fingerprint names that thread). */
 static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *program, *seg, *ctx, *eng, *rec, *what, *record, *tally, *running, *done;
     unsigned long long w0, w1, recent;
     long long spin, yields, nap;
     int dtype, op, writes, finish;
     if (kw && PyDict_GET_SIZE(kw)) { PyErr_SetString(PyExc_TypeError, "Call takes no keywords"); return NULL; }
-    if (!PyArg_ParseTuple(args, "OO(KK)(LLLii)OOOOOOppK(OO):Call", &program, &seg, &w0, &w1, &spin, &yields, &nap, &dtype,
-                          &op, &ctx, &eng, &rec, &what, &record, &tally, &writes, &finish, &recent, &running, &done))
+    long long thread;
+    if (!PyArg_ParseTuple(args, "OO(KK)(LLLii)OOOOOOppK(OO)L:Call", &program, &seg, &w0, &w1, &spin, &yields, &nap,
+                          &dtype, &op, &ctx, &eng, &rec, &what, &record, &tally, &writes, &finish, &recent, &running,
+                          &done, &thread))
         return NULL;
     if (!recent || (recent & (recent - 1))) { PyErr_SetString(PyExc_ValueError, "Call: recent_calls must be a power of 2"); return NULL; }
     CallObject *c = (CallObject *)type->tp_alloc(type, 0);
@@ -1209,32 +1348,30 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     fixed(&c->fixed, base, line, hdr_at, head, area, pids_at, me, n, w0, w1, spin, yields, nap, dtype, op, c->need, c->writes);
     c->win_copies = copies_into_window(c->code, c->len);
-    c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1;
-    PyObject *lock = NULL, *exec_ = NULL, *ops = NULL;
+    c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1; c->thread = thread;
+    PyObject *ops = NULL;
     c->ctx_dict = PyObject_GetAttrString(ctx, "__dict__");
     c->seg_dict = PyObject_GetAttrString(seg, "__dict__");
     c->eng_dict = PyObject_GetAttrString(eng, "__dict__");
-    lock = PyObject_GetAttrString(eng, "lock");
-    exec_ = PyObject_GetAttrString(eng, "_exec");
+    c->lock = PyObject_GetAttrString(eng, "lock");
+    c->exec = PyObject_GetAttrString(eng, "_exec");
     ops = PyObject_GetAttrString(rec, "ops");
     c->trace = PyObject_GetAttrString(rec, "trace");
-    if (lock && exec_ && ops) {
-        c->lock_locked = PyObject_GetAttrString(lock, "locked");
-        c->exec_acquire = PyObject_GetAttrString(exec_, "acquire");
-        c->exec_release = PyObject_GetAttrString(exec_, "release");
-        c->ops_append = PyObject_GetAttrString(ops, "append");
-    }
-    Py_XDECREF(lock); Py_XDECREF(exec_); Py_XDECREF(ops);
+    if (ops) c->ops_append = PyObject_GetAttrString(ops, "append");
+    Py_XDECREF(ops);
     Py_INCREF(seg); c->seg = seg;
     Py_INCREF(what); c->what = what;
     Py_INCREF(record); c->record = record;
     Py_INCREF(tally); c->tally = tally;
     Py_INCREF(running); c->running = running;
     Py_INCREF(done); c->done = done;
-    if (!c->ctx_dict || !c->seg_dict || !c->eng_dict || !c->trace || !c->lock_locked
-        || !c->exec_acquire || !c->exec_release || !c->ops_append) { Py_DECREF(c); return NULL; }
+    if (!c->ctx_dict || !c->seg_dict || !c->eng_dict || !c->trace || !c->lock || !c->exec || !c->ops_append) {
+        Py_DECREF(c);
+        return NULL;
+    }
     if (!PyDict_Check(c->ctx_dict) || !PyDict_Check(c->seg_dict) || !PyDict_Check(c->eng_dict)
-        || (c->trace != Py_None && !PyList_Check(c->trace))) {
+        || (c->trace != Py_None && !PyList_Check(c->trace)) || Py_TYPE(c->lock) != &LockType
+        || Py_TYPE(c->exec) != &LockType) {
         PyErr_SetString(PyExc_TypeError, "pyxccl._native.Call: a context, segment, engine or recorder of another kind");
         Py_DECREF(c);
         return NULL;
@@ -1242,8 +1379,8 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)c;
 }
 
-#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock_locked) X(exec_acquire) \
-    X(exec_release) X(ops_append) X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
+#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock) X(exec) X(ops_append) \
+    X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
     X(out_dtype) X(root) X(opobj) X(algorithm) X(timeout)
 
 static int call_traverse(PyObject *self, visitproc visit, void *arg) {
@@ -1479,10 +1616,12 @@ PyMODINIT_FUNC PyInit__native(void) {
         {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"}, {&S__name, "_name"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
-    if (PyType_Ready(&CallType) < 0) return NULL;
+    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&LockType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&CallType);
     if (PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0) { Py_DECREF(&CallType); Py_DECREF(m); return NULL; }
+    Py_INCREF(&LockType);
+    if (PyModule_AddObject(m, "Lock", (PyObject *)&LockType) < 0) { Py_DECREF(&LockType); Py_DECREF(m); return NULL; }
     return m;
 }

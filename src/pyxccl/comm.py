@@ -81,7 +81,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
             done = p.again(inp, out, async_op)
             if done is not FULL_PATH:
                 if async_op is False and p.fast is not None:
-                    kept.remember(name, inp, out, root, op, algorithm, timeout, thread, p)
+                    kept.remember(name, inp, out, root, op, algorithm, timeout, p)
                 return done
         c = Check(self, name, (algorithm, async_op, timeout))
         return self._start(c, DESCRIBE[name](c, self.rank, self.size, *args), k)

@@ -386,7 +386,7 @@ class Context:
         thread, number = self.thread() if self.thread_check else ("", 0)
         nbytes = max((b.nbytes for b in (inp, out) if b is not None), default=0)
         what = (name, plan.dtype.name, nbytes // plan.dtype.itemsize, nbytes, plan.algo.name)
-        p = Prepared(self, plan, name, s, size, thread, plan.words(name, skey, size, number), timeout, what,
+        p = Prepared(self, plan, name, s, size, thread, number, plan.words(name, skey, size, number), timeout, what,
                      args=args, writes=writes, allocates=allocates)
         if keep is not None and self.error is None and not self.closed:
             self.prepared.keep(keep, p)

@@ -19,7 +19,16 @@ import time
 
 from .._errors import CommAbortedError, CommTimeoutError, InvalidArgumentError, PyxcclError
 from ..transport.mailbox import RecvRequest
+from .. import _env
+from . import onehost
 from .recorder import ended
+
+
+def _lock():
+    """threading.Lock, or where the C executor runs calls (its Call takes and checks the engine's locks in C)
+    _native.Lock, which has its interface."""
+    native = onehost._native
+    return native.Lock() if native is not None and _env.get("PYXCCL_NATIVE") else threading.Lock()
 
 
 class Work:
@@ -158,9 +167,9 @@ class Engine:
     """
 
     def __init__(self, name: str):
-        self.lock = threading.Lock()
+        self.lock = _lock()
         self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._exec = threading.Lock()
+        self._exec = _lock()
         self._pending = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()

@@ -151,12 +151,15 @@ class PersistentRequest:
 class CollectiveRequest(PersistentRequest):
     """A persistent collective: its ``Prepared`` per issuing thread (fingerprints name the thread that
     starts a call, as they name the one that makes a plain call) and the arrays of its init."""
-    __slots__ = ("_inp", "_out", "_prepared", "_remake")
+    __slots__ = ("_inp", "_out", "_prepared", "_remake", "_first", "_mine")
 
     def __init__(self, ctx, op: str, prepared, remake, inp, out, result):
         super().__init__(ctx, op, prepared.plan.algo.name, result)
         self._inp, self._out, self._remake = inp, out, remake
         self._prepared = {ctx.thread_word(): prepared}      # thread digest -> its Prepared
+        # the blocking start in one C call from the thread of init (Call.mine checks the thread)
+        self._first = prepared
+        self._mine = None if prepared.fast is None or prepared.tmp else prepared.fast.mine
 
     def _go(self, async_op: bool):
         p = self._prepared.get(self._context.thread_word())
@@ -172,23 +175,23 @@ class CollectiveRequest(PersistentRequest):
     def run(self):
         """Start and wait, on the calling thread (as the plain call without ``async_op``); returns what
         the plain call returns."""
-        # PersistentRequest.run and _go in one frame: the blocking start is the one whose floor counts
+        # PersistentRequest.run and Prepared.run in one frame: the blocking start is the one whose floor counts
         if self._work is not None or self._freed:
             raise self._refused("run()")
-        p = self._prepared.get(self._context.thread_word())
-        if p is None:
-            return self._go(False)
-        fast = p.fast
-        if fast is None or p.tmp:
-            return p.run(self._inp, self._out, self.result)
-        done = fast(self._inp, self._out, None)         # Prepared.run's, a frame less
-        return self.result if done is True else p.settle(self._inp, self._out, self.result, done)
+        mine = self._mine
+        if mine is not None:
+            done = mine(self._inp, self._out)
+            if done is True:
+                return self.result
+            if done is not None:    # nothing ran (the engine was busy), or this thread finishes it
+                return self._first.settle(self._inp, self._out, self.result, done)
+        return self._go(False)      # another thread, a buffer start() refuses, or no C call
 
     __call__ = run
 
     def _drop(self) -> None:
         super()._drop()
-        self._inp = self._out = self._remake = None
+        self._inp = self._out = self._remake = self._first = self._mine = None
         self._prepared = {}
 
 

@@ -96,8 +96,8 @@ class Prepared:
     __slots__ = ("ctx", "plan", "name", "s", "words", "record", "timeout", "what", "tally", "prog", "settings",
                  "avg", "writes", "alloc", "prim", "at", "tmp", "fast")
 
-    def __init__(self, ctx, plan, name: str, s, size, thread: str, words, timeout, what: tuple, *, args: dict,
-                 writes: bool, allocates: int | None):
+    def __init__(self, ctx, plan, name: str, s, size, thread: str, word: int, words, timeout, what: tuple, *,
+                 args: dict, writes: bool, allocates: int | None):
         itemsize = plan.dtype.itemsize
         self.ctx, self.plan, self.name, self.s, self.words, self.timeout = ctx, plan, name, s, words, timeout
         self.record = (plan, name, size, thread, words)        # for naming the call in a mismatch error
@@ -113,7 +113,7 @@ class Prepared:
         # the blocking call in one C call (run); AVG divides after its rounds, so finishes in Python
         self.fast = None if self.prog is None else _native.Call(
             self.prog, ctx.segment, words, self.settings, ctx, ctx.engine, ctx.recorder, what, self.record,
-            self.tally, writes, not self.avg, RECENT_CALLS, (RUNNING, DONE))
+            self.tally, writes, not self.avg, RECENT_CALLS, (RUNNING, DONE), word)
 
     def again(self, inp, out, async_op):
         """Run a repeated call on the user's ``inp`` and ``out`` (``start``'s result), or return
@@ -307,7 +307,7 @@ class PreparedCalls(dict):
         self.last: dict = {}
         self.forms: dict = {}
 
-    def remember(self, name: str, inp, out, root, op, algorithm, timeout, thread: int, p: Prepared) -> None:
+    def remember(self, name: str, inp, out, root, op, algorithm, timeout, p: Prepared) -> None:
         """Prepared call ``p`` just ran blocking on ``inp`` and ``out`` under its key: its repeats on
         arrays like these take ``last``."""
         if p.fast is None or (inp is not None and type(inp) is not np.ndarray):
@@ -319,7 +319,7 @@ class PreparedCalls(dict):
             return
         p.fast.expect(np.ndarray, None if inp is None else inp.dtype, 0 if inp is None else inp.nbytes,
                       None if out is None else out.dtype, 0 if out is None else out.nbytes, inp is out,
-                      -1 if p.at is None else p.at, p.prim.gathers, root, op, algorithm, timeout, thread)
+                      -1 if p.at is None else p.at, p.prim.gathers, root, op, algorithm, timeout)
         last, forms = self.last, self.forms
         if len(forms) >= _KEPT:         # (last's keys are forms' cut short: it holds no more)
             self.last, self.forms = last, forms = {}, {}
