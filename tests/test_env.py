@@ -113,3 +113,13 @@ def test_a_bad_value_stops_the_import_that_reads_it():
     assert out.returncode != 0
     assert ("InvalidArgumentError: PYXCCL_SHM_SLOTS='four' is not an integer from 2 (slots of each shared-memory "
             "ring); fix or unset it") in out.stderr
+
+
+def test_pyxccl_run_refuses_a_bad_variable_before_it_starts_a_rank(tmp_path):
+    started = tmp_path / "started"
+    out = subprocess.run([sys.executable, "-m", "pyxccl", "run", "-n", "2", sys.executable, "-c",
+                          f"open({str(started)!r}, 'w')"], capture_output=True, text=True, timeout=120,
+                         env={"PYXCCL_SHM_SLOTS": "four", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 2, out
+    assert "pyxccl run: error: PYXCCL_SHM_SLOTS='four' is not an integer from 2" in out.stderr
+    assert "Traceback" not in out.stderr and not started.exists()

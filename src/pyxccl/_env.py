@@ -133,6 +133,13 @@ def get(name: str, default=None):
     return v
 
 
+def check() -> None:
+    """Every variable of ``VARIABLES`` set in the environment read once: the first value one does not take
+    raises its InvalidArgumentError (``pyxccl run`` asks before it starts a rank)."""
+    for name in VARIABLES:
+        get(name)
+
+
 def refused(name: str, text: str, why: str) -> InvalidArgumentError:
     """The error for variable ``name`` set to ``text``, which it does not take (``why``)."""
     r = rank()

@@ -44,8 +44,10 @@ def _run(p: argparse.ArgumentParser):
             p.error("give a script or command to run")
         if a.standalone and a.nnodes != 1:
             p.error(f"--standalone is one host; it does not go with --nnodes {a.nnodes}")
+        from . import _env
         from ._errors import InvalidArgumentError
         try:
+            _env.check()        # a bad variable refused here once, not by every rank as it starts
             return run(a.nproc, cmd, nnodes=a.nnodes, node_rank=a.node_rank, master_addr=a.master_addr,
                        master_port=a.master_port, keep_going=a.keep_going)
         except InvalidArgumentError as e:
