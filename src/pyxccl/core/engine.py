@@ -17,9 +17,9 @@ import queue
 import threading
 import time
 
+from .. import _env
 from .._errors import CommAbortedError, CommTimeoutError, InvalidArgumentError, PyxcclError
 from ..transport.mailbox import RecvRequest
-from .. import _env
 from . import onehost
 from .recorder import ended
 
