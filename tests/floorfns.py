@@ -297,3 +297,30 @@ def window_ways(comm, calls: int = 40):
             fails.append(f"setting {setting}: counted {runs}, {before} before")
         before = runs
     return fails
+
+
+def native_turned_on_later(comm):
+    """A communicator made with PYXCCL_NATIVE=0, called once it is unset: its new plans run in C (their Calls
+    take its engine's locks), with the right sums."""
+    import os
+    was = os.environ.get("PYXCCL_NATIVE")
+    os.environ["PYXCCL_NATIVE"] = "0"
+    try:
+        sub = comm.dup()
+    finally:
+        os.environ.pop("PYXCCL_NATIVE")
+    fails = []
+    try:
+        x = np.ones(5, np.float32)
+        for _ in range(3):
+            x[:] = comm.rank + 1
+            sub.allreduce(x)
+            if not np.all(x == sum(range(1, comm.size + 1))):
+                fails.append(f"a wrong sum: {x}")
+        if not any(p.fast is not None for p in context(sub).prepared.values()):
+            fails.append("no C path once PYXCCL_NATIVE was unset")
+        sub.close()
+    finally:
+        if was is not None:
+            os.environ["PYXCCL_NATIVE"] = was
+    return fails

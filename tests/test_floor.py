@@ -37,6 +37,12 @@ def test_two_forms_of_a_call_taking_turns_on_one_output_each_repeat_in_c(pools):
     _ok(pools(2).run(ff.taking_turns, transport="shm"))
 
 
+def test_a_communicator_made_with_the_c_path_off_takes_it_once_it_is_on(pools):
+    if not NATIVE:
+        return
+    _ok(pools(2).run(ff.native_turned_on_later, transport="shm"))
+
+
 def test_a_blocking_call_behind_a_queued_one_runs_after_it(pools):
     _ok(pools(2).run(ff.busy_engine, transport="shm"))
 

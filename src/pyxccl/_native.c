@@ -1004,7 +1004,8 @@ typedef struct {
     int out_writes, finish;
     Run fixed;                  /* what every run of it starts from (fixed()) */
     unsigned long long recent_mask;
-    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock, *exec, *ops_append, *trace, *what, *record, *tally, *running, *done;
+    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock, *exec, *ops_append, *trace, *what, *record, *tally,
+        *running, *done;
     /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then; and the objects
      * its root, op, algorithm and timeout were, and the issuing thread's word (Context.thread_word) */
     PyObject *array_type, *in_dtype, *out_dtype, *root, *opobj, *algorithm, *timeout;

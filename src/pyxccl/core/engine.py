@@ -17,7 +17,6 @@ import queue
 import threading
 import time
 
-from .. import _env
 from .._errors import CommAbortedError, CommTimeoutError, InvalidArgumentError, PyxcclError
 from ..transport.mailbox import RecvRequest
 from . import onehost
@@ -25,10 +24,10 @@ from .recorder import ended
 
 
 def _lock():
-    """threading.Lock, or where the C executor runs calls (its Call takes and checks the engine's locks in C)
-    _native.Lock, which has its interface."""
-    native = onehost._native
-    return native.Lock() if native is not None and _env.get("PYXCCL_NATIVE") else threading.Lock()
+    """_native.Lock (threading.Lock's interface, which a Call takes and checks in C) where the C executor is
+    built, else threading.Lock. Not by PYXCCL_NATIVE: that is read as each plan is made, so a communicator
+    made with it off makes Calls once it is unset, and they need these locks."""
+    return threading.Lock() if onehost._native is None else onehost._native.Lock()
 
 
 class Work:
