@@ -22,6 +22,31 @@ def test_the_request_type_is_public():
         assert getattr(pyxccl.Communicator, f"{prim}_init").__doc__, prim
 
 
+def test_the_python_request_base_is_the_c_ones():
+    """core/persistent.py's ``_Request`` stands in for ``_native.Request`` where the module is not built: the
+    same fields, and a request without a C call of its own (``_mine`` None) runs ``_run`` either way."""
+    from pyxccl.core import onehost, persistent
+    if onehost._native is None:
+        pytest.skip("the C executor is not built here")
+    bases = (onehost._native.Request, persistent._Request)
+    assert [sorted(m for m in dir(b) if not m.startswith("__")) for b in bases] == \
+        [sorted(persistent._Request.__slots__) + ["run"]] * 2
+    for base in bases:
+        class R(base):
+            __slots__ = ()
+
+            def _run(self):
+                return "ran", self.result
+
+        q = R()
+        q._mine, q._work, q._freed, q.result = None, None, False, 7
+        assert q() == q.run() == ("ran", 7), base
+        q._mine = object()          # not a Call: Python's way too
+        assert q() == ("ran", 7), base
+        with pytest.raises(TypeError):
+            q(1)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("n", (2, 3, 4))
 def test_every_primitive_right_on_repeat_and_bit_for_bit_the_plain_call(pools, transport, n):
@@ -41,6 +66,11 @@ def test_a_start_runs_the_prepared_call_of_its_init(pools):
 @pytest.mark.parametrize("transport", ("shm", "tcp"))
 def test_request_states_as_mpi_has_them(pools, transport):
     _ok(pools(2).run(pf.refusals, transport=transport))
+
+
+def test_a_blocking_start_the_c_call_does_not_finish(pools, transport):
+    """A late peer, a busy engine, another thread, AVG: the blocking start's ways besides one C call."""
+    _ok(pools(2).run(pf.blocking_start_answers, transport=transport))
 
 
 def test_persistent_send_and_recv(pools):

@@ -21,6 +21,7 @@
 #define _GNU_SOURCE          /* sched_getcpu */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -1249,16 +1250,6 @@ static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t na
     return go(c, three, 1);
 }
 
-/* mine(in, out): call(in, out, None) on the thread it was prepared for (a persistent request's blocking
- * start, core/persistent.py), else None with nothing done (the caller finds or makes that thread's). */
-static PyObject *call_mine(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    CallObject *c = (CallObject *)self;
-    if (nargs != 2) { PyErr_SetString(PyExc_TypeError, "mine(in, out)"); return NULL; }
-    if (thread_word(c) != c->thread) Py_RETURN_NONE;
-    PyObject *three[3] = {args[0], args[1], Py_None};
-    return go(c, three, 0);
-}
-
 /* thread_word(): what again() takes for the calling thread's word (-1: none; tests/test_floor.py compares it
  * with Context.thread_word's). */
 static PyObject *call_thread_word(PyObject *self, PyObject *unused) {
@@ -1301,8 +1292,6 @@ static PyMethodDef call_methods[] = {
      "again(in, out, root, op, algorithm, timeout): the call on a repeat's arrays and objects, or None"},
     {"expect", call_expect, METH_VARARGS, "expect(array_type, in_dtype, in_nbytes, out_dtype, out_nbytes, inplace, at, "
      "gathers, root, op, algorithm, timeout)"},
-    {"mine", (PyCFunction)(void (*)(void))call_mine, METH_FASTCALL,
-     "mine(in, out): call(in, out, None) on the thread it was prepared for, else None"},
     {"thread_word", call_thread_word, METH_NOARGS, "thread_word(): the calling thread's word as again() finds it"},
     {"window_runs", call_window_runs, METH_NOARGS, "window_runs() -> (plain, non_temporal): its timed runs each way "
      "(set_nt_windows(2): every run until each way has three, then every 4th); (0, 0) where it copies into no window"},
@@ -1421,6 +1410,107 @@ static PyTypeObject CallType = {
     .tp_traverse = call_traverse,
     .tp_clear = call_clear,
     .tp_dealloc = call_dealloc,
+};
+
+/* --- Request: a persistent collective's blocking start in one C call ---------------------------------
+ *
+ * core/persistent.py's PersistentRequest is a subclass: the fields below are its attributes (_work,
+ * _freed, _mine, _inp, _out, result), so that calling a request (req() or req.run()) reads them
+ * here. Where it is inactive, not freed, and its init's Call (_mine) runs on this thread, the call is
+ * that Call's call(_inp, _out, None) without a Python frame: done, it returns `result`; started but left to
+ * finish (or the engine busy), self._settle(answer). Anything else is self._run(): the request's own
+ * Python definition (refusals, another thread's Prepared, a buffer the C call takes no view of). */
+static PyObject *S__run, *S__settle;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *work, *mine, *inp, *out, *result;
+    char freed;
+} RequestObject;
+
+static PyObject *request_run(PyObject *self, PyObject *unused) {
+    (void)unused;
+    RequestObject *q = (RequestObject *)self;
+    if ((q->work == NULL || q->work == Py_None) && !q->freed && q->mine && Py_TYPE(q->mine) == &CallType) {
+        CallObject *c = (CallObject *)q->mine;
+        if (thread_word(c) == c->thread) {
+            PyObject *three[3] = {q->inp ? q->inp : Py_None, q->out ? q->out : Py_None, Py_None};
+            Py_INCREF(c);       /* (a Python call below may drop the request's reference) */
+            PyObject *done = go(c, three, 0);
+            Py_DECREF(c);
+            if (!done) return NULL;
+            if (done == Py_True) {
+                Py_DECREF(done);
+                PyObject *res = q->result ? q->result : Py_None;
+                Py_INCREF(res);
+                return res;
+            }
+            if (done != Py_None) {
+                PyObject *back = PyObject_CallMethodOneArg(self, S__settle, done);
+                Py_DECREF(done);
+                return back;
+            }
+            Py_DECREF(done);
+        }
+    }
+    return PyObject_CallMethodNoArgs(self, S__run);
+}
+
+static PyObject *request_call(PyObject *self, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "a persistent request is called with no arguments: req()");
+        return NULL;
+    }
+    return request_run(self, NULL);
+}
+
+static int request_traverse(PyObject *self, visitproc visit, void *arg) {
+    RequestObject *q = (RequestObject *)self;
+    Py_VISIT(q->work); Py_VISIT(q->mine); Py_VISIT(q->inp); Py_VISIT(q->out); Py_VISIT(q->result);
+    return 0;
+}
+
+static int request_clear(PyObject *self) {
+    RequestObject *q = (RequestObject *)self;
+    Py_CLEAR(q->work); Py_CLEAR(q->mine); Py_CLEAR(q->inp); Py_CLEAR(q->out); Py_CLEAR(q->result);
+    return 0;
+}
+
+static void request_dealloc(PyObject *self) {      /* (a subclass's type is released by subtype_dealloc) */
+    PyObject_GC_UnTrack(self);
+    request_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyMemberDef request_members[] = {
+    {"_work", T_OBJECT, offsetof(RequestObject, work), 0, "the started call's Work while active (None: inactive)"},
+    {"_freed", T_BOOL, offsetof(RequestObject, freed), 0, "free() was called"},
+    {"_mine", T_OBJECT, offsetof(RequestObject, mine), 0, "the init thread's Call (None: every start in Python)"},
+    {"_inp", T_OBJECT, offsetof(RequestObject, inp), 0, "the input array of init"},
+    {"_out", T_OBJECT, offsetof(RequestObject, out), 0, "the output array of init"},
+    {"result", T_OBJECT, offsetof(RequestObject, result), 0, "what a start returns (the plain call's result)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef request_methods[] = {
+    {"run", request_run, METH_NOARGS, "Start and wait, on the calling thread (as the plain call without async_op); "
+     "returns what the plain call returns. Calling the request is the same."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RequestType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pyxccl._native.Request",
+    .tp_basicsize = sizeof(RequestObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The C part of a persistent request (core/persistent.py): its blocking start.",
+    .tp_new = PyType_GenericNew,
+    .tp_call = request_call,
+    .tp_traverse = request_traverse,
+    .tp_clear = request_clear,
+    .tp_dealloc = request_dealloc,
+    .tp_members = request_members,
+    .tp_methods = request_methods,
 };
 
 static PyObject *can_reduce(PyObject *self, PyObject *args) {
@@ -1614,15 +1704,19 @@ PyMODINIT_FUNC PyInit__native(void) {
         {&S_closed, "closed"}, {&S_error, "error"}, {&S_segment, "segment"}, {&S_seq, "seq"},
         {&S_coll_seq, "coll_seq"}, {&S_recent, "recent"}, {&S_pending, "_pending"}, {&S_round, "round"},
         {&S_calls, "calls"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"},
-        {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"}, {&S__name, "_name"}};
+        {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"}, {&S__name, "_name"}, {&S__run, "_run"}, {&S__settle, "_settle"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
-    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&LockType) < 0) return NULL;
+    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&LockType) < 0 || PyType_Ready(&RequestType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&CallType);
     if (PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0) { Py_DECREF(&CallType); Py_DECREF(m); return NULL; }
     Py_INCREF(&LockType);
     if (PyModule_AddObject(m, "Lock", (PyObject *)&LockType) < 0) { Py_DECREF(&LockType); Py_DECREF(m); return NULL; }
+    Py_INCREF(&RequestType);
+    if (PyModule_AddObject(m, "Request", (PyObject *)&RequestType) < 0) {
+        Py_DECREF(&RequestType); Py_DECREF(m); return NULL;
+    }
     return m;
 }

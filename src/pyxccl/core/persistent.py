@@ -18,9 +18,24 @@ A request is used by one thread at a time, as a Work or an MPI request.
 from __future__ import annotations
 
 from .._errors import InvalidArgumentError
+from . import onehost
 
 
-class PersistentRequest:
+class _Request:
+    """The part of a request that ``_native.Request`` is in C where the C executor is built: the fields its
+    blocking start reads, and the start itself (here always ``_run``: without the C executor no request
+    has a Call of its own, ``_mine`` is None)."""
+    __slots__ = ("_work", "_freed", "_mine", "_inp", "_out", "result")
+
+    def run(self):
+        """Start and wait, on the calling thread (as the plain call without ``async_op``); returns what
+        the plain call returns. Calling the request is the same."""
+        return self._run()
+
+    __call__ = run
+
+
+class PersistentRequest(onehost._native.Request if onehost._native is not None else _Request):
     """A call made once and started many times: ``comm.allreduce_init(x)`` and the other ``*_init``
     calls of a :class:`~pyxccl.Communicator` return one.
 
@@ -39,11 +54,11 @@ class PersistentRequest:
     requests in the order it would make the plain calls: making a request moves nothing, and each
     start is checked against the other ranks' calls like any call.
     """
-    __slots__ = ("op", "rank", "algorithm", "result", "_context", "_work", "_freed")
+    __slots__ = ("op", "rank", "algorithm", "_context")
 
     def __init__(self, ctx, op: str, algorithm: str | None, result):
         self.op, self.rank, self.algorithm, self.result = op, ctx.rank, algorithm, result
-        self._context, self._work, self._freed = ctx, None, False
+        self._context, self._work, self._freed, self._mine = ctx, None, False, None
 
     def _go(self, async_op: bool):
         """Run the call once: a Work with ``async_op``, else the call's result."""
@@ -60,14 +75,11 @@ class PersistentRequest:
         self._work = w = self._go(True)
         return w
 
-    def run(self):
-        """Start and wait, on the calling thread (as the plain call without ``async_op``); returns what
-        the plain call returns."""
+    def _run(self):
+        """``run()`` in Python (where the C call does not take it: see ``_native.Request``)."""
         if self._work is not None or self._freed:
             raise self._refused("run()")
         return self._go(False)
-
-    __call__ = run
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the last start to complete and raise its error (True when there is none to wait
@@ -151,15 +163,15 @@ class PersistentRequest:
 class CollectiveRequest(PersistentRequest):
     """A persistent collective: its ``Prepared`` per issuing thread (fingerprints name the thread that
     starts a call, as they name the one that makes a plain call) and the arrays of its init."""
-    __slots__ = ("_inp", "_out", "_prepared", "_remake", "_first", "_mine")
+    __slots__ = ("_prepared", "_remake", "_first")
 
     def __init__(self, ctx, op: str, prepared, remake, inp, out, result):
         super().__init__(ctx, op, prepared.plan.algo.name, result)
         self._inp, self._out, self._remake = inp, out, remake
         self._prepared = {ctx.thread_word(): prepared}      # thread digest -> its Prepared
-        # the blocking start in one C call from the thread of init (Call.mine checks the thread)
+        # the blocking start in one C call from the thread of init (_native.Request checks the thread)
         self._first = prepared
-        self._mine = None if prepared.fast is None or prepared.tmp else prepared.fast.mine
+        self._mine = None if prepared.tmp else prepared.fast    # run in C (_native.Request), from the init thread
 
     def _go(self, async_op: bool):
         p = self._prepared.get(self._context.thread_word())
@@ -172,22 +184,10 @@ class CollectiveRequest(PersistentRequest):
             return p.start(self._inp, self._out, self.result, True)
         return p.run(self._inp, self._out, self.result)
 
-    def run(self):
-        """Start and wait, on the calling thread (as the plain call without ``async_op``); returns what
-        the plain call returns."""
-        # PersistentRequest.run and Prepared.run in one frame: the blocking start is the one whose floor counts
-        if self._work is not None or self._freed:
-            raise self._refused("run()")
-        mine = self._mine
-        if mine is not None:
-            done = mine(self._inp, self._out)
-            if done is True:
-                return self.result
-            if done is not None:    # nothing ran (the engine was busy), or this thread finishes it
-                return self._first.settle(self._inp, self._out, self.result, done)
-        return self._go(False)      # another thread, a buffer start() refuses, or no C call
-
-    __call__ = run
+    def _settle(self, done):
+        """The C call's answer other than done (``_native.Request``): nothing ran (the engine was busy),
+        or this thread finishes it."""
+        return self._first.settle(self._inp, self._out, self.result, done)
 
     def _drop(self) -> None:
         super()._drop()
