@@ -54,9 +54,9 @@ def context(comm):
 def _books(ctx, op: str) -> tuple:
     """The last recorder entry (in FIELDS order), the traffic counters of ``op``, the recent slot of the
     last collective, and the sequence numbers."""
-    traffic = ctx.traffic.snapshot().get(op, {})
+    traffic, RECENT = ctx.traffic.snapshot().get(op, {}), prepared_mod.RECENT_CALLS
     return (expand(ctx.recorder.ops[-1]), {k: v for k, v in traffic.items() if k != "wire"},
-            ctx.recent[ctx.coll_seq % prepared_mod.RECENT_CALLS], ctx.seq, ctx.coll_seq)
+            (ctx.recent[ctx.coll_seq % RECENT], ctx.recent_calls[ctx.coll_seq % RECENT]), ctx.seq, ctx.coll_seq)
 
 
 def _compare(fails, what, ctx, op, ref, fast, prev):

@@ -47,6 +47,47 @@ def test_the_python_request_base_is_the_c_ones():
             q(1)
 
 
+@pytest.mark.timeout(120)
+def test_a_job_without_the_c_module(tmp_path):
+    """Where pyxccl._native cannot be imported (built without a compiler) the classes whose bases it gives
+    (Context: Books, Tally: Count, PersistentRequest: Request) stand on Python's: calls, persistent starts,
+    the counters, the recorder and a mismatch error's naming of the call work as with it."""
+    import subprocess
+    import sys
+    import textwrap
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        sys.modules["pyxccl._native"] = None       # import pyxccl._native raises ImportError
+        import numpy as np
+        import pyxccl
+        from pyxccl.core import onehost, persistent
+        assert onehost._native is None and persistent.PersistentRequest.__bases__ == (persistent._Request,)
+        comm = pyxccl.init()
+        x = np.ones(4, np.float32)
+        for _ in range(3):
+            comm.allreduce(x)
+        req = comm.allreduce_init(x)
+        for _ in range(3):
+            req()
+        req.start(); req.wait()
+        assert np.all(x == 2 ** 7), x
+        assert comm.traffic()["allreduce"]["calls"] == 7, comm.traffic()
+        assert [e["state"] for e in comm.flight_record()[-7:]] == ["done"] * 7
+        try:
+            if comm.rank == 0:
+                comm.allreduce(x)
+            else:
+                comm.broadcast(x)
+        except pyxccl.CollectiveMismatchError as e:
+            assert ("allreduce" if comm.rank == 0 else "broadcast") in str(e), e
+            print("ok", comm.rank, flush=True)
+    """))
+    p = subprocess.run([sys.executable, "-m", "pyxccl", "run", "-n", "2", str(script)], capture_output=True,
+                       text=True, timeout=100)
+    assert p.returncode == 0 and "ok 0" in p.stdout and "ok 1" in p.stdout, p.stdout + p.stderr
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("n", (2, 3, 4))
 def test_every_primitive_right_on_repeat_and_bit_for_bit_the_plain_call(pools, transport, n):

@@ -964,6 +964,83 @@ static PyTypeObject LockType = {
     .tp_dealloc = lock_dealloc,
 };
 
+/* --- Books and Count: the fields a call reads and writes, as C members -------------------------------
+ *
+ * core/context.py's Context is a subclass of Books and core/counters.py's Tally one of Count: Python
+ * reads and writes these fields as attributes (member descriptors, as __slots__ are), and a Call
+ * (below) as struct fields, without a dict lookup or an int object per call. Where the module is not
+ * built the same attributes are ordinary ones. */
+typedef struct {
+    PyObject_HEAD
+    long long seq;                  /* every call */
+    unsigned int coll_seq;          /* collectives, modulo 2**32 (their messages' key) */
+    char closed;
+    PyObject *error, *segment;
+    PyObject *recent, *recent_calls;    /* lists: at cseq & (len - 1), the collective's cseq and its record */
+} BooksObject;
+
+static int books_traverse(PyObject *self, visitproc visit, void *arg) {
+    BooksObject *k = (BooksObject *)self;
+    Py_VISIT(k->error); Py_VISIT(k->segment); Py_VISIT(k->recent); Py_VISIT(k->recent_calls);
+    return 0;
+}
+
+static int books_clear(PyObject *self) {
+    BooksObject *k = (BooksObject *)self;
+    Py_CLEAR(k->error); Py_CLEAR(k->segment); Py_CLEAR(k->recent); Py_CLEAR(k->recent_calls);
+    return 0;
+}
+
+static void books_dealloc(PyObject *self) {
+    PyObject_GC_UnTrack(self);
+    books_clear(self);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyMemberDef books_members[] = {
+    {"seq", T_LONGLONG, offsetof(BooksObject, seq), 0, "the number of the last call (every call)"},
+    {"coll_seq", T_UINT, offsetof(BooksObject, coll_seq), 0, "the number of the last collective, modulo 2**32"},
+    {"closed", T_BOOL, offsetof(BooksObject, closed), 0, "close() was called"},
+    {"error", T_OBJECT, offsetof(BooksObject, error), 0, "why the communicator failed (None: it has not)"},
+    {"segment", T_OBJECT, offsetof(BooksObject, segment), 0, "the one-host fast path's HostSegment (or None)"},
+    {"recent", T_OBJECT, offsetof(BooksObject, recent), 0, "the last collectives' numbers (at cseq & (len - 1))"},
+    {"recent_calls", T_OBJECT, offsetof(BooksObject, recent_calls), 0, "their records, at the same index"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject BooksType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pyxccl._native.Books",
+    .tp_basicsize = sizeof(BooksObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The C part of a communicator's context (core/context.py): the fields every call reads and writes.",
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = books_traverse,
+    .tp_clear = books_clear,
+    .tp_dealloc = books_dealloc,
+    .tp_members = books_members,
+};
+
+typedef struct {
+    PyObject_HEAD
+    long long calls;
+} CountObject;
+
+static PyMemberDef count_members[] = {
+    {"calls", T_LONGLONG, offsetof(CountObject, calls), 0, "calls since the counters were last read"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CountType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "pyxccl._native.Count",
+    .tp_basicsize = sizeof(CountObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The C part of a prepared call's tally (core/counters.py): its count of calls.",
+    .tp_new = PyType_GenericNew,
+    .tp_members = count_members,
+};
+
 /* --- Call: a prepared blocking call, run with its bookkeeping in one C call ------------------------
  *
  * core/prepared.py makes one per Prepared that the native executor runs (Prepared.fast). Calling it,
@@ -972,9 +1049,10 @@ static PyTypeObject LockType = {
  * the buffers as Prepared.again does (C-contiguous, the output writable if the call writes it, and
  * what the program reaches of each), claims the engine (Engine.claim), takes the sequence numbers
  * (Context.seq, Context.coll_seq), opens the flight-recorder entry (Recorder.begin's), keeps the
- * call in Context.recent, counts it (Tally.count), runs the program, ends the entry
+ * call in Context.recent and recent_calls, counts it (Tally.count), runs the program, ends the entry
  * (recorder.ended) and releases the engine (Engine.release). Those Python definitions are the
- * reference; the state it reads and writes is theirs (the objects' own attributes), so every other
+ * reference; the state it reads and writes is theirs (the objects' own attributes; the context's
+ * and the tally's that every call touches are their C bases' members, Books and Count), so every other
  * path sees the same numbers, entries and counts (tests/test_floor.py compares the two, entry by
  * entry). Returns
  *   True   done (the call's result is the caller's);
@@ -991,8 +1069,7 @@ static PyTypeObject LockType = {
  * Numbering without the engine's lock: the GIL is held from the checks to the entry (nothing in
  * between can run Python code: what may collect garbage is allocated before), and a thread that
  * holds the lock is taking numbers of its own, so the call goes the slow way then. */
-static PyObject *S_closed, *S_error, *S_segment, *S_seq, *S_coll_seq, *S_recent, *S_pending, *S_round, *S_calls,
-    *S_waiting, *S_traffic, *S_dtype, *S_thread_check, *S_here, *S_me, *S__name;
+static PyObject *S_pending, *S_round, *S_waiting, *S_traffic, *S_dtype, *S_thread_check, *S_here, *S_me, *S__name;
 
 typedef struct {
     PyObject_HEAD
@@ -1005,8 +1082,8 @@ typedef struct {
     int out_writes, finish;
     Run fixed;                  /* what every run of it starts from (fixed()) */
     unsigned long long recent_mask;
-    PyObject *ctx_dict, *seg, *seg_dict, *eng_dict, *lock, *exec, *ops_append, *trace, *what, *record, *tally,
-        *running, *done;
+    PyObject *ctx, *ctx_dict, *seg, *seg_dict, *eng_dict, *lock, *exec, *ops_append, *trace, *what, *record,
+        *tally, *running, *done;
     /* again()'s: the arrays a repeat of its key has (expect()); array_type NULL until then; and the objects
      * its root, op, algorithm and timeout were, and the issuing thread's word (Context.thread_word) */
     PyObject *array_type, *in_dtype, *out_dtype, *root, *opobj, *algorithm, *timeout;
@@ -1028,7 +1105,8 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     Py_buffer views[3];
     int held[3] = {0, 0, 0};
     Run run_ = c->fixed, *r = &run_;
-    PyObject *result = Py_None, *entry = NULL, *slot = NULL, *seq = NULL, *cseq = NULL;
+    PyObject *result = Py_None, *entry = NULL, *seq = NULL, *cseq = NULL;
+    BooksObject *k = (BooksObject *)c->ctx;
     /* the buffers, as Prepared.again takes them (in and out checked even where the program does not reach) */
     for (int b = 0; b < 3; b++) {
         PyObject *o = args[b];
@@ -1062,12 +1140,10 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     }
     /* what may collect garbage (and so run Python code), before the checks */
     entry = PyList_New(9);
-    slot = PyTuple_New(2);
-    if (!entry || !slot) goto failed;
+    if (!entry) goto failed;
     /* the engine idle and this thread's (Engine.claim), no other thread taking numbers */
-    PyObject *d = c->ctx_dict, *pending = PyDict_GetItemWithError(c->eng_dict, S_pending);
-    if (PyDict_GetItemWithError(d, S_closed) != Py_False || PyDict_GetItemWithError(d, S_error) != Py_None
-        || PyDict_GetItemWithError(d, S_segment) != c->seg || !pending || !PyLong_Check(pending)
+    PyObject *pending = PyDict_GetItemWithError(c->eng_dict, S_pending);
+    if (k->closed || (k->error && k->error != Py_None) || k->segment != c->seg || !pending || !PyLong_Check(pending)
         || PyLong_AsLongLong(pending) != 0) {
         if (PyErr_Occurred()) goto failed;
         result = Py_False;
@@ -1078,14 +1154,12 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         goto refused;
     }
     /* the numbers (Prepared.start's) and the entry (Recorder.begin's) */
-    PyObject *s0 = PyDict_GetItemWithError(d, S_seq), *s1 = PyDict_GetItemWithError(d, S_coll_seq);
-    long long nseq = s0 ? PyLong_AsLongLong(s0) : -1;
-    unsigned long long ncseq = s1 ? ((PyLong_AsUnsignedLongLongMask(s1) + 1) & 0xFFFFFFFFu) : 0;
-    if (!s0 || !s1 || PyErr_Occurred()) goto claimed_failed;
-    seq = PyLong_FromLongLong(nseq + 1);
-    cseq = PyLong_FromUnsignedLongLong(ncseq);
-    if (!seq || !cseq || PyDict_SetItem(d, S_seq, seq) < 0 || PyDict_SetItem(d, S_coll_seq, cseq) < 0)
-        goto claimed_failed;
+    unsigned int ncseq = k->coll_seq + 1;
+    seq = PyLong_FromLongLong(k->seq + 1);
+    cseq = PyLong_FromUnsignedLong(ncseq);
+    if (!seq || !cseq) goto claimed_failed;
+    k->seq++;
+    k->coll_seq = ncseq;
     double t0 = clock_s(CLOCK_MONOTONIC), now = clock_s(CLOCK_REALTIME);
     PyObject *issued = PyFloat_FromDouble(now), *zero = PyFloat_FromDouble(0.0);
     if (!issued || !zero) { Py_XDECREF(issued); Py_XDECREF(zero); goto claimed_failed; }
@@ -1102,24 +1176,19 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
     if (!ok) goto claimed_failed;
     Py_DECREF(ok);
     if (c->trace != Py_None && PyList_Append(c->trace, entry) < 0) goto claimed_failed;
-    /* named in a mismatch error (Context.recent), counted (Tally.count) */
-    PyObject *recent = PyDict_GetItemWithError(d, S_recent);
-    if (!recent || !PyList_Check(recent)) goto claimed_failed;
-    Py_INCREF(cseq); PyTuple_SET_ITEM(slot, 0, cseq);
-    Py_INCREF(c->record); PyTuple_SET_ITEM(slot, 1, c->record);
-    if (PyList_SetItem(recent, (Py_ssize_t)(ncseq & c->recent_mask) % PyList_GET_SIZE(recent), slot) < 0) {
-        slot = NULL;
+    /* named in a mismatch error (Context.recent, recent_calls), counted (Tally.count) */
+    Py_ssize_t at = (Py_ssize_t)(ncseq & c->recent_mask);
+    if (!k->recent || !k->recent_calls || !PyList_Check(k->recent) || !PyList_Check(k->recent_calls)
+        || PyList_GET_SIZE(k->recent) <= at || PyList_GET_SIZE(k->recent_calls) <= at) {
+        PyErr_SetString(PyExc_TypeError, "pyxccl._native.Call: the context's recent lists are not as it made them");
         goto claimed_failed;
     }
-    slot = NULL;
-    PyObject *calls = PyObject_GetAttr(c->tally, S_calls);
-    long long ncalls = calls ? PyLong_AsLongLong(calls) : -1;
-    Py_XDECREF(calls);
-    if (ncalls < 0) goto claimed_failed;
-    PyObject *more = PyLong_FromLongLong(ncalls + 1);
-    int rc = more ? PyObject_SetAttr(c->tally, S_calls, more) : -1;
-    Py_XDECREF(more);
-    if (rc < 0) goto claimed_failed;
+    Py_INCREF(cseq);
+    PyList_SetItem(k->recent, at, cseq);
+    Py_INCREF(c->record);
+    PyList_SetItem(k->recent_calls, at, c->record);
+    long long ncalls = ((CountObject *)c->tally)->calls++;
+    int rc;
     if (!ncalls) {          /* the first since the counters were read: listed to be added then */
         PyObject *traffic = PyObject_GetAttr(c->tally, S_traffic);
         PyObject *w = traffic ? PyObject_CallMethodOneArg(traffic, S_waiting, c->tally) : NULL;
@@ -1128,9 +1197,7 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         Py_DECREF(w);
     }
     PyObject *ran;
-    if (!ncalls && (PyDict_GetItemWithError(d, S_closed) != Py_False
-                    || PyDict_GetItemWithError(d, S_error) != Py_None)) {     /* waiting() ran Python code */
-        if (PyErr_Occurred()) goto claimed_failed;
+    if (!ncalls && (k->closed || (k->error && k->error != Py_None))) {     /* waiting() ran Python code */
         ran = Py_None;          /* aborted by another thread meanwhile (Prepared._execute asks too) */
         Py_INCREF(ran);
     } else {
@@ -1186,7 +1253,7 @@ failed:
 refused:
     for (int b = 0; b < 3; b++)
         if (held[b]) PyBuffer_Release(&views[b]);
-    Py_XDECREF(entry); Py_XDECREF(slot); Py_XDECREF(seq); Py_XDECREF(cseq);
+    Py_XDECREF(entry); Py_XDECREF(seq); Py_XDECREF(cseq);
     Py_XINCREF(result);
     return result;
 }
@@ -1340,6 +1407,12 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->win_copies = copies_into_window(c->code, c->len);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1; c->thread = thread;
     PyObject *ops = NULL;
+    if (!PyObject_TypeCheck(ctx, &BooksType) || !PyObject_TypeCheck(tally, &CountType)) {
+        PyErr_SetString(PyExc_TypeError, "pyxccl._native.Call: a context that is not a Books or a tally not a Count");
+        Py_DECREF(c);
+        return NULL;
+    }
+    Py_INCREF(ctx); c->ctx = ctx;
     c->ctx_dict = PyObject_GetAttrString(ctx, "__dict__");
     c->seg_dict = PyObject_GetAttrString(seg, "__dict__");
     c->eng_dict = PyObject_GetAttrString(eng, "__dict__");
@@ -1369,7 +1442,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     return (PyObject *)c;
 }
 
-#define CALL_OBJECTS(X) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock) X(exec) X(ops_append) \
+#define CALL_OBJECTS(X) X(ctx) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock) X(exec) X(ops_append) \
     X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
     X(out_dtype) X(root) X(opobj) X(algorithm) X(timeout)
 
@@ -1701,22 +1774,26 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyxccl._native",
 
 PyMODINIT_FUNC PyInit__native(void) {
     struct { PyObject **at; const char *name; } names[] = {
-        {&S_closed, "closed"}, {&S_error, "error"}, {&S_segment, "segment"}, {&S_seq, "seq"},
-        {&S_coll_seq, "coll_seq"}, {&S_recent, "recent"}, {&S_pending, "_pending"}, {&S_round, "round"},
-        {&S_calls, "calls"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"},
+        {&S_pending, "_pending"}, {&S_round, "round"},
+        {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"},
         {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"}, {&S__name, "_name"}, {&S__run, "_run"}, {&S__settle, "_settle"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
-    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&LockType) < 0 || PyType_Ready(&RequestType) < 0) return NULL;
+    if (PyType_Ready(&CallType) < 0 || PyType_Ready(&LockType) < 0 || PyType_Ready(&RequestType) < 0
+        || PyType_Ready(&BooksType) < 0 || PyType_Ready(&CountType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&CallType);
     if (PyModule_AddObject(m, "Call", (PyObject *)&CallType) < 0) { Py_DECREF(&CallType); Py_DECREF(m); return NULL; }
     Py_INCREF(&LockType);
     if (PyModule_AddObject(m, "Lock", (PyObject *)&LockType) < 0) { Py_DECREF(&LockType); Py_DECREF(m); return NULL; }
-    Py_INCREF(&RequestType);
-    if (PyModule_AddObject(m, "Request", (PyObject *)&RequestType) < 0) {
-        Py_DECREF(&RequestType); Py_DECREF(m); return NULL;
+    PyTypeObject *types[] = {&RequestType, &BooksType, &CountType};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, strrchr(types[i]->tp_name, '.') + 1, (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]); Py_DECREF(m); return NULL;
+        }
     }
     return m;
 }

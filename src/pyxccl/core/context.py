@@ -33,6 +33,7 @@ from ..transport.mailbox import (ABORT, ABORT_CALLED, ABORT_MISMATCH, ABORT_TIME
 from .engine import Engine, InlineCall, Work, annotate
 from .dispatch import Planner
 from . import recorder
+from .onehost import _native
 from .prepared import RECENT_CALLS, Prepared, PreparedCalls
 from .recorder import Recorder, ended, started
 from .counters import Traffic
@@ -46,7 +47,12 @@ class _Here(threading.local):
     me = None
 
 
-class Context:
+class Context(_native.Books if _native is not None else object):
+    """One communicator's state below the API (comm.py's Communicator holds one). Its base, where the C
+    executor is built, is ``_native.Books``: the fields every call reads and writes (``seq``, ``coll_seq``,
+    ``closed``, ``error``, ``segment``, ``recent``, ``recent_calls``) as C members that a prepared call's C
+    part reads and writes directly; elsewhere they are ordinary attributes."""
+
     def __init__(self, mesh, world_ranks: list[int], comm_id: int, timeout: float, parent: "Context | None" = None):
         self.mesh, self.mailbox = mesh, mesh.mailbox
         self.world_ranks = list(world_ranks)
@@ -76,9 +82,10 @@ class Context:
         self.engine = Engine(f"pyxccl-comm{comm_id:08x}-r{self.rank}")
         self._lock = threading.Lock()
         self._inflight: set[RecvRequest] = set()
-        # the last few collectives, for naming them in mismatch errors: at cseq % RECENT_CALLS, (cseq, (plan,
+        # the last few collectives, for naming them in mismatch errors: at cseq % RECENT_CALLS, cseq and (plan,
         # call, size, thread, words)); a prepared call writes its slot (one store: this is on every call)
-        self.recent: list = [(None, None)] * RECENT_CALLS
+        self.recent: list = [None] * RECENT_CALLS
+        self.recent_calls: list = [None] * RECENT_CALLS
         self._scratch = np.empty(0, np.uint8)
         self._telling: threading.Thread | None = None
         self.recorder = Recorder()  # the flight recorder: the last operations, dumped on failure
@@ -292,7 +299,7 @@ class Context:
     def mismatch(self, peer: int, seq: int, theirs, their_seq: int | None = None) -> CollectiveMismatchError:
         """The error for this rank's collective ``seq`` against ``peer``'s fingerprint words ``theirs``."""
         their_seq = seq if their_seq is None else their_seq
-        at, record = self.recent[seq % RECENT_CALLS]
+        at, record = self.recent[seq % RECENT_CALLS], self.recent_calls[seq % RECENT_CALLS]
         plan, name, size, thread, words = record if at == seq else (None,) * 5
         call = plan.call(name, size, thread) if plan else None
         mine = call.describe(seq) if call else f"collective #{seq}"

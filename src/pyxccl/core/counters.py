@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from .._errors import PyxcclError
 from ..schedule import Get, Post, Put, Recv, Send
+from .onehost import _native
 
 
 def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
@@ -57,13 +58,18 @@ def schedule_io(s, itemsize: int, codec=None, compressed=()) -> tuple[int, int]:
     return io
 
 
-class Tally:
+class _Count:
+    """``_native.Count`` where the module is not built: the count a prepared call's C part adds to."""
+    __slots__ = ("calls",)
+
+
+class Tally(_native.Count if _native is not None else _Count):
     """The calls one prepared call made since the counters were last read: each adds (1, ``nbytes``,
     ``sent``, ``received``) to its operation's counter, added when the counters are read (or when more
     than 256 tallies wait), so that a call costs one increment (``count``). A segment schedule's
     ``sent`` (None: its peers' reads of it) and ``received`` (None: with its peers' writes into it,
     where a rank of the call writes) are found at the first reading."""
-    __slots__ = ("traffic", "counter", "nbytes", "sent", "received", "s", "itemsize", "calls")
+    __slots__ = ("traffic", "counter", "nbytes", "sent", "received", "s", "itemsize")
 
     def __init__(self, traffic: "Traffic", counter: list[int], nbytes: int, sent: int | None, received: int, s,
                  itemsize: int):

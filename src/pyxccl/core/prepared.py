@@ -248,7 +248,8 @@ class Prepared:
         try:
             if ctx.closed or ctx.error is not None:       # a call queued behind one that failed
                 ctx.usable(self.name)
-            ctx.recent[cseq & (RECENT_CALLS - 1)] = (cseq, self.record)    # names it in a mismatch error
+            i = cseq & (RECENT_CALLS - 1)       # names it in a mismatch error
+            ctx.recent[i], ctx.recent_calls[i] = cseq, self.record
             self.tally.count()      # for comm.traffic()
             tmp = ctx.scratch(self.tmp, self.plan.dtype) if self.tmp else None
             if self.prog is not None:
