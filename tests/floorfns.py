@@ -255,6 +255,7 @@ def thread_words(comm):
     finally:
         t.name = name
         ctx.thread_word()
+    same("named back")         # (C keeps the last word it found with the name object it was found for)
     worker = threading.Thread(target=lambda: (ctx.thread_word(), same("pool worker")), name="pool_3")
     worker.start()
     worker.join()

@@ -1089,6 +1089,11 @@ typedef struct {
     PyObject *array_type, *in_dtype, *out_dtype, *root, *opobj, *algorithm, *timeout;
     Py_ssize_t in_nbytes, out_nbytes, at;        /* at: primitives.apart's in-place offset (-1: none) */
     long long thread;
+    /* thread_word()'s last answer from the Python lookup: for the thread state numbered tw_id, whose Thread
+     * (tw_thread) had the name object tw_name, the word tw_word */
+    uint64_t tw_id;
+    PyObject *tw_thread, *tw_name;
+    long long tw_word;
     int inplace, gathers;
     int win_copies;             /* the program copies into its window (copies_into_window): a way to pick */
     WinPick pick;               /* (nt_windows) how its runs went with plain and with non-temporal stores */
@@ -1272,6 +1277,14 @@ static long long thread_word(CallObject *c) {
     PyObject *on = PyDict_GetItemWithError(c->ctx_dict, S_thread_check);
     if (!on) { PyErr_Clear(); return -1; }
     if (on == Py_False) return 0;
+    /* the thread asked last, not renamed since (a thread state's id is never reused in a process) */
+    uint64_t id = PyThreadState_GetID(PyThreadState_Get());
+    if (c->tw_thread && id == c->tw_id) {
+        PyObject *name = PyObject_GetAttr(c->tw_thread, S__name);
+        Py_XDECREF(name);       /* (only its identity is compared) */
+        if (name && name == c->tw_name) return c->tw_word;
+        PyErr_Clear();
+    }
     PyObject *here = on == Py_True ? PyDict_GetItemWithError(c->ctx_dict, S_here) : NULL;
     if (!here) { PyErr_Clear(); return -1; }
     PyObject *me = PyObject_GetAttr(here, S_me);     /* (thread, its name, its name in fingerprints, word) */
@@ -1281,8 +1294,13 @@ static long long thread_word(CallObject *c) {
         PyObject *name = PyObject_GetAttr(PyTuple_GET_ITEM(me, 0), S__name);
         if (name && PyObject_RichCompareBool(name, PyTuple_GET_ITEM(me, 1), Py_EQ) == 1)
             w = PyLong_AsLongLong(PyTuple_GET_ITEM(me, 3));
-        Py_XDECREF(name);
         if (PyErr_Occurred()) { PyErr_Clear(); w = -1; }
+        if (w >= 0) {
+            c->tw_id = id; c->tw_word = w;
+            Py_INCREF(PyTuple_GET_ITEM(me, 0)); Py_XSETREF(c->tw_thread, PyTuple_GET_ITEM(me, 0));
+            Py_INCREF(name); Py_XSETREF(c->tw_name, name);
+        }
+        Py_XDECREF(name);
     }
     Py_DECREF(me);
     return w;
@@ -1444,7 +1462,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 
 #define CALL_OBJECTS(X) X(ctx) X(ctx_dict) X(seg) X(seg_dict) X(eng_dict) X(lock) X(exec) X(ops_append) \
     X(trace) X(what) X(record) X(tally) X(running) X(done) X(array_type) X(in_dtype) \
-    X(out_dtype) X(root) X(opobj) X(algorithm) X(timeout)
+    X(out_dtype) X(root) X(opobj) X(algorithm) X(timeout) X(tw_thread) X(tw_name)
 
 static int call_traverse(PyObject *self, visitproc visit, void *arg) {
     CallObject *c = (CallObject *)self;
