@@ -325,3 +325,27 @@ def native_turned_on_later(comm):
         if was is not None:
             os.environ["PYXCCL_NATIVE"] = was
     return fails
+
+
+def one_rank(comm):
+    """A one-rank communicator (``pyxccl run -n 1``: debugging, a CI smoke test) runs every primitive on its
+    segment, where the call is a copy or nothing, and a repeat in one C call: not through the message
+    executor (9-14 us a call before)."""
+    from pyxccl.algorithms import registry
+    from pyxccl.core import onehost
+    fails = []
+    ctx = context(comm)
+    for p in registry.primitives():
+        for nbytes in (8, 1 << 20):
+            got = comm.algorithm_for(p, nbytes)
+            if got != SEG:
+                fails.append(f"{p} of {nbytes} B: {got}")
+    x, o = np.arange(4, dtype=np.float32), np.empty(4, np.float32)
+    for _ in range(2):
+        comm.allreduce(x, out=o)
+    if not np.array_equal(o, x):
+        fails.append(f"allreduce out of place: {o}")
+    kept = ctx.prepared.last.get(("allreduce", id(o)))        # (kept where it has a C call)
+    if (kept is None) != (onehost.native_codes(np.dtype(np.float32), ReduceOp.SUM) is None):
+        fails.append(f"the repeat's C call: {kept}")
+    return fails

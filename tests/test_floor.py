@@ -43,6 +43,10 @@ def test_a_communicator_made_with_the_c_path_off_takes_it_once_it_is_on(pools):
     _ok(pools(2).run(ff.native_turned_on_later, transport="shm"))
 
 
+def test_a_one_rank_communicator_runs_on_its_segment(pools):
+    _ok(pools(1).run(ff.one_rank, transport="shm"))
+
+
 def test_a_blocking_call_behind_a_queued_one_runs_after_it(pools):
     _ok(pools(2).run(ff.busy_engine, transport="shm"))
 

@@ -161,6 +161,8 @@ class Planner:
                 name = tuner.choose(primitive, bucket(nbytes), dtype.itemsize)
             elif name is None and self.ctx.setting_up:
                 name = SETUP.get(primitive)
+            elif name is None and self.ctx.size == 1 and self.ctx.segment is not None:
+                name = "segment"    # one rank: a copy or nothing, in one C call (no tuner to ask: nothing to tune)
         try:
             algo = registry.lookup(primitive, name)
         except KeyError:
