@@ -1526,9 +1526,11 @@ static PyObject *request_run(PyObject *self, PyObject *unused) {
         CallObject *c = (CallObject *)q->mine;
         if (thread_word(c) == c->thread) {
             PyObject *three[3] = {q->inp ? q->inp : Py_None, q->out ? q->out : Py_None, Py_None};
-            Py_INCREF(c);       /* (a Python call below may drop the request's reference) */
+            /* held for the call: Python code it may run (a collection, the counters' listing) could drop
+             * the request's references */
+            Py_INCREF(c); Py_INCREF(three[0]); Py_INCREF(three[1]);
             PyObject *done = go(c, three, 0);
-            Py_DECREF(c);
+            Py_DECREF(c); Py_DECREF(three[0]); Py_DECREF(three[1]);
             if (!done) return NULL;
             if (done == Py_True) {
                 Py_DECREF(done);
