@@ -991,11 +991,15 @@ static int books_clear(PyObject *self) {
     return 0;
 }
 
-static void books_dealloc(PyObject *self) {
+/* A dealloc of the types below: their references cleared by `clear` (a subclass's own slots, dict and
+ * type reference are subtype_dealloc's) */
+static void dealloc_cleared(PyObject *self, inquiry clear) {
     PyObject_GC_UnTrack(self);
-    books_clear(self);
+    clear(self);
     Py_TYPE(self)->tp_free(self);
 }
+
+static void books_dealloc(PyObject *self) { dealloc_cleared(self, books_clear); }
 
 static PyMemberDef books_members[] = {
     {"seq", T_LONGLONG, offsetof(BooksObject, seq), 0, "the number of the last call (every call)"},
@@ -1569,11 +1573,7 @@ static int request_clear(PyObject *self) {
     return 0;
 }
 
-static void request_dealloc(PyObject *self) {      /* (a subclass's type is released by subtype_dealloc) */
-    PyObject_GC_UnTrack(self);
-    request_clear(self);
-    Py_TYPE(self)->tp_free(self);
-}
+static void request_dealloc(PyObject *self) { dealloc_cleared(self, request_clear); }
 
 static PyMemberDef request_members[] = {
     {"_work", T_OBJECT, offsetof(RequestObject, work), 0, "the started call's Work while active (None: inactive)"},
