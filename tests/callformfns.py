@@ -81,7 +81,7 @@ def _desc(x):
 def _algos(comm, prim: str) -> list:
     """None (the default), a forced message algorithm, and the segment algorithm where all ranks share one."""
     out = [None, MESSAGE_ALGO[prim]]
-    if "segment" in registry.algorithms(prim) and all(comm.transport(p) in ("shm", "self") for p in range(comm.size)):
+    if "segment" in comm.algorithms(prim):
         out.append("segment")
     return out
 

@@ -271,7 +271,8 @@ def test_the_one_host_path_is_priced_by_the_walk_of_its_schedules():
     assert "segment" not in Tuner(2, [0, 1], lambda a, b: "tcp", Machine(), [1, 1]).table("allreduce", 8)
 
 
-def test_a_forced_fast_path_without_a_segment_is_a_clear_error():
+def test_a_forced_fast_path_without_a_segment_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PYXCCL_TRANSPORT", "tcp")   # no shared memory, not even one rank's segment
     comm = pyxccl.init()
     try:
         assert "segment" not in comm.algorithms("allreduce")
@@ -294,6 +295,7 @@ def test_shm_is_an_alias_of_the_segment_algorithm(monkeypatch):
         assert registry.lookup(prim, "shm") is registry.lookup(prim, "segment"), prim
     assert registry.algorithm_id("shm") == registry.algorithm_id("segment") != 0
     monkeypatch.setenv("PYXCCL_ALGO", "allreduce=shm,allgather=segment")
+    monkeypatch.setenv("PYXCCL_TRANSPORT", "tcp")   # no segment
     comm = pyxccl.init()
     try:
         assert comm.algorithm_for("allreduce", 8) == comm.algorithm_for("allgather", 8) == registry.default("allreduce")

@@ -88,7 +88,7 @@ def init(rank: int | None = None, size: int | None = None, store=None, *, init_m
     if size == 1 and store is None and init_method is None:
         mesh = Mesh(0, 1)
         from .transport.topology import host_id
-        mesh.hosts = [host_id()]
+        mesh.hosts, mesh.transport = [host_id()], transport     # (tcp: no shared memory, not even a segment)
     else:
         if store is None:
             url = init_method or "env://"
