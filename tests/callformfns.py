@@ -16,7 +16,6 @@ import zlib
 import numpy as np
 
 import pyxccl
-from pyxccl.algorithms import registry
 from rankfns import _cmp
 
 REPS = 4                      # calls per form in a row: the 2nd to 4th may run prepared
