@@ -1794,9 +1794,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "pyxccl._native",
 
 PyMODINIT_FUNC PyInit__native(void) {
     struct { PyObject **at; const char *name; } names[] = {
-        {&S_pending, "_pending"}, {&S_round, "round"},
-        {&S_waiting, "waiting"}, {&S_traffic, "traffic"}, {&S_dtype, "dtype"},
-        {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"}, {&S__name, "_name"}, {&S__run, "_run"}, {&S__settle, "_settle"}};
+        {&S_pending, "_pending"}, {&S_round, "round"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"},
+        {&S_dtype, "dtype"}, {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"},
+        {&S__name, "_name"}, {&S__run, "_run"}, {&S__settle, "_settle"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
     if (PyType_Ready(&CallType) < 0 || PyType_Ready(&LockType) < 0 || PyType_Ready(&RequestType) < 0

@@ -299,7 +299,8 @@ class Context(_native.Books if _native is not None else object):
     def mismatch(self, peer: int, seq: int, theirs, their_seq: int | None = None) -> CollectiveMismatchError:
         """The error for this rank's collective ``seq`` against ``peer``'s fingerprint words ``theirs``."""
         their_seq = seq if their_seq is None else their_seq
-        at, record = self.recent[seq % RECENT_CALLS], self.recent_calls[seq % RECENT_CALLS]
+        i = seq % RECENT_CALLS
+        at, record = self.recent[i], self.recent_calls[i]
         plan, name, size, thread, words = record if at == seq else (None,) * 5
         call = plan.call(name, size, thread) if plan else None
         mine = call.describe(seq) if call else f"collective #{seq}"

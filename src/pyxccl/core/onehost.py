@@ -352,7 +352,8 @@ def attach_segment(ctx, broadcast_object, allgather_object) -> None:
     """Collective: give a one-host communicator its shared segment (rank 0 makes it, the others open
     it through /proc/<pid>/fd; every rank must manage, or none uses it). The object collectives are
     the communicator's own."""
-    if ctx.mesh.transport == "tcp" or len(set(ctx.hosts)) > 1 or any(ctx.link_class(0, p) != "shm" for p in range(1, ctx.size)):
+    if ctx.mesh.transport == "tcp" or len(set(ctx.hosts)) > 1 \
+            or any(ctx.link_class(0, p) != "shm" for p in range(1, ctx.size)):
         return
     from ..transport.cma import works
     from ..transport.segment import HostSegment, ordering_problem
