@@ -125,6 +125,37 @@ def test_pyxccl_prediction_is_the_walk(points):
         assert a2a.launch == "per-gpu" and P.predict_nccl(a2a, inp, cal) == (t, "grouped p2p")
 
 
+def test_a_node_of_one_gpu_takes_no_inter_node_efficiency(points, tmp_path):
+    """``inter_eff`` was fitted on full nodes (every calibrate point across nodes runs 8 GPUs a node): a job of
+    one GPU a node is priced with the models' own bandwidths (both models, every collective, alltoall too),
+    a job of full nodes with the fitted one; the fit cannot see a one-GPU node; the CLI prices as the table."""
+    assert not [p for p in P.calibration_points(points) if p.nodes > 1 and p.per_node == 1]
+    for model, fn in (("nccl", P.predict_nccl), ("pyxccl", P.predict_pyxccl)):
+        cal = fitted.FITTED[(model, "dgx-h100")]
+        assert cal.inter_eff != 1.0
+        assert calibrated.inter_efficiency(cal, 1) == 1.0 and calibrated.inter_efficiency(cal, 8) == cal.inter_eff
+        for coll in ("allreduce", "allgather", "alltoall"):
+            one = _one(points, source_id="S02-xxrjun-cluster01-h100", nodes=10, per_node=1, collective=coll)
+            full = _one(points, source_id="S02-xxrjun-cluster01-h100", nodes=10, per_node=8, collective=coll)
+            for p, moved in ((one, False), (full, True)):
+                inp, _ = P.model_input(p)
+                other = replace(cal, inter_eff=cal.inter_eff * 0.5)
+                assert (fn(p, inp, cal) != fn(p, inp, other)) == moved, (model, p.id)
+    # pyxccl's walk: the NIC as the preset has it for one GPU a node, scaled for full nodes
+    one = _one(points, source_id="S02-xxrjun-cluster01-h100", nodes=10, per_node=1, collective="allgather")
+    cal = fitted.FITTED[("pyxccl", "dgx-h100")]
+    inp, _ = P.model_input(one)
+    assert P.cluster(inp, cal).inter.beta == P.cluster(inp).inter.beta
+    assert P.cluster(replace(inp, per_node=8), cal).inter.beta == \
+        pytest.approx(P.cluster(replace(inp, per_node=8)).inter.beta / cal.inter_eff)
+    from pyxccl import cli
+    out = tmp_path / "one.json"
+    assert cli.main(["sim", "allgather", "--hosts", "10", "--per-host", "1", "--hardware", "dgx-h100",
+                     "--size", str(one.size), "--json", str(out)]) == 0
+    best = min(json.loads(out.read_text())["rows"], key=lambda r: (r["time"], r["algorithm"]))
+    assert (best["time"], best["algorithm"]) == P.predict_pyxccl(one, replace(inp, launch="per-gpu"), cal)
+
+
 def test_fit_sees_calibrate_points_only(points, monkeypatch):
     calp = P.calibration_points(points)
     assert calp and all(p.part == "calibrate" and not p.suspect for p in calp)

@@ -107,11 +107,26 @@ def net_steps(nNodes: int, coll: int, algorithm: int) -> int:
     return 1
 
 
+def inter_efficiency(cal: fitted.Params, per_node: int) -> float:
+    """The fitted bandwidth efficiency across nodes of ``per_node`` GPUs each: ``inter_eff``, or none (1.0)
+    for nodes of one GPU. ``inter_eff`` was fitted on full nodes only (every calibrate point across nodes
+    runs 8 GPUs a node): what a node loses with all its rails busy at once (NCCL's model), or what pyxccl's
+    algorithms lack against NCCL's there (NVLSTree); a node of one GPU drives one NIC alone and runs
+    neither. Chosen after S02's 10 x 1 points (validate) were seen: docs/sim.md says what it changed."""
+    return 1.0 if per_node == 1 else cal.inter_eff
+
+
+def efficiency(cal: fitted.Params, comm: N.Comm) -> float:
+    """The fitted bandwidth efficiency of NCCL's ``comm``: ``intra_eff`` on one node, else ``inter_efficiency``."""
+    n = comm.nNodes
+    return cal.intra_eff if n <= 1 else inter_efficiency(cal, comm.nRanks // n)
+
+
 def scaled(model: N.Model, cal: fitted.Params) -> N.Model:
-    """NCCL's bandwidths times the fitted efficiency (inter-node one across nodes), and its latencies plus the
-    fitted ``net_step_lat`` for each network step (``net_steps``), so NCCL's choice sees both."""
+    """NCCL's bandwidths times the fitted efficiency (``efficiency``), and its latencies plus the fitted
+    ``net_step_lat`` for each network step (``net_steps``), so NCCL's choice sees both."""
     n = model.comm.nNodes
-    eff = cal.inter_eff if n > 1 else cal.intra_eff
+    eff = efficiency(cal, model.comm)
     bw = tuple(tuple(tuple(b * eff for b in pr) for pr in al) for al in model.bandwidths)
     if n <= 1 or not cal.net_step_lat:
         return replace(model, bandwidths=bw)
@@ -121,12 +136,13 @@ def scaled(model: N.Model, cal: fitted.Params) -> N.Model:
     return replace(model, bandwidths=bw, latencies=lat)
 
 
-def hardware(hw, cal: fitted.Params | None):
-    """A ``plan.hardware.Hardware`` with its links' bandwidths times the fitted efficiencies (None: ``hw``)."""
+def hardware(hw, cal: fitted.Params | None, per_host: int):
+    """A ``plan.hardware.Hardware`` with its links' bandwidths times the fitted efficiencies for jobs of
+    ``per_host`` GPUs a host (``inter_efficiency``; None: ``hw``)."""
     if cal is None:
         return hw
     return replace(hw, intra=replace(hw.intra, bandwidth=hw.intra.bandwidth * cal.intra_eff),
-                   inter=replace(hw.inter, bandwidth=hw.inter.bandwidth * cal.inter_eff))
+                   inter=replace(hw.inter, bandwidth=hw.inter.bandwidth * inter_efficiency(cal, per_host)))
 
 
 @dataclass(frozen=True)
@@ -163,9 +179,9 @@ ALLTOALL = "grouped p2p"
 
 def alltoall_row(nbytes: int, comm: N.Comm, cal: fitted.Params | None, launch: str = "per-gpu") -> Timed:
     """NCCL's alltoall of ``nbytes`` on ``comm`` (``nccl_p2p.alltoall``, NCCL's one way to run it, so
-    ``chosen``), its bandwidths times the fitted efficiency (the inter-node one across nodes, as ``scaled``)
+    ``chosen``), its bandwidths times the fitted efficiency (``efficiency``, as ``scaled``)
     and the fitted latencies added; the protocol NCCL's sends run (``nccl_p2p.protocol``: a label)."""
-    eff = 1.0 if cal is None else cal.inter_eff if comm.nNodes > 1 else cal.intra_eff
+    eff = 1.0 if cal is None else efficiency(cal, comm)
     plan = nccl_p2p.alltoall(nbytes, comm, eff)
     return Timed(ALLTOALL, nccl_p2p.protocol(plan), time(plan.time * 1e-6, cal, launch), True)
 

@@ -33,7 +33,8 @@ How they are fitted (``fit``), on the calibrate part only, each in turn, by the 
    by nothing;
 2. ``intra_eff``: the median of predicted / (measured - base_lat) transfer time over one-node points of
    64 MiB and more (bandwidth-bound), predicted with the step 1 figure;
-3. ``inter_eff``: the same over several-node points of 64 MiB and more, predicted with steps 1 and 2.
+3. ``inter_eff``: the same over several-node points of 64 MiB and more, predicted with steps 1 and 2
+   (nodes of more than one GPU: a node of one takes none, ``calibrated.inter_efficiency``).
 
 Mid sizes (128 KiB - 32 MiB) are fitted by nothing: they are what the fit is judged on beside validation.
 """
@@ -167,7 +168,9 @@ def fit(points, evaluate, form: str = "add", steps=None, pooled: bool = True) ->
     if steps is not None:
         cal = _net_step(cal, evaluate([p for p in points if p.size <= LATENCY_MAX and p.nodes > 1], cal), steps)
     for key, one_node in (("intra_eff", True), ("inter_eff", False)):
-        sel = [p for p in points if (p.nodes == 1) == one_node and p.size >= BANDWIDTH_MIN]
+        # a node of one GPU takes no inter_eff (calibrated.inter_efficiency): it cannot fit it either
+        sel = [p for p in points if (p.nodes == 1) == one_node and p.size >= BANDWIDTH_MIN
+               and (one_node or p.per_node > 1)]
         rows = evaluate(sel, cal)
         for m in models:
             for h in presets:

@@ -203,7 +203,7 @@ def cluster(inp: Input, cal: fitted.Params | None = None):
     hw = _hardware(inp.preset)
     if inp.nics is not None:
         hw = replace(hw, nics=inp.nics, inter=replace(hw.inter, bandwidth=inp.nic_GBps * 1e9))
-    hw = calibrated.hardware(hw, cal)
+    hw = calibrated.hardware(hw, cal, inp.per_node)
     return hw.with_per_host(inp.per_node).cluster(inp.nodes, inp.per_node, nic_share=hw.nics)
 
 

@@ -89,7 +89,7 @@ def cluster_of(a, cal=None) -> Cluster:
         c = Cluster.measured(a.hosts, a.per_host)
     elif a.hardware:
         from ..plan import hardware
-        hw = calibrated.hardware(hardware.load(a.hardware), cal)
+        hw = calibrated.hardware(hardware.load(a.hardware), cal, a.per_host)
         c = hw.cluster(a.hosts, a.per_host, nic_share=hw.nics)      # the job is alone: every NIC its GPUs reach
     else:
         c = Cluster(a.hosts, a.per_host, intra=Link(a.intra_lat * 1e-6, 1 / (a.intra_bw * 1e9)),
