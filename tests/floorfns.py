@@ -116,15 +116,15 @@ def same_books(comm):
         ("reduce", "reduce to root 1", lambda: comm.reduce(x32, 1, algorithm=SEG), lambda: (x32, x32, x32)),
     ]
     for op, what, call, bufs in cases:
-        call()                  # made (full path) and kept
-        p = next(reversed(ctx.prepared.values()))
+        call()                  # made (full path) and kept (or found by its key: a communicator used before)
         call()                  # found by its key, and remembered (PreparedCalls.last)
-        if p.fast is None:
-            fails.append(f"{what}: no C path for a native call ({p.plan.algo.name})")
+        inp, o, res = bufs()
+        p = ctx.prepared.last.get((op, id(o)))
+        if p is None or p.fast is None:
+            fails.append(f"{what}: no C path for a native call ({p and p.plan.algo.name})")
             continue
         prev = _books(ctx, op)
         with _Starts() as s:
-            inp, o, res = bufs()
             p.start(inp, o, res, False)         # the Python path
             ref = _books(ctx, op)
             if s.n != 1:
@@ -348,4 +348,78 @@ def one_rank(comm):
     kept = ctx.prepared.last.get(("allreduce", id(o)))        # (kept where it has a C call)
     if (kept is None) != (onehost.native_codes(np.dtype(np.float32), ReduceOp.SUM) is None):
         fails.append(f"the repeat's C call: {kept}")
+    return fails
+
+
+def through(comm, which: str, fn: str):
+    """This module's ``fn`` with comm.py's way into every call (``_call``) the C one (``_native.repeat``, the
+    default where the module is built) or its Python twin (``_repeat``, where it is not), so each test of the
+    C path holds the two to the same books; "python" counts its calls, so that it is seen taken."""
+    import pyxccl.comm as cm
+    was, seen = cm._call, []
+    if which == "c":
+        if cm._call is not cm._native.repeat:
+            return [f"the default way into a call is {cm._call!r}, not _native.repeat"]
+    else:
+        cm._call = lambda *a: seen.append(a[1]) or cm._repeat(*a)
+    try:
+        fails = globals()[fn](comm)
+    finally:
+        cm._call = was
+    return fails + (["the Python _repeat was never called"] if which == "python" and not seen else [])
+
+
+def plain_repeat_answers(comm):
+    """A plain blocking repeat (its output's Prepared in PreparedCalls.last) when its C call does not finish
+    the call: a peer that comes late (the C wait sleeps, Prepared.settle finishes it), an engine busy with
+    this rank's own async call (nothing runs in C, settle queues it), the same call from another thread (the
+    full path), AVG's division after the rounds; each right, its recorder entry done."""
+    import threading
+    import time
+    fails, n, r = [], comm.size, comm.rank
+    x, y = np.empty(8, np.float32), np.full(4, r + 1, np.int64)
+    settled = []
+    real = prepared_mod.Prepared.settle
+    for op in (ReduceOp.SUM, ReduceOp.AVG):
+        for _ in range(2):          # made, then found by its key and remembered
+            x[:] = r + 1
+            comm.allreduce(x, op, algorithm=SEG)
+    prepared_mod.Prepared.settle = lambda p, inp, out, res, done: settled.append(type(done).__name__) or \
+        real(p, inp, out, res, done)
+    try:
+        for what in ("late peer", "busy engine", "another thread", "avg"):
+            x[:] = r + 1
+            want, op = float(n * (n + 1) // 2), ReduceOp.SUM
+            if what == "late peer":
+                if r == 0:
+                    time.sleep(0.05)    # the others' C waits sleep (2 ms naps) and hand the call to Python
+                got = comm.allreduce(x, op, algorithm=SEG)
+            elif what == "busy engine":
+                w = comm.allreduce(y, async_op=True, algorithm=SEG)
+                got = comm.allreduce(x, op, algorithm=SEG)
+                w.wait()
+                if not np.all(y == n * (n + 1) // 2):
+                    fails.append(f"{what}: the async call before it gave {y}")
+            elif what == "another thread":
+                out = []
+                t = threading.Thread(target=lambda: out.append(comm.allreduce(x, op, algorithm=SEG)),
+                                     name="blocking-side")
+                t.start()
+                t.join(60)
+                got = out[0] if out else None
+            else:
+                want, op = float(n + 1) / 2, ReduceOp.AVG
+                got = comm.allreduce(x, op, algorithm=SEG)
+            if got is not x or not np.all(x == want):
+                fails.append(f"{what}: returned {type(got).__name__}, {x}, want {want}")
+            e = comm.flight_record()[-1]
+            if e["state"] != DONE or e["op"] != "allreduce":
+                fails.append(f"{what}: the recorder's last entry is {e}")
+    finally:
+        prepared_mod.Prepared.settle = real
+    # (a rank's C call finishes when it comes last: rank 0 here, so the others' naps are what is checked)
+    if r != 0 and "tuple" not in settled:
+        fails.append(f"no repeat was handed to Python after a sleep: {settled}")
+    if "bool" not in settled:
+        fails.append(f"no repeat found the engine busy: {settled}")
     return fails

@@ -17,12 +17,19 @@ def _ok(results):
     assert not fails, "\n".join(fails[:20])
 
 
-def test_the_c_path_keeps_the_books_of_the_python_path(pools):
+#: comm.py's way into a call: the C one (_native.repeat) and its Python twin (_repeat), held to the same checks
+WAYS = ["c", "python"]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_the_c_path_keeps_the_books_of_the_python_path(pools, way):
     if not NATIVE:
+        if way == "python":
+            pytest.skip("PYXCCL_NATIVE=0: there is no C path (checked once, way c)")
         out = pools(2).run(_no_c_path, transport="shm")
         assert out == [[], []], out
         return
-    _ok(pools(2).run(ff.same_books, transport="shm"))
+    _ok(pools(2).run(ff.through, way, "same_books", transport="shm"))
 
 
 def test_the_c_path_finds_the_thread_word_of_the_python_path(pools):
@@ -31,10 +38,19 @@ def test_the_c_path_finds_the_thread_word_of_the_python_path(pools):
     _ok(pools(2).run(ff.thread_words, transport="shm"))
 
 
-def test_two_forms_of_a_call_taking_turns_on_one_output_each_repeat_in_c(pools):
+@pytest.mark.parametrize("way", WAYS)
+def test_two_forms_of_a_call_taking_turns_on_one_output_each_repeat_in_c(pools, way):
     if not NATIVE:
         pytest.skip("PYXCCL_NATIVE=0: there is no C path")
-    _ok(pools(2).run(ff.taking_turns, transport="shm"))
+    _ok(pools(2).run(ff.through, way, "taking_turns", transport="shm"))
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_plain_repeat_the_c_call_does_not_finish(pools, way):
+    """A late peer, a busy engine, another thread, AVG: a plain repeat's ways besides one C call."""
+    if not NATIVE:
+        pytest.skip("PYXCCL_NATIVE=0: there is no C path")
+    _ok(pools(2).run(ff.through, way, "plain_repeat_answers", transport="shm"))
 
 
 def test_a_communicator_made_with_the_c_path_off_takes_it_once_it_is_on(pools):
@@ -47,8 +63,9 @@ def test_a_one_rank_communicator_runs_on_its_segment(pools):
     _ok(pools(1).run(ff.one_rank, transport="shm"))
 
 
-def test_a_blocking_call_behind_a_queued_one_runs_after_it(pools):
-    _ok(pools(2).run(ff.busy_engine, transport="shm"))
+@pytest.mark.parametrize("way", WAYS)
+def test_a_blocking_call_behind_a_queued_one_runs_after_it(pools, way):
+    _ok(pools(2).run(ff.through, way if NATIVE else "python", "busy_engine", transport="shm"))
 
 
 def _no_c_path(comm):

@@ -1315,9 +1315,7 @@ static long long thread_word(CallObject *c) {
  * objects, the same sizes, in place or apart as then, no scratch; out None where that call had no output),
  * root, op, algorithm and timeout the same objects, from the thread it was prepared for (its word). Else None
  * with nothing done: the caller takes the key's way (comm.py, core/prepared.py). */
-static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    CallObject *c = (CallObject *)self;
-    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "again(in, out, root, op, algorithm, timeout)"); return NULL; }
+static PyObject *again(CallObject *c, PyObject *const *args) {
     PyObject *inp = args[0], *out = args[1];
     if (!c->array_type || c->need[B_TMP] || args[2] != c->root || args[3] != c->opobj || args[4] != c->algorithm
         || args[5] != c->timeout)
@@ -1337,6 +1335,11 @@ static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (thread_word(c) != c->thread) Py_RETURN_NONE;
     PyObject *three[3] = {inp, out, Py_None};
     return go(c, three, 1);
+}
+
+static PyObject *call_again(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) { PyErr_SetString(PyExc_TypeError, "again(in, out, root, op, algorithm, timeout)"); return NULL; }
+    return again((CallObject *)self, args);
 }
 
 /* thread_word(): what again() takes for the calling thread's word (-1: none; tests/test_floor.py compares it
@@ -1606,6 +1609,104 @@ static PyTypeObject RequestType = {
     .tp_methods = request_methods,
 };
 
+/* --- repeat: comm.py's _call, a blocking repeat run without a Python frame -------------------------------
+ *
+ * repeat(comm, name, inp, out, root, op, async_op, algorithm, timeout, *args) is comm.py's _repeat in C: a
+ * blocking call whose output array's last repeat on this thread ran in C (PreparedCalls.last, by (name,
+ * id(out)); then .forms, by the ids of root, op, algorithm and timeout too) is that Prepared's Call.again;
+ * done, it returns out; started and left to finish (or nothing ran, the engine busy), Prepared.settle. Anything
+ * else is comm.py's _full(comm, name, ...) with the same arguments, as _repeat's is (set_repeat gives it). */
+static PyObject *S__ctx, *S_prepared, *S_last, *S_forms, *S_fast, *S_settle;
+static PyObject *repeat_full, *repeat_full_path;   /* comm.py's _full; core/prepared.py's FULL_PATH */
+
+/* p.fast.again(args): None where p's fast is no Call (PreparedCalls keeps only those that have one). */
+static PyObject *again_of(PyObject *p, PyObject *const *args) {
+    PyObject *fast = PyObject_GetAttr(p, S_fast);
+    if (!fast) return NULL;
+    PyObject *res = Py_TYPE(fast) == &CallType ? again((CallObject *)fast, args) : Py_NewRef(Py_None);
+    Py_DECREF(fast);
+    return res;
+}
+
+static PyObject *id_tuple(PyObject *name, PyObject *const *objs, int n) {    /* (name, id(o), ...) */
+    PyObject *t = PyTuple_New(n + 1);
+    if (!t) return NULL;
+    PyTuple_SET_ITEM(t, 0, Py_NewRef(name));
+    for (int i = 0; i < n; i++) {
+        PyObject *id = PyLong_FromVoidPtr(objs[i]);
+        if (!id) { Py_DECREF(t); return NULL; }
+        PyTuple_SET_ITEM(t, i + 1, id);
+    }
+    return t;
+}
+
+static PyObject *repeat(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 9) {
+        PyErr_SetString(PyExc_TypeError, "repeat(comm, name, inp, out, root, op, async_op, algorithm, timeout, *args)");
+        return NULL;
+    }
+    if (!repeat_full) { PyErr_SetString(PyExc_RuntimeError, "repeat: set_repeat(full, FULL_PATH) first"); return NULL; }
+    PyObject *name = args[1], *out = args[3];
+    PyObject *six[6] = {args[2], out, args[4], args[5], args[7], args[8]};     /* again()'s arguments */
+    PyObject *kept = NULL, *last = NULL, *k = NULL, *p = NULL, *res = NULL;
+    if (args[6] != Py_False) goto full;
+    PyObject *ctx = PyObject_GetAttr(args[0], S__ctx);
+    if (!ctx) return NULL;
+    kept = PyObject_GetAttr(ctx, S_prepared);
+    Py_DECREF(ctx);
+    if (!kept || !(last = PyObject_GetAttr(kept, S_last)) || !(k = id_tuple(name, &out, 1))) goto fail;
+    p = Py_XNewRef(PyDict_GetItemWithError(last, k));
+    if (!p) {
+        if (PyErr_Occurred()) goto fail;
+        goto full;
+    }
+    if (!(res = again_of(p, six))) goto fail;
+    if (res == Py_None) {       /* another form of the call on this output: the one remembered for this one? */
+        PyObject *forms = PyObject_GetAttr(kept, S_forms), *k6 = NULL, *q = NULL;
+        PyObject *ids[5] = {out, args[4], args[5], args[7], args[8]};
+        if (forms && (k6 = id_tuple(name, ids, 5)))
+            q = Py_XNewRef(PyDict_GetItemWithError(forms, k6));
+        Py_XDECREF(forms); Py_XDECREF(k6);
+        if (PyErr_Occurred()) { Py_XDECREF(q); goto fail; }
+        if (q) {
+            Py_DECREF(res);
+            Py_SETREF(p, q);
+            PyObject *now = (res = again_of(p, six)) ? PyObject_GetAttr(kept, S_last) : NULL;
+            int bad = !now || PyObject_SetItem(now, k, p) < 0;
+            Py_XDECREF(now);
+            if (bad) goto fail;
+        }
+    }
+    if (res == Py_True) {
+        Py_DECREF(res); Py_DECREF(p); Py_DECREF(k); Py_DECREF(last); Py_DECREF(kept);
+        return Py_NewRef(out);
+    }
+    if (res != Py_None) {
+        PyObject *done = PyObject_CallMethodObjArgs(p, S_settle, args[2], out, repeat_full_path, res, NULL);
+        Py_DECREF(res); Py_DECREF(p); Py_DECREF(k); Py_DECREF(last); Py_DECREF(kept);
+        if (done != repeat_full_path) return done;
+        Py_DECREF(done);
+        return PyObject_Vectorcall(repeat_full, args, nargs, NULL);
+    }
+full:
+    Py_XDECREF(res); Py_XDECREF(p); Py_XDECREF(k); Py_XDECREF(last); Py_XDECREF(kept);
+    return PyObject_Vectorcall(repeat_full, args, nargs, NULL);
+fail:
+    Py_XDECREF(res); Py_XDECREF(p); Py_XDECREF(k); Py_XDECREF(last); Py_XDECREF(kept);
+    return NULL;
+}
+
+static PyObject *set_repeat(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *full, *path;
+    if (!PyArg_ParseTuple(args, "OO", &full, &path)) return NULL;
+    if (!PyCallable_Check(full)) { PyErr_SetString(PyExc_TypeError, "set_repeat: full must be callable"); return NULL; }
+    Py_INCREF(full); Py_XSETREF(repeat_full, full);
+    Py_INCREF(path); Py_XSETREF(repeat_full_path, path);
+    Py_RETURN_NONE;
+}
+
 static PyObject *can_reduce(PyObject *self, PyObject *args) {
     (void)self;
     int dtype, op;
@@ -1783,6 +1884,9 @@ static PyMethodDef methods[] = {
     {"fence", fence, METH_NOARGS, "fence(): a full memory barrier"},
     {"overlap", overlap, METH_VARARGS, "overlap(a, b) -> bool: do two contiguous buffers share memory?"},
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "Run a compiled segment program from instruction pc (see core/onehost.py)."},
+    {"repeat", (PyCFunction)(void (*)(void))repeat, METH_FASTCALL, "repeat(comm, name, inp, out, root, op, async_op, "
+     "algorithm, timeout, *args): comm.py's _call, a blocking repeat that ran in C before run again without Python"},
+    {"set_repeat", set_repeat, METH_VARARGS, "set_repeat(full, FULL_PATH): what repeat() calls for anything else"},
     {"can_reduce", can_reduce, METH_VARARGS, "can_reduce(dtype_code, op_code) -> bool"},
     {"reduce_into", reduce_into, METH_VARARGS, "reduce_into(dtype_code, op_code, dst, src) -> bool: dst = dst (op) src"},
     {"copy_into", copy_into, METH_VARARGS, "copy_into(dst, src, nt): dst = src as a call's copy (nt: non-temporal stores)"},
@@ -1796,7 +1900,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     struct { PyObject **at; const char *name; } names[] = {
         {&S_pending, "_pending"}, {&S_round, "round"}, {&S_waiting, "waiting"}, {&S_traffic, "traffic"},
         {&S_dtype, "dtype"}, {&S_thread_check, "thread_check"}, {&S_here, "_here"}, {&S_me, "me"},
-        {&S__name, "_name"}, {&S__run, "_run"}, {&S__settle, "_settle"}};
+        {&S__name, "_name"}, {&S__run, "_run"}, {&S__settle, "_settle"}, {&S__ctx, "_ctx"},
+        {&S_prepared, "prepared"}, {&S_last, "last"}, {&S_forms, "forms"}, {&S_fast, "fast"}, {&S_settle, "settle"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].at = PyUnicode_InternFromString(names[i].name))) return NULL;
     if (PyType_Ready(&CallType) < 0 || PyType_Ready(&LockType) < 0 || PyType_Ready(&RequestType) < 0

@@ -16,7 +16,7 @@ from ._persistent import PersistentCollectives
 from .calls import DESCRIBE, Described
 from .compression import collectives as compressed
 from .core.context import Context
-from .core.onehost import attach_segment
+from .core.onehost import _native, attach_segment
 from .core.persistent import CollectiveRequest, PointToPointRequest
 from .core.prepared import FULL_PATH, key
 from .ops import ReduceOp
@@ -25,6 +25,56 @@ from .primitives import PRIMITIVES
 
 def default_timeout() -> float:
     return env_timeout("PYXCCL_TIMEOUT", 300.0)
+
+
+def _repeat(comm, name: str, inp, out, root, op, async_op, algorithm, timeout, *args):
+    """Run call ``name`` (each collective's way in): the prepared call of this output's last blocking repeat
+    if it takes these buffers and objects, else ``_full``. ``_native.repeat`` is this in C where the C
+    executor is built (``_call``); tests/test_floor.py holds the two to the same books."""
+    kept = comm._ctx.prepared
+    # this array's last blocking repeat: its C call checks the arrays, objects and thread (no key)
+    # (a form of it remembered in ``forms`` has an entry here too: PreparedCalls.remember)
+    p = kept.last.get((name, id(out))) if async_op is False else None
+    if p is not None:
+        done = p.fast.again(inp, out, root, op, algorithm, timeout)
+        if done is None:        # another form of the call on this output: the one remembered for this one?
+            q = kept.forms.get((name, id(out), id(root), id(op), id(algorithm), id(timeout)))
+            if q is not None:
+                p, done = q, q.fast.again(inp, out, root, op, algorithm, timeout)
+                kept.last[name, id(out)] = q
+        if done is True:
+            return out
+        done = p.settle(inp, out, FULL_PATH, done)
+        if done is not FULL_PATH:
+            return done
+    return _full(comm, name, inp, out, root, op, async_op, algorithm, timeout, *args)
+
+
+def _full(comm, name: str, inp, out, root, op, async_op, algorithm, timeout, *args):
+    """Call ``name`` by its key: the prepared call kept under it if it takes these buffers, else the full
+    path (``calls.DESCRIBE[name](check, rank, size, *args)``), which keeps what it prepared under the key
+    for the next call."""
+    ctx = comm._ctx
+    kept = ctx.prepared
+    thread = ctx.thread_word()
+    k = key(name, inp, out, root, op, algorithm, timeout, thread)
+    try:
+        p = kept.get(k)
+    except TypeError:       # an unhashable op object: never kept
+        p = k = None
+    if p is not None:
+        done = p.again(inp, out, async_op)
+        if done is not FULL_PATH:
+            if async_op is False and p.fast is not None:
+                kept.remember(name, inp, out, root, op, algorithm, timeout, p)
+            return done
+    c = Check(comm, name, (algorithm, async_op, timeout))
+    return comm._start(c, DESCRIBE[name](c, comm.rank, comm.size, *args), k)
+
+
+if _native is not None:
+    _native.set_repeat(_full, FULL_PATH)
+_call = _repeat if _native is None else _native.repeat
 
 
 class Communicator(Description, ObjectCollectives, PersistentCollectives):
@@ -50,42 +100,6 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
     # --- collectives --------------------------------------------------------------
     # Each call names what this rank reads and writes (``inp``, ``out``: the user's objects, None for
     # none or an output to allocate) for its key, then its arguments for the full path (calls.py).
-    def _call(self, name: str, inp, out, root, op, async_op, algorithm, timeout, *args):
-        """Run call ``name``: the prepared call of its key if there is one and it takes these buffers,
-        else the full path (``calls.DESCRIBE[name](check, rank, size, *args)``), which keeps what it
-        prepared under the key for the next call."""
-        ctx = self._ctx
-        kept = ctx.prepared
-        # this array's last blocking repeat: its C call checks the arrays, objects and thread (no key)
-        # (a form of it remembered in ``forms`` has an entry here too: PreparedCalls.remember)
-        p = kept.last.get((name, id(out))) if async_op is False else None
-        if p is not None:
-            done = p.fast.again(inp, out, root, op, algorithm, timeout)
-            if done is None:        # another form of the call on this output: the one remembered for this one?
-                q = kept.forms.get((name, id(out), id(root), id(op), id(algorithm), id(timeout)))
-                if q is not None:
-                    p, done = q, q.fast.again(inp, out, root, op, algorithm, timeout)
-                    kept.last[name, id(out)] = q
-            if done is True:
-                return out
-            done = p.settle(inp, out, FULL_PATH, done)
-            if done is not FULL_PATH:
-                return done
-        thread = ctx.thread_word()
-        k = key(name, inp, out, root, op, algorithm, timeout, thread)
-        try:
-            p = kept.get(k)
-        except TypeError:       # an unhashable op object: never kept
-            p = k = None
-        if p is not None:
-            done = p.again(inp, out, async_op)
-            if done is not FULL_PATH:
-                if async_op is False and p.fast is not None:
-                    kept.remember(name, inp, out, root, op, algorithm, timeout, p)
-                return done
-        c = Check(self, name, (algorithm, async_op, timeout))
-        return self._start(c, DESCRIBE[name](c, self.rank, self.size, *args), k)
-
     def _start(self, c: Check, d: Described, k=None):
         """Run the described call ``d`` (checked by ``c``, whose ``how`` is its algorithm, async_op and
         timeout), kept under key ``k`` for its repeats (None: not kept)."""
@@ -136,12 +150,12 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         if compression is not None:
             return compressed.allreduce(self, self._start, tensor, op, out, async_op, algorithm, timeout,
                                         compression, key)
-        return self._call("allreduce", tensor, tensor if out is None else out, None, op, async_op, algorithm,
+        return _call(self, "allreduce", tensor, tensor if out is None else out, None, op, async_op, algorithm,
                           timeout, tensor, op, out)
 
     def broadcast(self, tensor, root: int = 0, *, async_op=False, algorithm=None, timeout=None):
         """Copy ``tensor`` of rank ``root`` into ``tensor`` of every rank."""
-        return self._call("broadcast", None, tensor, root, None, async_op, algorithm, timeout, tensor, root)
+        return _call(self, "broadcast", None, tensor, root, None, async_op, algorithm, timeout, tensor, root)
 
     def reduce(self, tensor, root: int = 0, op=ReduceOp.SUM, *, out=None, async_op=False, algorithm=None,
                timeout=None):
@@ -150,7 +164,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         The other ranks' buffers are left unchanged.
         """
         dst = out if out is not None and self.rank == root else tensor
-        return self._call("reduce", tensor, dst, root, op, async_op, algorithm, timeout, tensor, root, op, out)
+        return _call(self, "reduce", tensor, dst, root, op, async_op, algorithm, timeout, tensor, root, op, out)
 
     def allgather(self, sendbuf, recvbuf=None, *, async_op=False, algorithm=None, timeout=None, compression=None,
                   key=None):
@@ -161,7 +175,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         if compression is not None:
             return compressed.allgather(self, self._start, sendbuf, recvbuf, async_op, algorithm, timeout,
                                         compression, key)
-        return self._call("allgather", sendbuf, recvbuf, None, None, async_op, algorithm, timeout, sendbuf, recvbuf)
+        return _call(self, "allgather", sendbuf, recvbuf, None, None, async_op, algorithm, timeout, sendbuf, recvbuf)
 
     def allgatherv(self, sendbuf, recvbuf, counts, *, async_op=False, algorithm=None, timeout=None):
         """Like allgather, rank i contributing ``counts[i]`` elements (``recvbuf`` None allocates)."""
@@ -174,7 +188,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         Only the root needs ``recvbuf`` (None there allocates one); the others get None back.
         """
         out = recvbuf if self.rank == root else None
-        return self._call("gather", sendbuf, out, root, None, async_op, algorithm, timeout, sendbuf, recvbuf, root)
+        return _call(self, "gather", sendbuf, out, root, None, async_op, algorithm, timeout, sendbuf, recvbuf, root)
 
     def gatherv(self, sendbuf, recvbuf=None, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                 timeout=None):
@@ -188,7 +202,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         ``sendbuf`` is only read on the root (pass None elsewhere).
         """
         inp = sendbuf if self.rank == root else None
-        return self._call("scatter", inp, recvbuf, root, None, async_op, algorithm, timeout, sendbuf, recvbuf, root)
+        return _call(self, "scatter", inp, recvbuf, root, None, async_op, algorithm, timeout, sendbuf, recvbuf, root)
 
     def scatterv(self, sendbuf, recvbuf, counts=None, root: int = 0, *, async_op=False, algorithm=None,
                  timeout=None):
@@ -202,7 +216,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
         if compression is not None:
             return compressed.reduce_scatter(self, self._start, sendbuf, recvbuf, op, async_op, algorithm, timeout,
                                              compression, key)
-        return self._call("reduce_scatter", sendbuf, recvbuf, None, op, async_op, algorithm, timeout, sendbuf,
+        return _call(self, "reduce_scatter", sendbuf, recvbuf, None, op, async_op, algorithm, timeout, sendbuf,
                           recvbuf, op)
 
     def reduce_scatterv(self, sendbuf, recvbuf, counts, op=ReduceOp.SUM, *, async_op=False, algorithm=None,
@@ -213,7 +227,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
 
     def alltoall(self, sendbuf, recvbuf, *, async_op=False, algorithm=None, timeout=None):
         """Rank i sends part j of ``sendbuf`` (``size`` equal parts) to rank j, which stores it as part i."""
-        return self._call("alltoall", sendbuf, recvbuf, None, None, async_op, algorithm, timeout, sendbuf, recvbuf)
+        return _call(self, "alltoall", sendbuf, recvbuf, None, None, async_op, algorithm, timeout, sendbuf, recvbuf)
 
     def alltoallv(self, sendbuf, recvbuf, send_counts, recv_counts, *, async_op=False, algorithm=None,
                   timeout=None):
@@ -224,7 +238,7 @@ class Communicator(Description, ObjectCollectives, PersistentCollectives):
 
     def barrier(self, *, async_op=False, algorithm=None, timeout=None):
         """Return once every rank has entered the barrier."""
-        return self._call("barrier", None, None, None, None, async_op, algorithm, timeout)
+        return _call(self, "barrier", None, None, None, None, async_op, algorithm, timeout)
 
     # --- point to point -----------------------------------------------------------
     def isend(self, tensor, dst: int, tag: int = 0, *, timeout=None):
