@@ -371,50 +371,21 @@ def through(comm, which: str, fn: str):
 
 def plain_repeat_answers(comm):
     """A plain blocking repeat (its output's Prepared in PreparedCalls.last) when its C call does not finish
-    the call: a peer that comes late (the C wait sleeps, Prepared.settle finishes it), an engine busy with
-    this rank's own async call (nothing runs in C, settle queues it), the same call from another thread (the
-    full path), AVG's division after the rounds; each right, its recorder entry done."""
-    import threading
-    import time
-    fails, n, r = [], comm.size, comm.rank
+    the call (persistentfns.four_ways: a late peer and a busy engine go to Prepared.settle, another thread to
+    the full path, AVG)."""
+    from persistentfns import four_ways
+    r = comm.rank
     x, y = np.empty(8, np.float32), np.full(4, r + 1, np.int64)
-    settled = []
-    real = prepared_mod.Prepared.settle
     for op in (ReduceOp.SUM, ReduceOp.AVG):
         for _ in range(2):          # made, then found by its key and remembered
             x[:] = r + 1
             comm.allreduce(x, op, algorithm=SEG)
+    settled = []
+    real = prepared_mod.Prepared.settle
     prepared_mod.Prepared.settle = lambda p, inp, out, res, done: settled.append(type(done).__name__) or \
         real(p, inp, out, res, done)
     try:
-        for what in ("late peer", "busy engine", "another thread", "avg"):
-            x[:] = r + 1
-            want, op = float(n * (n + 1) // 2), ReduceOp.SUM
-            if what == "late peer":
-                if r == 0:
-                    time.sleep(0.05)    # the others' C waits sleep (2 ms naps) and hand the call to Python
-                got = comm.allreduce(x, op, algorithm=SEG)
-            elif what == "busy engine":
-                w = comm.allreduce(y, async_op=True, algorithm=SEG)
-                got = comm.allreduce(x, op, algorithm=SEG)
-                w.wait()
-                if not np.all(y == n * (n + 1) // 2):
-                    fails.append(f"{what}: the async call before it gave {y}")
-            elif what == "another thread":
-                out = []
-                t = threading.Thread(target=lambda: out.append(comm.allreduce(x, op, algorithm=SEG)),
-                                     name="blocking-side")
-                t.start()
-                t.join(60)
-                got = out[0] if out else None
-            else:
-                want, op = float(n + 1) / 2, ReduceOp.AVG
-                got = comm.allreduce(x, op, algorithm=SEG)
-            if got is not x or not np.all(x == want):
-                fails.append(f"{what}: returned {type(got).__name__}, {x}, want {want}")
-            e = comm.flight_record()[-1]
-            if e["state"] != DONE or e["op"] != "allreduce":
-                fails.append(f"{what}: the recorder's last entry is {e}")
+        fails = four_ways(comm, x, y, lambda what, op: comm.allreduce(x, op, algorithm=SEG), algorithm=SEG)
     finally:
         prepared_mod.Prepared.settle = real
     # (a rank's C call finishes when it comes last: rank 0 here, so the others' naps are what is checked)

@@ -470,51 +470,61 @@ def starts_skip_the_full_path(comm, reps: int = 5) -> list:
     return [f"a start made {what} for {op}" for what, op in made]
 
 
-def blocking_start_answers(comm) -> list:
-    """The blocking start (req(), req.run()) when its one C call does not finish the call: a peer that comes
-    late (the C wait sleeps, the call is finished in Python: ``_settle``), an engine busy with this rank's own
-    async call (nothing runs in C, the call queues behind it: ``_settle`` too), a request made on one thread
-    and run from another (``_run``), AVG's division after the rounds; each right, with its recorder entry
-    done."""
-    from pyxccl.core.persistent import CollectiveRequest
+def four_ways(cc, x, y, call, algorithm=None) -> list:
+    """The ways a blocking 2+-rank allreduce on ``x`` goes besides one C call, each checked right with its
+    recorder entry done: a peer that comes late (rank 0 sleeps: the others' C waits nap and hand the call to
+    Python), an engine busy with this rank's own async call on ``y`` (nothing runs in C, the call queues
+    behind it), the call from another thread, AVG's division after the rounds. ``call(what, op)`` makes the
+    call (a request's start, a plain call) and returns what it returns; ``algorithm``: the async call's."""
     from pyxccl.core.recorder import DONE
-    fails, n, r = [], comm.size, comm.rank
+    fails, n, r = [], cc.size, cc.rank
+    for what in ("late peer", "busy engine", "another thread", "avg"):
+        x[:] = r + 1
+        op = ReduceOp.AVG if what == "avg" else ReduceOp.SUM
+        want = float(n + 1) / 2 if what == "avg" else float(n * (n + 1) // 2)
+        if what == "late peer" and r == 0:
+            time.sleep(0.05)    # the others' C waits sleep (2 ms naps) and hand the call to Python
+        if what == "busy engine":
+            w = cc.allreduce(y, async_op=True, algorithm=algorithm)
+            got = call(what, op)
+            w.wait()
+            if not np.all(y == n * (n + 1) // 2):
+                fails.append(f"{what}: the async call before it gave {y}")
+        elif what == "another thread":
+            out = []
+            t = threading.Thread(target=lambda: out.append(call(what, op)), name="blocking-side")
+            t.start()
+            t.join(TIMEOUT)
+            got = out[0] if out else None
+        else:
+            got = call(what, op)
+        if got is not x or not np.all(x == want):
+            fails.append(f"{what}: returned {type(got).__name__}, {x}, want {want}")
+        e = cc.flight_record()[-1]
+        if e["state"] != DONE or e["op"] != "allreduce":
+            fails.append(f"{what}: the recorder's last entry is {e}")
+    return fails
+
+
+def blocking_start_answers(comm) -> list:
+    """The blocking start (req(), req.run()) when its one C call does not finish the call (``four_ways``: a
+    late peer and a busy engine go to ``_settle``, another thread to ``_run``, AVG)."""
+    from pyxccl.core.persistent import CollectiveRequest
+    r = comm.rank
     cc = comm.dup()
     x, y = np.empty(8, np.float32), np.full(4, r + 1, np.int64)
     req = cc.allreduce_init(x)
     in_c = req._mine is not None        # the C executor runs it (one host, the module built)
-    want = float(n * (n + 1) // 2)
+
+    def call(what, op):
+        if op is ReduceOp.AVG:
+            return cc.allreduce_init(x, op=ReduceOp.AVG)()
+        return req.run() if what == "busy engine" else req()
     settled = []
     real = CollectiveRequest._settle
     CollectiveRequest._settle = lambda self, done: settled.append(type(done).__name__) or real(self, done)
     try:
-        for what in ("late peer", "busy engine", "another thread", "avg"):
-            x[:] = r + 1
-            if what == "late peer":
-                if r == 0:
-                    time.sleep(0.05)    # the others' C waits sleep (2 ms naps) and hand the call to Python
-                got = req()
-            elif what == "busy engine":
-                w = cc.allreduce(y, async_op=True)
-                got = req.run()
-                w.wait()
-                if not np.all(y == n * (n + 1) // 2):
-                    fails.append(f"{what}: the async call before it gave {y}")
-            elif what == "another thread":
-                out = []
-                t = threading.Thread(target=lambda: out.append(req()), name="blocking-side")
-                t.start()
-                t.join(TIMEOUT)
-                got = out[0] if out else None
-            else:
-                areq = cc.allreduce_init(x, op=ReduceOp.AVG)
-                got = areq()
-                want = float(n + 1) / 2
-            if got is not x or not np.all(x == want):
-                fails.append(f"{what}: returned {type(got).__name__}, {x}, want {want}")
-            e = cc.flight_record()[-1]
-            if e["state"] != DONE or e["op"] != "allreduce":
-                fails.append(f"{what}: the recorder's last entry is {e}")
+        fails = four_ways(cc, x, y, call)
     finally:
         CollectiveRequest._settle = real
     # (a rank's C call finishes when it comes last: rank 0 here, so the others' naps are what is checked;
