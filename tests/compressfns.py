@@ -183,10 +183,11 @@ def auto_choice(comm, nbytes: int):
     return (codec.spec if codec is not None else None), bool(np.all(x == comm.size))
 
 
-def check_hosts(comm, count: int = 1 << 18, quantized_counts=(5000, 1024)):
+def check_hosts(comm, count: int = 1 << 18, quantized_counts=(5000, 1024), sparse_count: int = 4000):
     """Across hosts: the quantized and sparse checks, and hierarchical compresses only between hosts
     (its bytes to other hosts shrink by the code's ratio, those inside a host do not)."""
-    fails = check_quantized(comm, ["ring", "hierarchical", "tree"], quantized_counts) + check_sparse(comm)
+    fails = (check_quantized(comm, ["ring", "hierarchical", "tree"], quantized_counts)
+             + check_sparse(comm, count=sparse_count))
     x = np.ones(count * comm.size, np.float32)
 
     def links(**kw):

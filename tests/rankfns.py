@@ -19,10 +19,13 @@ UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
 BIG = (4 << 20) // 4 + 3          # > 4 MiB of float32, not a multiple of anything nice
 
 
+PERIOD = 30     # data() is one period of this many values, repeated
+
+
 def data(rank: int, count: int, dt, op=ReduceOp.SUM, salt: int = 0) -> np.ndarray:
     # one period of the values, repeated (np.resize): computing every element was most of the time of the
     # tests that call this for every rank, dtype and size
-    i = np.arange(min(count, 30), dtype=np.int64)
+    i = np.arange(min(count, PERIOD), dtype=np.int64)
     if dt == np.bool_:
         return np.resize((i + rank + salt) % 3 == 0, count)
     if op is ReduceOp.PROD:
@@ -33,12 +36,15 @@ def data(rank: int, count: int, dt, op=ReduceOp.SUM, salt: int = 0) -> np.ndarra
 
 
 def reference(op, n: int, count: int, dt, salt: int = 0) -> np.ndarray:
-    acc = data(0, count, dt, op, salt).copy()
+    # data() repeats one period, so their reduction does too: reduce a period, then repeat it (reducing
+    # whole inputs made a 64-rank reduce_scatter check reduce 64 x 64 blocks on every rank)
+    period = min(count, PERIOD)
+    acc = data(0, period, dt, op, salt).copy()
     for r in range(1, n):
-        UFUNC[op](acc, data(r, count, dt, op, salt), out=acc)
+        UFUNC[op](acc, data(r, period, dt, op, salt), out=acc)
     if op is ReduceOp.AVG:
         np.divide(acc, n, out=acc)
-    return acc
+    return np.resize(acc, count)
 
 
 def valid_pairs(dtypes=DTYPES, ops=tuple(ReduceOp)):
