@@ -348,20 +348,29 @@ def test_copies_into_large_buffers_the_same_in_both_executors(nt, nt_windows):
     """Buffers past the C side's non-temporal threshold (PYXCCL_NT_BYTES, here 4 MiB, which 2 ranks' buffers of
     4 MiB pass together; and with it off) take its non-temporal copies: pieces that start off the 16-byte line and end in a tail (odd
     windows and counts), in place and not, through the windows, by single-copy reads and by an allgather's
-    puts, give numpy's bits and the Python executor's; and so do copies into the windows by such stores
-    (``nt_windows`` 1: PYXCCL_NT_WINDOWS=always; 2, the default, copies plainly on this full path)."""
+    puts, give numpy's bits and the Python executor's; and so do copies and reductions into the windows by
+    such stores (``nt_windows`` 1: PYXCCL_NT_WINDOWS=always; 2, the default, copies plainly on this full
+    path)."""
     n, dt = 2, np.dtype(np.float32)
     big = (4 << 20) // dt.itemsize + 5                      # elements: past the threshold, not a whole line
     windows = (Window(100_003, oneshot=8), Window(100_003, oneshot=8, single_copy=3))
     cases = []
     for w in windows:
-        for prim in ("broadcast", "allgather", "alltoall", "allreduce", "gather"):
+        for prim in ("broadcast", "allgather", "alltoall", "allreduce", "reduce_scatter", "reduce", "gather"):
             p = PRIMITIVES[prim]
             per = big if p.shape == "count" else big // n + 1
             a = p.args(n, per, n - 1) if p.rooted else p.args(n, per, 0)
             op = ReduceOp.SUM if p.reduces else None
             for in_place in ((False, True) if prim in IN_PLACE else (False,)):
                 cases.append(Case(prim, a, w, dt, op, in_place))
+    # reductions into the windows by such stores (reduced a piece at a time into scratch, then streamed):
+    # other item sizes and ops, and sizes that end in a part of a piece
+    for other, op in ((np.dtype(np.float64), ReduceOp.PROD), (np.dtype(np.int16), ReduceOp.BXOR)):
+        for prim in ("allreduce", "reduce_scatter"):
+            p = PRIMITIVES[prim]
+            a = p.args(n, 300_007 if p.shape == "count" else 150_011, 0)
+            w = Window(100_003 * dt.itemsize // other.itemsize, oneshot=8)     # (the segment's bytes)
+            cases += [Case(prim, a, w, other, op, in_place) for in_place in (False, True)]
     # an allgather's blocks put into every output a piece at a time (ranks with a core each), at any size
     tee = Window(100_003, oneshot=8, single_copy=2_999, piece=5)      # pieces of 11,996 elements
     a = PRIMITIVES["allgather"].args(n, big // n + 1, 0)
