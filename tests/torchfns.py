@@ -362,6 +362,15 @@ def _outcome(fn, *args):
     try:
         return "ok", fn(*args)
     except Exception as e:  # noqa: BLE001
+        # also said on stderr, which a failing test shows: a rank that raises where the others do not
+        # leaves them waiting in the next call, and the hang's report must say why (CI once hung so)
+        import sys
+        import traceback
+
+        import torch.distributed as dist
+        rank = dist.get_rank() if dist.is_initialized() else "?"
+        print(f"torchfns: rank {rank} raised (compared later):\n{traceback.format_exc(limit=-2)}", file=sys.stderr,
+              flush=True)
         return "raised", e
 
 
