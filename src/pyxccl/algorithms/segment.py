@@ -38,6 +38,7 @@ ROOT_REDUCES = 2           # a reduce on this many ranks or fewer, each with a c
                            # (measured at 2; see _root_reduces)
 TEE_PIECE_BYTES = 1 << 20  # an allgather's block goes to every output a piece at a time (see _gathering)
 PIECE_BYTES = 32 << 10     # where every rank has a core: a broadcast's pieces through the windows (see broadcast)
+RS_PIECES = 8              # ... and a reduce-scatter's, per rank: this many of those (see reduce_scatter)
 
 
 class Window(NamedTuple):
@@ -159,16 +160,20 @@ def reduce_scatter(rank: int, nranks: int, counts: list[int], window: Window) ->
     piece to its window: in the round after (reading that one's windows: ``prev``) it reduces the piece
     from the others' windows and its own straight from its input, into its own slot, then copies it out
     (the C executor does both in one pass; the output last, so that in place its input is read first);
-    that round also writes the next piece's slots. Its pieces are 32 KiB a rank (``Window.piece``), which
-    stay in the cache between the cores (a window's share: 1 MiB 148-152 us, 64 MiB 17.1 ms; 16 KiB:
-    slower). 2 ranks, alternating runs against the one-round form: 1 MiB 137-139 us against 193-221, 4 MiB
-    0.69 ms against 1.00, 64 MiB 15.4-15.6 against 20.0-22.2. With more ranks than
+    that round also writes the next piece's slots. Its pieces are 256 KiB a rank (RS_PIECES of
+    ``Window.piece``): 2 ranks, jobs alternating in both states of the machine, with windows written the
+    cheaper way (PYXCCL_NT_WINDOWS), medians: 1 MiB 88-92 us against 108-110 in 32 KiB pieces, 4 MiB
+    281-286 against 357-368, 16 MiB 1.44-1.67 ms against 1.94-2.04, 64 MiB 5.7 against 6.8-7.0; 512 KiB and
+    1 MiB pieces as fast as 256 KiB (32 KiB pieces had been the faster before windows were written by
+    non-temporal stores: a window's share, 1 MiB 148-152 us against 137-139). 2 ranks, alternating runs
+    against the one-round form: 1 MiB 137-139 us against 193-221, 4 MiB 0.69 ms against 1.00, 64 MiB
+    15.4-15.6 against 20.0-22.2 (32 KiB pieces, a slow phase). With more ranks than
     cores every rank waits there for all the others' rounds instead of reading each as it comes (4 ranks on
     2 cores, 2 MiB: 1.75-1.85 ms against 1.49-1.57), so there a rank writes every piece and reads them in the
     same round."""
     s = _new(rank, nranks, window, nranks)
     per, off = window.elements // nranks, offsets(counts)
-    per = min(per, window.piece or per)     # (two-round form) pieces that stay in the cache between cores
+    per = min(per, RS_PIECES * window.piece or per)     # (two-round form) its pieces
     mine = rank * per
     done = ()               # (two-round form) the piece before's reduction, from the round before's windows
     for a in range(0, max(counts, default=0), per):
