@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 
 import numpy as np
 
@@ -364,9 +366,6 @@ def _outcome(fn, *args):
     except Exception as e:  # noqa: BLE001
         # also said on stderr, which a failing test shows: a rank that raises where the others do not
         # leaves them waiting in the next call, and the hang's report must say why (CI once hung so)
-        import sys
-        import traceback
-
         import torch.distributed as dist
         rank = dist.get_rank() if dist.is_initialized() else "?"
         print(f"torchfns: rank {rank} raised (compared later):\n{traceback.format_exc(limit=-2)}", file=sys.stderr,
