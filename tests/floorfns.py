@@ -270,7 +270,8 @@ def thread_words(comm):
 def window_ways(comm, calls: int = 40):
     """A repeated call that copies into its window (a 1 MiB allreduce) picks its way each run (_native.c,
     nt_windows): by default it times both ways (each at least three runs: the first of each warms up) and
-    stays with one but for every 16th run; set to always or never, it times no more runs. Every result
+    stays with one but for a trial of the other now and then (window_costs: what each cost a byte, and
+    when the next trial comes); set to always or never, it times no more runs. Every result
     right, whichever way and whichever the peer took."""
     from pyxccl.core import onehost
     ctx = context(comm)
@@ -291,9 +292,12 @@ def window_ways(comm, calls: int = 40):
                     break
         finally:
             onehost._native.set_nt_windows(was)
-        runs = ctx.prepared.last[("allreduce", id(out))].fast.window_runs()
+        fast = ctx.prepared.last[("allreduce", id(out))].fast
+        runs, costs = fast.window_runs(), fast.window_costs()
         if setting == 2 and not (min(runs) >= 3 and sum(runs) <= calls):
             fails.append(f"by default: {runs} timed runs plainly and streamed of {calls} calls")
+        if not (costs and costs[0] > 0 and costs[1] > 0 and 0 <= costs[2] <= 512):
+            fails.append(f"setting {setting}: window costs {costs} (ns a byte each way, runs to the next trial)")
         if setting != 2 and runs != before:
             fails.append(f"setting {setting}: counted {runs}, {before} before")
         before = runs

@@ -72,15 +72,23 @@ enum { B_IN, B_OUT, B_TMP, B_WIN };
  * state, 221-262 against 309-377 in the slow one; 256 KiB 33-45 against 22-39, 56-65 against 75-90; 4 MiB
  * 650-1150 against 500-1000, 843-1095 against 1080-1250. So each Call times its copies into its window
  * either way (time per byte: what the choice changes on this rank, apart from the peers' own choices, which
- * a whole call's time mixes in) and takes the cheaper, trying the other every WIN_EXPLORE-th run: a choice
+ * a whole call's time mixes in) and takes the cheaper, trying the other now and then (WIN_EXPLORE): a choice
  * of this rank alone (the bits are the same either way, and no other rank needs to know). Timing whole
  * calls picked the wrong way in the fast state in about half the jobs. nt_windows: 0 never, 1 always, 2 so
  * (the default; PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies plainly unless
  * always. */
 static int nt_windows = 2;
+/* The other way is tried again every WIN_EXPLORE-th run where the two cost about the same, and more rarely
+ * the dearer it was, so that trying costs at most a few percent: every WIN_EXPLORE * r * r runs, r the
+ * ratio of the two ways' costs, at most every WIN_EXPLORE_MAX. In the slow state the plain way's copies
+ * cost several times the streamed ones' and a whole 1 MiB call 4-6x (2 ranks, reduce 455 us against 77):
+ * trying it every 16th run made the reduce 99-104 us against 76-78 always streamed, the allreduce 111
+ * against 90. */
 #define WIN_EXPLORE 16
+#define WIN_EXPLORE_MAX 512
 #define WIN_KEPT 5          /* a way's cost: the median of its last WIN_KEPT runs' (a preempted run moves no median) */
-typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs; } WinPick;     /* per way: recent costs, runs */
+/* per way: recent costs, runs; next: the run that tries the other way (0: not yet set) */
+typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; } WinPick;
 static double win_time(const WinPick *w, int way) {
     unsigned k = w->n[way] - 1 < WIN_KEPT ? w->n[way] - 1 : WIN_KEPT;     /* (the first run is not kept) */
     double v[WIN_KEPT];
@@ -92,24 +100,33 @@ static double win_time(const WinPick *w, int way) {
     }
     return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
 }
+static int win_known(const WinPick *w) { return w->n[0] >= 3 && w->n[1] >= 3; }     /* (the first of each warms up) */
+static int win_explores(const WinPick *w) { return win_known(w) && w->runs >= w->next; }
 static int win_pick(const WinPick *w) {
     if (nt_windows != 2) return nt_windows;
-    if (w->n[0] < 3) return 0;          /* (the first run of each way warms up: not kept) */
+    if (w->n[0] < 3) return 0;
     if (w->n[1] < 3) return 1;
     int best = win_time(w, 1) < win_time(w, 0);
-    return w->runs % WIN_EXPLORE == WIN_EXPLORE - 1 ? !best : best;
+    return win_explores(w) ? !best : best;
 }
-/* Is this run timed? Every run until both ways have three, then every WIN_TIMED-th (the other way's among
- * them): two clock reads a copy, which for a broadcast's 32 KiB pieces come to a few percent of its time. */
+/* Is this run timed? Every run until both ways have three, then every WIN_TIMED-th and every trial of the
+ * other way: two clock reads a copy, which for a broadcast's 32 KiB pieces come to a few percent of its time. */
 #define WIN_TIMED 4
 static int win_timing(const WinPick *w) {
-    return nt_windows == 2 && (w->n[0] < 3 || w->n[1] < 3 || w->runs % WIN_TIMED == WIN_TIMED - 1);
+    return nt_windows == 2 && (!win_known(w) || w->runs % WIN_TIMED == WIN_TIMED - 1 || win_explores(w));
 }
-/* After each run (cost: its copies into the window, per byte; < 0 where it was not timed). */
+/* After each run (cost: its copies into the window, per byte; < 0 where it was not timed). The next trial
+ * of the other way is set by what this one cost against the way kept (at first: the two medians); one that
+ * came out as cheap or cheaper (the machine changed state) is followed by others every WIN_EXPLORE runs,
+ * which move that way's median within three. */
 static void win_ran(WinPick *w, int way, double cost) {
+    int tried = win_explores(w);
     w->runs++;
-    if (cost < 0 || w->n[way]++ == 0) return;
-    w->t[way][(w->n[way] - 2) % WIN_KEPT] = cost;
+    if (cost >= 0 && w->n[way]++ > 0) w->t[way][(w->n[way] - 2) % WIN_KEPT] = cost;
+    if (!tried && (w->next || !win_known(w))) return;
+    double a = win_time(w, 0), b = win_time(w, 1), r = tried && cost >= 0 ? cost / (way ? a : b) : a > b ? a / b : b / a;
+    double every = r > 1 ? r * r * WIN_EXPLORE : r >= 0 ? WIN_EXPLORE : WIN_EXPLORE_MAX;   /* (NaN: the rarest) */
+    w->next = w->runs + (unsigned)(every < WIN_EXPLORE ? WIN_EXPLORE : every < WIN_EXPLORE_MAX ? every : WIN_EXPLORE_MAX);
 }
 /* Is instruction i (a COPY or a GET) a copy into my window (not a reduce) that streaming stores would take? */
 static inline int timed_into_window(const int64_t *i) { return i[3] == B_WIN && !i[6] && i[5] >= NT_MIN_PIECE; }
@@ -1390,6 +1407,13 @@ static PyObject *call_window_runs(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(II)", c->pick.n[0], c->pick.n[1]);
 }
 
+static PyObject *call_window_costs(PyObject *self, PyObject *unused) {
+    (void)unused;
+    CallObject *c = (CallObject *)self;
+    if (!win_known(&c->pick)) Py_RETURN_NONE;
+    return Py_BuildValue("(ddI)", win_time(&c->pick, 0), win_time(&c->pick, 1), c->pick.next - c->pick.runs);
+}
+
 static PyMethodDef call_methods[] = {
     {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL,
      "again(in, out, root, op, algorithm, timeout): the call on a repeat's arrays and objects, or None"},
@@ -1398,6 +1422,9 @@ static PyMethodDef call_methods[] = {
     {"thread_word", call_thread_word, METH_NOARGS, "thread_word(): the calling thread's word as again() finds it"},
     {"window_runs", call_window_runs, METH_NOARGS, "window_runs() -> (plain, non_temporal): its timed runs each way "
      "(set_nt_windows(2): every run until each way has three, then every 4th); (0, 0) where it copies into no window"},
+    {"window_costs", call_window_costs, METH_NOARGS, "window_costs() -> (plain, non_temporal, trial): the median ns "
+     "a byte of its copies into its window cost each way lately, and in how many runs it tries the way it does not "
+     "take (set_nt_windows(2)); None before it has three runs each way"},
     {NULL, NULL, 0, NULL},
 };
 
