@@ -269,10 +269,11 @@ def thread_words(comm):
 
 def window_ways(comm, calls: int = 40):
     """A repeated call that copies into its window (a 1 MiB allreduce) picks its way each run (_native.c,
-    nt_windows): by default it times both ways (each at least three runs: the first of each warms up) and
-    stays with one but for a trial of the other now and then (window_costs: what each cost a byte, and
-    when the next trial comes); set to always or never, it times no more runs. Every result
-    right, whichever way and whichever the peer took."""
+    nt_windows): by default rank 0 times both ways (each at least three runs: the first of each warms up)
+    and stays with one but for a trial of the other now and then (window_costs: what each cost, and when the
+    next trial comes), and the other ranks take its way (lead): they time none of their own once they have
+    seen it, and take the way rank 0 was set to where only rank 0 forces one; set to always or never on
+    every rank, nobody times a run. Every result right, whichever way."""
     from pyxccl.core import onehost
     ctx = context(comm)
     fails, n = [], comm.size
@@ -280,7 +281,9 @@ def window_ways(comm, calls: int = 40):
     want = sum(range(1, n + 1))
     x, out = np.full(count, comm.rank + 1, np.float32), np.zeros(count, np.float32)
     before = (0, 0)
-    for setting in (2, 1, 0):
+    # (rank 0's setting, the others'): both ways picked, then rank 0 forcing each, then everyone forcing each
+    for lead, rest in ((2, 2), (1, 2), (0, 2), (1, 1), (0, 0)):
+        setting = lead if comm.rank == 0 else rest
         was = onehost._native.set_nt_windows(setting)
         comm.barrier()
         try:
@@ -288,18 +291,24 @@ def window_ways(comm, calls: int = 40):
                 out[:] = 0
                 comm.allreduce(x, out=out, algorithm=SEG)
                 if not np.all(out == want):
-                    fails.append(f"setting {setting}: {np.count_nonzero(out != want)} elements wrong")
+                    fails.append(f"settings {lead, rest}: {np.count_nonzero(out != want)} elements wrong")
                     break
         finally:
             onehost._native.set_nt_windows(was)
         fast = ctx.prepared.last[("allreduce", id(out))].fast
-        runs, costs = fast.window_runs(), fast.window_costs()
-        if setting == 2 and not (min(runs) >= 3 and sum(runs) <= calls):
-            fails.append(f"by default: {runs} timed runs plainly and streamed of {calls} calls")
-        if not (costs and costs[0] > 0 and costs[1] > 0 and 0 <= costs[2] <= 512):
-            fails.append(f"setting {setting}: window costs {costs} (ns a byte each way, runs to the next trial)")
-        if setting != 2 and runs != before:
-            fails.append(f"setting {setting}: counted {runs}, {before} before")
+        runs, costs, way = fast.window_runs(), fast.window_costs(), fast.window_way()
+        ways = [int(w) for w in comm.allgather(np.array([way], np.int64))]
+        if len(set(ways)) > 1 or (lead != 2 and ways[0] != lead):
+            fails.append(f"settings {lead, rest}: the ranks' last runs went {ways} (0 plain, 1 streamed)")
+        if (lead, rest) == (2, 2):
+            if comm.rank == 0 and not (min(runs) >= 3 and sum(runs) <= calls):
+                fails.append(f"rank 0 by default: {runs} timed runs plainly and streamed of {calls} calls")
+            if comm.rank == 0 and not (costs and costs[0] > 0 and costs[1] > 0 and -1 <= costs[2] <= 512):
+                fails.append(f"rank 0: window costs {costs} (ns a run each way, runs to the next trial)")
+            if comm.rank != 0 and sum(runs) > 1:
+                fails.append(f"rank {comm.rank} timed {runs} runs of its own, following rank 0")
+        elif runs != before:
+            fails.append(f"settings {lead, rest}: counted {runs}, {before} before")
         before = runs
     return fails
 

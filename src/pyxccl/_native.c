@@ -70,13 +70,18 @@ enum { B_IN, B_OUT, B_TMP, B_WIN };
  * (they take no line back from the other core) cost more in the fast state and less in the slow one: 2
  * ranks, batches alternating in one job, allreduce 1 MiB 126-163 us against 67-112 plain in the fast
  * state, 221-262 against 309-377 in the slow one; 256 KiB 33-45 against 22-39, 56-65 against 75-90; 4 MiB
- * 650-1150 against 500-1000, 843-1095 against 1080-1250. So each Call times its copies into its window
- * either way (time per byte: what the choice changes on this rank, apart from the peers' own choices, which
- * a whole call's time mixes in) and takes the cheaper, trying the other now and then (WIN_EXPLORE): a choice
- * of this rank alone (the bits are the same either way, and no other rank needs to know). Timing whole
- * calls picked the wrong way in the fast state in about half the jobs. nt_windows: 0 never, 1 always, 2 so
- * (the default; PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies plainly unless
- * always. */
+ * 650-1150 against 500-1000, 843-1095 against 1080-1250. So a Call takes the cheaper way, trying the other
+ * now and then (WIN_EXPLORE), and all ranks take one way (the bits are the same either way): rank 0 picks
+ * (lead) by timing its runs from when the last rank entered the call (entry_word: a rank that comes late
+ * counts for neither way) and says its way in its control line before it writes; the others take it there,
+ * or, where rank 0 has not begun the call yet, the way it took on the run before. Until then, and where
+ * rank 0's own call moves nothing the way would take, a rank times its own copies into its window per byte
+ * and picks alone. Ranks picking alone picked wrong where a way's cost falls on the rank that reads: 2
+ * ranks, fast state, a 1 MiB reduce whose ranks each reduce a share, the non-root's copies cost 0.049 ns a
+ * byte plain and 0.035 streamed, so it streamed, and the root's reads of them made the call 100-104 us
+ * against 58-60 with both plain. (Each rank timing its whole calls alone picked wrong in about half the
+ * jobs: a call's time mixes in the peer's own choice.) nt_windows: 0 never, 1 always, 2 so (the default;
+ * PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies plainly unless always. */
 static int nt_windows = 2;
 /* The other way is tried again every WIN_EXPLORE-th run where the two cost about the same, and more rarely
  * the dearer it was, so that trying costs at most a few percent: every WIN_EXPLORE * r * r runs, r the
@@ -87,7 +92,7 @@ static int nt_windows = 2;
 #define WIN_EXPLORE 16
 #define WIN_EXPLORE_MAX 512
 #define WIN_KEPT 5          /* a way's cost: the median of its last WIN_KEPT runs' (a preempted run moves no median) */
-/* per way: recent costs, runs; next: the run that tries the other way (0: not yet set) */
+/* per way: recent costs, runs; next: the first of the two runs that try the other way (0: not yet set) */
 typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; } WinPick;
 static double win_time(const WinPick *w, int way) {
     unsigned k = w->n[way] - 1 < WIN_KEPT ? w->n[way] - 1 : WIN_KEPT;     /* (the first run is not kept) */
@@ -101,7 +106,10 @@ static double win_time(const WinPick *w, int way) {
     return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
 }
 static int win_known(const WinPick *w) { return w->n[0] >= 3 && w->n[1] >= 3; }     /* (the first of each warms up) */
-static int win_explores(const WinPick *w) { return win_known(w) && w->runs >= w->next; }
+/* Runs since the first of the last trial's two (huge before it); the second is the one timed, so that a
+ * rank that takes its way from another (lead) a run late tries it too, and the run after it is not timed. */
+static unsigned win_since(const WinPick *w) { return w->runs - w->next; }
+static int win_explores(const WinPick *w) { return win_known(w) && win_since(w) < 2; }
 static int win_pick(const WinPick *w) {
     if (nt_windows != 2) return nt_windows;
     if (w->n[0] < 3) return 0;
@@ -109,18 +117,20 @@ static int win_pick(const WinPick *w) {
     int best = win_time(w, 1) < win_time(w, 0);
     return win_explores(w) ? !best : best;
 }
-/* Is this run timed? Every run until both ways have three, then every WIN_TIMED-th and every trial of the
- * other way: two clock reads a copy, which for a broadcast's 32 KiB pieces come to a few percent of its time. */
+/* Is this run timed? Every run until both ways have three, then every WIN_TIMED-th (not the two after a
+ * trial's first) and each trial's second: two clock reads a copy, which for a broadcast's 32 KiB pieces
+ * come to a few percent of its time. */
 #define WIN_TIMED 4
 static int win_timing(const WinPick *w) {
-    return nt_windows == 2 && (!win_known(w) || w->runs % WIN_TIMED == WIN_TIMED - 1 || win_explores(w));
+    unsigned since = win_since(w);
+    return nt_windows == 2 && (!win_known(w) || since == 1 || (w->runs % WIN_TIMED == WIN_TIMED - 1 && since > 2));
 }
 /* After each run (cost: its copies into the window, per byte; < 0 where it was not timed). The next trial
  * of the other way is set by what this one cost against the way kept (at first: the two medians); one that
  * came out as cheap or cheaper (the machine changed state) is followed by others every WIN_EXPLORE runs,
  * which move that way's median within three. */
 static void win_ran(WinPick *w, int way, double cost) {
-    int tried = win_explores(w);
+    int tried = win_known(w) && win_since(w) == 1;
     w->runs++;
     if (cost >= 0 && w->n[way]++ > 0) w->t[way][(w->n[way] - 2) % WIN_KEPT] = cost;
     if (!tried && (w->next || !win_known(w))) return;
@@ -130,6 +140,15 @@ static void win_ran(WinPick *w, int way, double cost) {
 }
 /* Is instruction i (a COPY or a GET) a copy into my window (not a reduce) that streaming stores would take? */
 static inline int timed_into_window(const int64_t *i) { return i[3] == B_WIN && !i[6] && i[5] >= NT_MIN_PIECE; }
+
+/* Does the program read a peer's window or posted buffer in pieces that streaming stores would take? */
+static int reads_peers(const int64_t *code, Py_ssize_t len, int64_t me) {
+    for (Py_ssize_t pc = 0; pc < len; pc++) {
+        const int64_t *i = code + WIDTH * pc;
+        if (i[0] == I_GET && i[1] != me && i[5] >= NT_MIN_PIECE) return 1;
+    }
+    return 0;
+}
 
 /* Does the program copy into its window (not reducing) in pieces that streaming stores would take? */
 static int copies_into_window(const int64_t *code, Py_ssize_t len) {
@@ -150,6 +169,8 @@ enum { SEQ, W0, W1, ADDR, NBYTES };             /* uint64 fields of a round head
 #define CTL_COUNTER 0
 #define CTL_FLAGS 1             /* rank w's sleep flag: word CTL_FLAGS + w */
 #define CTL_CPU 1               /* plus n */
+#define CTL_ENTRY 2             /* plus n, two words (by the call's parity): when the rank entered it (ns, low 32 bits) */
+#define CTL_WAY 4               /* plus n, in rank 0's line: the way its current call writes windows (lead) */
 #define HEADER_BYTES 64
 #define PID_WORDS 2
 
@@ -182,12 +203,25 @@ static inline volatile uint64_t *header(Run *r, int parity, int64_t p) {
     return (volatile uint64_t *)(r->base + r->hdr_at + (parity * r->n + p) * HEADER_BYTES);
 }
 static inline volatile uint32_t *my_cpu(Run *r) { return word(r, r->me, CTL_CPU + r->n); }
+static inline volatile uint32_t *lead_word(Run *r) { return word(r, 0, CTL_WAY + r->n); }
+static inline volatile uint32_t *entry_word(Run *r, int64_t p, uint32_t cseq) { return word(r, p, CTL_ENTRY + r->n + (cseq & 1)); }
 static inline char *window(Run *r, int parity, int64_t p) { return r->base + r->head + (parity * r->n + p) * r->area; }
 
 static int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* When the last rank entered call cseq, `started` mine (entry_word: low 32 bits of now_ns(), which one
+ * clock gives every process of the host; a word of the call two before is older than `started`). */
+static int64_t last_entry(Run *r, uint32_t cseq, int64_t started) {
+    int64_t last = started;
+    for (int64_t p = 0; p < r->n; p++) {
+        int32_t later = (int32_t)(*entry_word(r, p, cseq) - (uint32_t)started);
+        if (p != r->me && later > 0 && started + later > last) last = started + later;
+    }
+    return last;
 }
 
 /* Until rank p has published round `target`: spin, yield, then sleep on its counter (futex) for
@@ -1128,6 +1162,10 @@ typedef struct {
     long long tw_word;
     int inplace, gathers;
     int win_copies;             /* the program copies into its window (copies_into_window): a way to pick */
+    int window_sized;           /* it copies into its window or reads the others' in pieces streaming would take */
+    int leads;                  /* rank 0 of the segment, window-sized: it picks for all (lead) */
+    int lead_way;               /* (the others) the way rank 0 took on the last run it was seen on (-1: none) */
+    int last_way;               /* the way of its last run */
     WinPick pick;               /* (nt_windows) how its runs went with plain and with non-temporal stores */
 } CallObject;
 
@@ -1245,12 +1283,34 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         r->peer = -1;
         r->parity = r->round & 1;
         r->call[0] = ncseq;
-        int way = r->nt[B_WIN] = c->win_copies ? win_pick(&c->pick) : 0;
-        r->win_timing = c->win_copies && win_timing(&c->pick);
+        int way = 0, timed = 0, own = 0;
+        int64_t started = 0;
+        if (c->window_sized) *entry_word(r, r->me, ncseq) = (uint32_t)now_ns();
+        if (c->leads) {
+            way = win_pick(&c->pick);
+            timed = win_timing(&c->pick);
+            __atomic_store_n(lead_word(r), (ncseq << 1) | (uint32_t)way, __ATOMIC_RELEASE);
+            if (timed) started = now_ns();
+        } else if (c->win_copies) {
+            uint32_t led = __atomic_load_n(lead_word(r), __ATOMIC_ACQUIRE);
+            if (nt_windows != 2) way = nt_windows;
+            else if (led >> 1 == (ncseq & 0x7fffffffu)) way = led & 1;
+            else if (c->lead_way >= 0) way = c->lead_way;
+            else own = 1, way = win_pick(&c->pick), timed = win_timing(&c->pick);
+        }
+        r->nt[B_WIN] = c->last_way = way;
+        r->win_timing = own && timed;
         Py_ssize_t pc = 0;
         int status = execute(r, c->code, c->len, &pc);
-        if (status == DONE && c->win_copies && nt_windows == 2)
-            win_ran(&c->pick, way, r->win_timing && r->win_bytes ? (double)r->win_ns / (double)r->win_bytes : -1.0);
+        if (status == DONE && nt_windows == 2) {
+            if (c->leads)
+                win_ran(&c->pick, way, timed ? (double)(now_ns() - last_entry(r, ncseq, started)) : -1.0);
+            else if (c->win_copies) {
+                uint32_t led = __atomic_load_n(lead_word(r), __ATOMIC_ACQUIRE);
+                if (led >> 1 == (ncseq & 0x7fffffffu)) c->lead_way = led & 1;
+                else if (own) win_ran(&c->pick, way, timed && r->win_bytes ? (double)r->win_ns / (double)r->win_bytes : -1.0);
+            }
+        }
         for (int b = 0; b < 3; b++)
             if (held[b]) { PyBuffer_Release(&views[b]); held[b] = 0; }
         if (status == DONE) {
@@ -1411,7 +1471,12 @@ static PyObject *call_window_costs(PyObject *self, PyObject *unused) {
     (void)unused;
     CallObject *c = (CallObject *)self;
     if (!win_known(&c->pick)) Py_RETURN_NONE;
-    return Py_BuildValue("(ddI)", win_time(&c->pick, 0), win_time(&c->pick, 1), c->pick.next - c->pick.runs);
+    return Py_BuildValue("(ddi)", win_time(&c->pick, 0), win_time(&c->pick, 1), (int)(c->pick.next - c->pick.runs));
+}
+
+static PyObject *call_window_way(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLong(((CallObject *)self)->last_way);
 }
 
 static PyMethodDef call_methods[] = {
@@ -1422,9 +1487,12 @@ static PyMethodDef call_methods[] = {
     {"thread_word", call_thread_word, METH_NOARGS, "thread_word(): the calling thread's word as again() finds it"},
     {"window_runs", call_window_runs, METH_NOARGS, "window_runs() -> (plain, non_temporal): its timed runs each way "
      "(set_nt_windows(2): every run until each way has three, then every 4th); (0, 0) where it copies into no window"},
-    {"window_costs", call_window_costs, METH_NOARGS, "window_costs() -> (plain, non_temporal, trial): the median ns "
-     "a byte of its copies into its window cost each way lately, and in how many runs it tries the way it does not "
-     "take (set_nt_windows(2)); None before it has three runs each way"},
+    {"window_costs", call_window_costs, METH_NOARGS, "window_costs() -> (plain, non_temporal, trial): what each way "
+     "cost lately (the median of its last timed runs: ns a run where it leads, on rank 0, else ns a byte of its "
+     "copies into its window), and in how many runs it tries the way it does not take (< 0: trying it); None "
+     "before it has three runs each way (set_nt_windows(2))"},
+    {"window_way", call_window_way, METH_NOARGS, "window_way() -> 1 where its last run wrote its window by "
+     "non-temporal stores, 0 where not or where it copies into none"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1468,6 +1536,9 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     fixed(&c->fixed, base, line, hdr_at, head, area, pids_at, me, n, w0, w1, spin, yields, nap, dtype, op, c->need, c->writes);
     c->win_copies = copies_into_window(c->code, c->len);
+    c->window_sized = c->win_copies || reads_peers(c->code, c->len, me);
+    c->leads = me == 0 && n > 1 && c->window_sized;
+    c->lead_way = -1;
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1; c->thread = thread;
     PyObject *ops = NULL;
     if (!PyObject_TypeCheck(ctx, &BooksType) || !PyObject_TypeCheck(tally, &CountType)) {
@@ -1844,8 +1915,9 @@ static PyObject *tables(PyObject *self, PyObject *unused) {
         || put(d, "buffers", Py_BuildValue("{s:i,s:i,s:i,s:i}", "in", B_IN, "out", B_OUT, "tmp", B_TMP, "win", B_WIN)) < 0
         || put(d, "header", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "SEQ", SEQ, "W0", W0, "W1", W1, "ADDR", ADDR,
                                           "NBYTES", NBYTES)) < 0
-        || put(d, "segment", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i}", "counter_word", CTL_COUNTER, "flags_word", CTL_FLAGS,
-                                           "cpu_word_plus_n", CTL_CPU, "header_bytes", HEADER_BYTES,
+        || put(d, "segment", Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "counter_word", CTL_COUNTER, "flags_word", CTL_FLAGS,
+                                           "cpu_word_plus_n", CTL_CPU, "entry_words_plus_n", CTL_ENTRY,
+                                           "way_word_plus_n", CTL_WAY, "header_bytes", HEADER_BYTES,
                                            "pid_words", PID_WORDS)) < 0
         || put(d, "layout", Py_BuildValue("(ssssssss)", "base", "line", "hdr_at", "head", "area", "pids_at", "me",
                                           "n")) < 0

@@ -47,12 +47,15 @@ from .topology import job_cpus
 
 _LINE = 64                  # bytes of a round header, and the alignment of everything in the segment
 # Where things are in a control line (uint32 words): the round counter, rank w's sleep flag at
-# _FLAGS + w, the CPU the rank last ran on at _CPU + n (only the native waits use it)
-_COUNTER, _FLAGS, _CPU = 0, 1, 1
+# _FLAGS + w, the CPU the rank last ran on at _CPU + n (only the native waits use it), when it entered its
+# last two calls at _ENTRY + n (by the call's parity), and (rank 0's line) the way its current call writes
+# windows at _WAY + n (_native.c, nt_windows: rank 0 picks for all, timing its calls from the last entry)
+_COUNTER, _FLAGS, _CPU, _ENTRY, _WAY = 0, 1, 1, 2, 4
 _PID_WORDS = 2              # uint64 per rank in the pid table: the pid, an address of its memory
 #: the layout the native executor assumes (onehost.py compares it with ``_native.tables()``)
-LAYOUT = {"counter_word": _COUNTER, "flags_word": _FLAGS, "cpu_word_plus_n": _CPU, "header_bytes": _LINE,
-          "pid_words": _PID_WORDS}
+LAYOUT = {"counter_word": _COUNTER, "flags_word": _FLAGS, "cpu_word_plus_n": _CPU, "entry_words_plus_n": _ENTRY,
+          "way_word_plus_n": _WAY,
+          "header_bytes": _LINE, "pid_words": _PID_WORDS}
 #: the order of ``HostSegment.layout``, the segment as ``_native.run`` takes it
 LAYOUT_FIELDS = ("base", "line", "hdr_at", "head", "area", "pids_at", "me", "n")
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine())
@@ -119,8 +122,8 @@ class HostSegment:
     def __init__(self, rank: int, nranks: int, area_bytes: int, fd: int | None = None):
         self.rank, self.n = rank, nranks
         self.area = area_bytes - area_bytes % _LINE
-        # counter, a sleep flag per rank, the CPU the rank last ran on (the native waits read it)
-        self.line = _LINE * ((4 * (_CPU + nranks + 1) + _LINE - 1) // _LINE)
+        # counter, a sleep flag per rank, the CPU the rank last ran on (the native waits read it), entries, a way
+        self.line = _LINE * ((4 * (_WAY + nranks + 1) + _LINE - 1) // _LINE)
         ctl_bytes = self.line * nranks
         pids = _LINE * ((8 * _PID_WORDS * nranks + _LINE - 1) // _LINE)
         head = ctl_bytes + pids + 2 * nranks * _LINE
