@@ -192,6 +192,27 @@ def test_checker_proves_the_one_host_path_for_1_to_64_ranks(prim):
             registry.lookup(prim, "segment").schedule(0, 8, window=Window(4, 2), **args)
 
 
+def test_a_two_rank_reduce_goes_in_shares_up_to_a_mebibyte_then_the_root_reduces_it_all():
+    """segment.SHARES_BYTES: where each rank has a core, a 2-rank reduce up to 1 MiB reduces shares (two
+    rounds, every rank reducing), above it the root reduces every piece while the other copies the next in
+    (the non-root reduces nothing), whatever the dtype; 3 ranks never take the root's form; both forms
+    proven on either side of a small window's bound, for either root."""
+    from pyxccl.algorithms import segment
+    for itemsize in (2, 4, 8):
+        window = Window.of(4 << 20, itemsize, True, True)
+        mib = (1 << 20) // itemsize
+        for root in (0, 1):
+            at, above = (segment.reduce(1 - root, 2, c, root, window) for c in (mib, mib + 1))
+            reduces = [any(getattr(o, "reduce", False) for step in s.steps for o in step) for s in (at, above)]
+            assert len(at.steps) == 2 and len(above.steps) > 2 and reduces == [True, False], (itemsize, root)
+    assert len(segment.reduce(1, 3, 1 << 20, 0, Window.of(4 << 20, 4, True, True)).steps) == 2
+    with_shares = Window(elements=64, oneshot=2, piece=5, shares=12)
+    for count in (3, 12, 13, 131):
+        for root in (0, 1):
+            assert (len(segment.reduce(0, 2, count, root, with_shares).steps) == 2) == (count <= 12)
+            check("reduce", "segment", 2, count, root, window=with_shares)
+
+
 def _broken(monkeypatch, prim, edit):
     """Register "t_broken": the fast path's schedule for ``prim`` with ``edit(rank, schedule)`` applied."""
     shm = registry.lookup(prim, "segment")

@@ -35,7 +35,8 @@ CMA_BYTES = 256 << 10      # blocks from this size move by single-copy reads, wh
 BROADCAST_CMA_BYTES = 4 << 20   # a broadcast from this size: by single-copy reads (see broadcast) ...
 BROADCAST_CMA_OWN_BYTES = 512 << 10     # ... or from this size where every rank has a core of its own
 ROOT_REDUCES = 2           # a reduce on this many ranks or fewer, each with a core: the root reduces it all
-                           # (measured at 2; see _root_reduces)
+                           # (measured at 2; see _root_reduces) ...
+SHARES_BYTES = 1 << 20     # ... above this size; up to it, each reduces its share as in an allreduce
 TEE_PIECE_BYTES = 1 << 20  # an allgather's block goes to every output a piece at a time (see _gathering)
 PIECE_BYTES = 32 << 10     # where every rank has a core: a broadcast's pieces through the windows (see broadcast)
 RS_PIECES = 8              # ... and a reduce-scatter's, per rank: this many of those (see reduce_scatter)
@@ -49,13 +50,14 @@ class Window(NamedTuple):
     # a broadcast through the windows moves pieces of at most this many elements; set (not 0) only where
     # every rank has a core of its own, which the reduce-scatter's and the reduce's two-round forms need too
     piece: int = 0
+    shares: int = 0         # (where piece is set) a reduce up to this count goes in shares (see _root_reduces)
 
     @classmethod
     def of(cls, area_bytes: int, itemsize: int, cma: bool, pipelined: bool = False) -> "Window":
         """``pipelined``: every rank has a core of its own (then a broadcast goes in small pieces, and a
         reduce-scatter and a 2-rank reduce in their two-round forms)."""
         return cls(area_bytes // itemsize, ONESHOT_BYTES // itemsize, CMA_BYTES // itemsize if cma else 0,
-                   max(1, PIECE_BYTES // itemsize) if pipelined else 0)
+                   max(1, PIECE_BYTES // itemsize) if pipelined else 0, SHARES_BYTES // itemsize if pipelined else 0)
 
     def copies_once(self, block: int) -> bool:
         return 0 < self.single_copy <= block
@@ -87,7 +89,7 @@ def _equal(counts: list[int]) -> int:
 def _reduction(rank, n, count, window, root):
     s = _new(rank, n, window)
     W, reads = window.elements, root is None or rank == root
-    if root is not None and n <= ROOT_REDUCES and window.piece and count > window.oneshot:
+    if root is not None and n <= ROOT_REDUCES and window.piece and count > max(window.oneshot, window.shares):
         return _root_reduces(s, rank, n, count, window, root)
     for a in range(0, count, W):
         c = min(W, count - a)
@@ -112,7 +114,8 @@ def _reduction(rank, n, count, window, root):
 
 
 def _root_reduces(s, rank, n, count, window, root):
-    """A reduce on ROOT_REDUCES ranks or fewer, each with a core of its own (``Window.piece``): the others
+    """A reduce on ROOT_REDUCES ranks or fewer, each with a core of its own (``Window.piece``), larger than
+    SHARES_BYTES (``Window.shares``): the others
     copy piece k + 1 into their windows while the root reduces piece k (reading the round before: ``prev``)
     from their windows and its input, in rank order: root 0 straight into its output (its input is the
     first operand, so in place it is read before it is written; one pass in the C executor where not in
@@ -124,7 +127,12 @@ def _root_reduces(s, rank, n, count, window, root):
     sixteenth of the call from 32 to 128 KiB, which stay in the cache between the two cores (256 KiB
     pieces: 256 KiB and 1 MiB calls slower). 2 ranks, alternating runs against reducing shares: 256 KiB
     32 us against 44, 1 MiB 156 against 193, 4 MiB 1.01-1.08 ms against 1.52-1.57, 64 MiB 18.7-19.2
-    against 22.6-23.0."""
+    against 22.6-23.0. Since the ranks write their windows one way together (_native.c, nt_windows,
+    session 25) shares win from 512 KiB to 1.5 MiB in the machine's fast state and lose in its slow one:
+    2 ranks, jobs alternating, 1 MiB 60-65 us against 88-121 fast, 93-98 against 78-81 slow; 768 KiB 57
+    against 71-88 fast, 77 slow; 256 KiB 31-35 against 29-33 either way; 4 MiB 245-430 against 292-375 fast,
+    398-418 against 283-303 slow; 16 MiB 2.2-3.4 ms against 1.5-2.0 either way. Shares up to 1 MiB, where
+    they win on the two states' sum (and Intel MPI's own 1 MiB reduce takes 57-66 us fast, 240-250 slow)."""
     piece = min(window.elements, max(window.piece, min(4 * window.piece, -(-count // 16))))
     done = ()               # (the root) the piece before's reduction, from the round before's windows
     for a in range(0, count, piece):
