@@ -313,6 +313,29 @@ def window_ways(comm, calls: int = 40):
     return fails
 
 
+def late_rank_counts_for_neither_way(comm, calls: int = 40, late_s: float = 0.0006):
+    """Rank 0 times the runs it picks windows' ways by from when the last rank entered the call (_native.c,
+    entry_word): a rank that comes 0.6 ms late to every call, busy elsewhere (less than a wait spins before
+    it sleeps, PYXCCL_SPIN_US, after which a run is not timed at all), leaves the way rank 0 keeps (timed
+    every 4th run, the median of its last five) costing what a 256 KiB call costs, well below those 0.6 ms."""
+    import time
+    ctx = context(comm)
+    count = (256 << 10) // 4
+    x, out = np.full(count, comm.rank + 1, np.float32), np.zeros(count, np.float32)
+    for _ in range(calls):
+        if comm.rank == 1:
+            until = time.perf_counter() + late_s
+            while time.perf_counter() < until:
+                pass
+        comm.allreduce(x, out=out, algorithm=SEG)
+    if not np.all(out == sum(range(1, comm.size + 1))):
+        return ["a wrong sum"]
+    costs = ctx.prepared.last[("allreduce", id(out))].fast.window_costs()
+    if comm.rank == 0 and not (costs and min(costs[:2]) < late_s * 1e9 / 2):
+        return [f"rank 0's window costs {costs} (ns a run each way) count the late rank's {late_s * 1e3} ms"]
+    return []
+
+
 def native_turned_on_later(comm):
     """A communicator made with PYXCCL_NATIVE=0, called once it is unset: its new plans run in C (their Calls
     take its engine's locks), with the right sums."""

@@ -81,7 +81,8 @@ def test_a_call_copies_into_its_windows_the_way_that_costs_less(pools):
     """_native.c's nt_windows: the policy alone (both ways tried first, the cheaper kept and the other tried
     again for two runs, the more rarely the dearer it was, a way that turns dear left once most of its last
     five timed runs say so, a trial that comes out cheap followed by others soon, the settings that force a
-    way), then real calls, where rank 0 picks for all and the others follow, and every result is right."""
+    way), then real calls, where rank 0 picks for all and the others follow, and every result is right,
+    and a rank that comes late to every call counts for neither way."""
     if not NATIVE:
         pytest.skip("PYXCCL_NATIVE=0: there is no C path")
     from pyxccl.core import onehost
@@ -120,3 +121,4 @@ def test_a_call_copies_into_its_windows_the_way_that_costs_less(pools):
         finally:
             onehost._native.set_nt_windows(was)
     _ok(pools(2).run(ff.window_ways, transport="shm"))
+    _ok(pools(2).run(ff.late_rank_counts_for_neither_way, transport="shm"))
