@@ -83,9 +83,9 @@ enum { B_IN, B_OUT, B_TMP, B_WIN };
  * jobs: a call's time mixes in the peer's own choice.) nt_windows: 0 never, 1 always, 2 so (the default;
  * PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies plainly unless always. */
 static int nt_windows = 2;
-/* The other way is tried again every WIN_EXPLORE-th run where the two cost about the same, and more rarely
- * the dearer it was, so that trying costs at most a few percent: every WIN_EXPLORE * r * r runs, r the
- * ratio of the two ways' costs, at most every WIN_EXPLORE_MAX. In the slow state the plain way's copies
+/* The other way is tried again (for two runs, win_since) every WIN_EXPLORE runs where the two cost about the
+ * same, and more rarely the dearer it was, so that trying costs at most a few percent: after WIN_EXPLORE * r * r
+ * runs, r the ratio of the two ways' costs, at most WIN_EXPLORE_MAX. In the slow state the plain way's copies
  * cost several times the streamed ones' and a whole 1 MiB call 4-6x (2 ranks, reduce 455 us against 77):
  * trying it every 16th run made the reduce 99-104 us against 76-78 always streamed, the allreduce 111
  * against 90. */
