@@ -136,7 +136,7 @@ static void win_ran(WinPick *w, int way, double cost) {
     if (!tried && (w->next || !win_known(w))) return;
     double a = win_time(w, 0), b = win_time(w, 1), r = tried && cost >= 0 ? cost / (way ? a : b) : a > b ? a / b : b / a;
     double every = r > 1 ? r * r * WIN_EXPLORE : r >= 0 ? WIN_EXPLORE : WIN_EXPLORE_MAX;   /* (NaN: the rarest) */
-    w->next = w->runs + (unsigned)(every < WIN_EXPLORE ? WIN_EXPLORE : every < WIN_EXPLORE_MAX ? every : WIN_EXPLORE_MAX);
+    w->next = w->runs + (unsigned)(every < WIN_EXPLORE_MAX ? every : WIN_EXPLORE_MAX);
 }
 /* Is instruction i (a COPY or a GET) a copy into my window (not a reduce) that streaming stores would take? */
 static inline int timed_into_window(const int64_t *i) { return i[3] == B_WIN && !i[6] && i[5] >= NT_MIN_PIECE; }
@@ -204,6 +204,11 @@ static inline volatile uint64_t *header(Run *r, int parity, int64_t p) {
 }
 static inline volatile uint32_t *my_cpu(Run *r) { return word(r, r->me, CTL_CPU + r->n); }
 static inline volatile uint32_t *lead_word(Run *r) { return word(r, 0, CTL_WAY + r->n); }
+/* The way rank 0 said for call cseq, or -1 where its word is of another call */
+static inline int lead_way_of(Run *r, uint32_t cseq) {
+    uint32_t led = __atomic_load_n(lead_word(r), __ATOMIC_ACQUIRE);
+    return led >> 1 == (cseq & 0x7fffffffu) ? (int)(led & 1) : -1;
+}
 static inline volatile uint32_t *entry_word(Run *r, int64_t p, uint32_t cseq) { return word(r, p, CTL_ENTRY + r->n + (cseq & 1)); }
 static inline char *window(Run *r, int parity, int64_t p) { return r->base + r->head + (parity * r->n + p) * r->area; }
 
@@ -1284,17 +1289,16 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
         r->parity = r->round & 1;
         r->call[0] = ncseq;
         int way = 0, timed = 0, own = 0;
-        int64_t started = 0;
-        if (c->window_sized) *entry_word(r, r->me, ncseq) = (uint32_t)now_ns();
+        int64_t started = c->window_sized ? now_ns() : 0;       /* (leads implies window_sized) */
+        if (c->window_sized) *entry_word(r, r->me, ncseq) = (uint32_t)started;
         if (c->leads) {
             way = win_pick(&c->pick);
             timed = win_timing(&c->pick);
             __atomic_store_n(lead_word(r), (ncseq << 1) | (uint32_t)way, __ATOMIC_RELEASE);
-            if (timed) started = now_ns();
         } else if (c->win_copies) {
-            uint32_t led = __atomic_load_n(lead_word(r), __ATOMIC_ACQUIRE);
+            int led = lead_way_of(r, ncseq);
             if (nt_windows != 2) way = nt_windows;
-            else if (led >> 1 == (ncseq & 0x7fffffffu)) way = led & 1;
+            else if (led >= 0) way = led;
             else if (c->lead_way >= 0) way = c->lead_way;
             else own = 1, way = win_pick(&c->pick), timed = win_timing(&c->pick);
         }
@@ -1306,8 +1310,8 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
             if (c->leads)
                 win_ran(&c->pick, way, timed ? (double)(now_ns() - last_entry(r, ncseq, started)) : -1.0);
             else if (c->win_copies) {
-                uint32_t led = __atomic_load_n(lead_word(r), __ATOMIC_ACQUIRE);
-                if (led >> 1 == (ncseq & 0x7fffffffu)) c->lead_way = led & 1;
+                int led = lead_way_of(r, ncseq);
+                if (led >= 0) c->lead_way = led;
                 else if (own) win_ran(&c->pick, way, timed && r->win_bytes ? (double)r->win_ns / (double)r->win_bytes : -1.0);
             }
         }
