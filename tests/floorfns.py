@@ -317,10 +317,10 @@ def late_rank_counts_for_neither_way(comm, calls: int = 40, late_s: float = 0.00
     """Rank 0 times the runs it picks windows' ways by from when the last rank entered the call (_native.c,
     entry_word): a rank that comes 0.6 ms late to every call, busy elsewhere (less than a wait spins before
     it sleeps, PYXCCL_SPIN_US, after which a run is not timed at all), leaves the way rank 0 keeps (timed
-    every 4th run, the median of its last five) costing what a 256 KiB call costs, well below those 0.6 ms."""
+    every 4th run, the median of its last five) costing what a 16 KiB call costs, far below those 0.6 ms."""
     import time
     ctx = context(comm)
-    count = (256 << 10) // 4
+    count = (16 << 10) // 4     # (copied into the windows in one piece, which the way takes)
     x, out = np.full(count, comm.rank + 1, np.float32), np.zeros(count, np.float32)
     for _ in range(calls):
         if comm.rank == 1:
