@@ -931,6 +931,34 @@ def full_path_calls(comm, reps: int = 5) -> int:
     return _checks_made(calls, reps)
 
 
+def full_path_calls_in_a_full_cache(comm) -> int:
+    """``full_path_calls`` on a new communicator that already kept _KEPT calls, its own root-allocating
+    gather the oldest of them (as in a rank pool that ran other tests first): the loop's first run hits
+    the gather's key, then keeps the allocating allgather, a form first seen after it; evicting by age
+    alone, the gather went and its next repeat took the full path (core/prepared.py, PreparedCalls)."""
+    from pyxccl.core.prepared import _KEPT
+    sub = comm.dup()                        # (its kept calls: none yet)
+    try:
+        n, r = sub.size, sub.rank
+        x, out, other = np.ones(4, np.float32), np.empty(4 * n, np.float32), np.empty(4 * n, np.float32)
+        sub.gather(x, None, 0)              # kept first: the oldest
+        sub.allreduce(x)                    # the forms the loop calls before that gather, kept next
+        sub.allreduce(x, out=out[:4])
+        sub.broadcast(x, 0)
+        sub.reduce(x, n - 1)
+        sub.allgather(x, out)
+        sub.reduce_scatter(out, x)
+        sub.alltoall(out, other)
+        sub.gather(x, out if r == 0 else None, 0)
+        fill = np.array([_KEPT - len(sub._ctx.prepared)], np.int64)
+        sub.broadcast(fill, 0)              # (rank 0's count: every rank makes the same calls)
+        for k in range(int(fill[0])):
+            sub.allreduce(np.ones(k + 10, np.float32))
+        return full_path_calls(sub)
+    finally:
+        sub.close()
+
+
 def torch_full_path_calls(comm, reps: int = 5) -> int:
     """As full_path_calls, with torch CPU tensors (what DDP passes): their repeats run prepared too."""
     import torch

@@ -39,6 +39,11 @@ def test_repeated_calls_run_prepared(pools, transport, n):
     assert made == [0] * n, f"argument checks made by prepared repeats, per rank: {made}"
 
 
+def test_repeated_calls_run_prepared_when_the_kept_calls_are_full(pools):
+    made = pools(3).run(rf.full_path_calls_in_a_full_cache, transport="shm")
+    assert made == [0] * 3, f"argument checks made by prepared repeats, per rank: {made}"
+
+
 def test_torch_tensors_run_prepared_too(pools):
     pytest.importorskip("torch")
     made = pools(2).run(rf.torch_full_path_calls, transport="shm")

@@ -63,6 +63,7 @@ def _full(comm, name: str, inp, out, root, op, async_op, algorithm, timeout, *ar
     except TypeError:       # an unhashable op object: never kept
         p = k = None
     if p is not None:
+        kept.used.add(k)
         done = p.again(inp, out, async_op)
         if done is not FULL_PATH:
             if async_op is False and p.fast is not None:

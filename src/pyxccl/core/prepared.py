@@ -288,7 +288,10 @@ def _bufs(inp, out, tmp) -> dict:
 class PreparedCalls(dict):
     """The prepared calls of one communicator, by key: ``get(key)`` (a dict's: no lock, a dict read is
     atomic; it raises TypeError for a key with an unhashable part, which is never kept); changes are
-    made under a lock.
+    made under a lock. At most _KEPT: a new one evicts the oldest not used (``used``, noted by the caller
+    of ``get``) since it was last passed over, so that a call repeated all along stays however long ago it
+    was kept (evicting by age alone, a repeat kept early that goes by its key, an allocating or async form,
+    was evicted by a call first seen after it in the same loop, and took the full path once more).
 
     ``last``: per (call name, id of its output array, or of None where the rank has no output), the
     Prepared of the last blocking repeat on numpy arrays that ran in C: a repeat with the very root, op,
@@ -305,6 +308,7 @@ class PreparedCalls(dict):
     def __init__(self):
         super().__init__()
         self._lock = threading.Lock()
+        self.used: set = set()          # keys got since the eviction passed them (a set's add: no lock)
         self.last: dict = {}
         self.forms: dict = {}
 
@@ -332,12 +336,17 @@ class PreparedCalls(dict):
         except TypeError:
             return
         with self._lock:
-            if k not in self and len(self) >= _KEPT:
-                del self[next(iter(self))]        # the oldest
+            while k not in self and len(self) >= _KEPT:
+                old = next(iter(self))
+                if old in self.used:        # used since: a second chance, as the newest
+                    self.used.discard(old)
+                    self[old] = self.pop(old)
+                else:
+                    del self[old]
             self[k] = p
 
     def clear(self) -> None:
         """Forget every prepared call (the plans they ran changed)."""
         with self._lock:
             super().clear()
-            self.last, self.forms = {}, {}
+            self.used, self.last, self.forms = set(), {}, {}
