@@ -936,6 +936,7 @@ def full_path_calls_in_a_full_cache(comm) -> int:
     gather the oldest of them (as in a rank pool that ran other tests first): the loop's first run hits
     the gather's key, then keeps the allocating allgather, a form first seen after it; evicting by age
     alone, the gather went and its next repeat took the full path (core/prepared.py, PreparedCalls)."""
+    from floorfns import context
     from pyxccl.core.prepared import _KEPT
     sub = comm.dup()                        # (its kept calls: none yet)
     try:
@@ -950,7 +951,7 @@ def full_path_calls_in_a_full_cache(comm) -> int:
         sub.reduce_scatter(out, x)
         sub.alltoall(out, other)
         sub.gather(x, out if r == 0 else None, 0)
-        fill = np.array([_KEPT - len(sub._ctx.prepared)], np.int64)
+        fill = np.array([_KEPT - len(context(sub).prepared)], np.int64)
         sub.broadcast(fill, 0)              # (rank 0's count: every rank makes the same calls)
         for k in range(int(fill[0])):
             sub.allreduce(np.ones(k + 10, np.float32))
