@@ -243,7 +243,7 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
         s.steps[-1] = tuple(o for o in s.steps[-1] if not (type(o) is Copy and o.src == "win"))
     for prim, edit, window, msg in (
             ("allreduce", unreduced, Window(64, 100), "contributions"),
-            ("allgather", no_last_round, Window(64, 8, single_copy=1), "may return while rank"),
+            ("alltoall", no_last_round, Window(64, 8, single_copy=1), "may return while rank"),
             ("allgather", no_last_round, Window(64, 8, single_copy=1, piece=5), "may return while rank"),
             ("allreduce", early_read, Window(64, 2), "writes its window after publishing"),
             ("reduce_scatter", one_round_less, Window(8, 2), "different numbers of rounds"),
@@ -325,7 +325,8 @@ def test_broadcast_by_single_copies_from_a_smaller_size_where_every_rank_has_a_c
 
 def test_allgather_puts_its_blocks_into_every_output_at_any_size_where_every_rank_has_a_core():
     """Where every rank has a core of its own (Window.piece), an allgather's block goes into every output a
-    piece at a time (Puts of TEE_PIECE_BYTES) however large; elsewhere every rank reads every block."""
+    piece at a time (Puts of TEE_PIECE_BYTES) however large; elsewhere through the windows at every size (no
+    single copies: see segment._gathering)."""
     from pyxccl.algorithms.segment import TEE_PIECE_BYTES
 
     def steps(nbytes, own_cores):
@@ -334,7 +335,25 @@ def test_allgather_puts_its_blocks_into_every_output_at_any_size_where_every_ran
     for nbytes in (1 << 20, 64 << 20):
         puts = [o for o in steps(nbytes, True)[0] if type(o) is Put]
         assert len(puts) == 2 * (nbytes // TEE_PIECE_BYTES) and {o.count * 4 for o in puts} == {TEE_PIECE_BYTES}
-        assert not any(type(o) is Put for o in steps(nbytes, False)[0])
+        assert not any(type(o) in (Put, Post) for step in steps(nbytes, False) for o in step)
+
+
+def test_alltoall_and_scatter_read_single_copies_from_larger_blocks_where_ranks_share_cores():
+    """An alltoall's or a scatter's blocks move by single-copy reads of the senders' inputs (Post, then Gets)
+    from CMA_BYTES where every rank has a core of its own (Window.piece), else from SHARED_CMA_BYTES (see
+    segment._dealing); below, through the windows."""
+    from pyxccl.algorithms.segment import CMA_BYTES, SHARED_CMA_BYTES
+
+    def by_single_copies(prim, block_bytes, own_cores, n=4):
+        w, c = Window.of(2 << 20, 4, cma=True, pipelined=own_cores), block_bytes // 4
+        args = dict(send_counts=[c] * n, recv_counts=[c] * n) if prim == "alltoall" else dict(counts=[c] * n, root=0)
+        steps = registry.lookup(prim, "segment").schedule(0, n, window=w, **args).steps
+        return any(type(o) is Post for step in steps for o in step)
+    for prim in ("alltoall", "scatter"):
+        for own in (True, False):
+            start = CMA_BYTES if own else SHARED_CMA_BYTES
+            assert by_single_copies(prim, start, own) and by_single_copies(prim, 64 << 20, own)
+            assert not by_single_copies(prim, start - 4, own)
 
 
 @pytest.mark.timeout(300)
