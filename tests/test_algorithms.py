@@ -243,7 +243,7 @@ def test_checker_catches_a_broken_fast_path_step(monkeypatch):
         s.steps[-1] = tuple(o for o in s.steps[-1] if not (type(o) is Copy and o.src == "win"))
     for prim, edit, window, msg in (
             ("allreduce", unreduced, Window(64, 100), "contributions"),
-            ("alltoall", no_last_round, Window(64, 8, single_copy=1), "may return while rank"),
+            ("alltoall", no_last_round, Window(8, 8, single_copy=1), "may return while rank"),
             ("allgather", no_last_round, Window(64, 8, single_copy=1, piece=5), "may return while rank"),
             ("allreduce", early_read, Window(64, 2), "writes its window after publishing"),
             ("reduce_scatter", one_round_less, Window(8, 2), "different numbers of rounds"),
@@ -338,22 +338,23 @@ def test_allgather_puts_its_blocks_into_every_output_at_any_size_where_every_ran
         assert not any(type(o) in (Put, Post) for step in steps(nbytes, False) for o in step)
 
 
-def test_alltoall_and_scatter_read_single_copies_from_larger_blocks_where_ranks_share_cores():
+def test_alltoall_and_scatter_read_single_copies_where_the_windows_take_more_rounds_where_ranks_share_cores():
     """An alltoall's or a scatter's blocks move by single-copy reads of the senders' inputs (Post, then Gets)
-    from CMA_BYTES where every rank has a core of its own (Window.piece), else from SHARED_CMA_BYTES (see
-    segment._dealing); below, through the windows."""
-    from pyxccl.algorithms.segment import CMA_BYTES, SHARED_CMA_BYTES
+    from CMA_BYTES where every rank has a core of its own (Window.piece), else only where the windows would
+    take more than SHARED_ROUNDS rounds (see segment._dealing); below, through the windows."""
+    from pyxccl.algorithms.segment import CMA_BYTES, SHARED_ROUNDS
 
-    def by_single_copies(prim, block_bytes, own_cores, n=4):
+    def by_single_copies(prim, block_bytes, own_cores, n):
         w, c = Window.of(2 << 20, 4, cma=True, pipelined=own_cores), block_bytes // 4
         args = dict(send_counts=[c] * n, recv_counts=[c] * n) if prim == "alltoall" else dict(counts=[c] * n, root=0)
         steps = registry.lookup(prim, "segment").schedule(0, n, window=w, **args).steps
         return any(type(o) is Post for step in steps for o in step)
     for prim in ("alltoall", "scatter"):
-        for own in (True, False):
-            start = CMA_BYTES if own else SHARED_CMA_BYTES
-            assert by_single_copies(prim, start, own) and by_single_copies(prim, 64 << 20, own)
-            assert not by_single_copies(prim, start - 4, own)
+        for n in (3, 4, 8):
+            for own in (True, False):
+                start = CMA_BYTES if own else max(CMA_BYTES, SHARED_ROUNDS * ((2 << 20) // 4 // n) * 4 + 4)
+                assert by_single_copies(prim, start, own, n) and by_single_copies(prim, 64 << 20, own, n)
+                assert not by_single_copies(prim, start - 4, own, n)
 
 
 @pytest.mark.timeout(300)

@@ -34,8 +34,8 @@ from .registry import register
 
 ONESHOT_BYTES = 64 << 10   # up to this, every rank reduces everything: one round, least latency
 CMA_BYTES = 256 << 10      # blocks from this size move by single-copy reads, when the kernel allows them ...
-SHARED_CMA_BYTES = 2 << 20  # ... but where ranks share cores, an alltoall's and a scatter's from this size (see
-                            # _dealing), and an allgather's never (see _gathering)
+SHARED_ROUNDS = 2          # ... but where ranks share cores, an alltoall's and a scatter's only where the windows
+                           # would take more rounds than this (see _dealing), and an allgather's never (_gathering)
 BROADCAST_CMA_BYTES = 4 << 20   # a broadcast from this size: by single-copy reads (see broadcast) ...
 BROADCAST_CMA_OWN_BYTES = 512 << 10     # ... or from this size where every rank has a core of its own
 ROOT_REDUCES = 2           # a reduce on this many ranks or fewer, each with a core: the root reduces it all
@@ -67,6 +67,12 @@ class Window(NamedTuple):
         """Do blocks of ``block`` elements move by single copies? Where the kernel allows them, from
         ``from_bytes`` (``single_copy`` elements stand for CMA_BYTES: tests give tiny windows)."""
         return 0 < self.single_copy <= block * CMA_BYTES // from_bytes
+
+    def reads_once(self, block: int, per_round: int) -> bool:
+        """Do blocks of ``block`` elements move by single-copy reads, not through the windows ``per_round``
+        elements of a block a round? Where every rank has a core, from CMA_BYTES; elsewhere also only where
+        the windows would take more than SHARED_ROUNDS rounds."""
+        return self.copies_once(block) and (self.piece > 0 or block > SHARED_ROUNDS * per_round)
 
 
 def _new(rank: int, nranks: int, window: Window, per_rank_slots: int = 1) -> Schedule:
@@ -279,27 +285,29 @@ def _dealing(rank, n, send_counts, recv_counts, window, root):
     ``most``, on every rank, so a reader finds its block at ``rank * most`` (or ``rank * per`` in a
     window) knowing only its own counts, and every rank runs the same rounds.
 
-    Blocks move by single-copy reads of the senders' inputs from CMA_BYTES, but where ranks share cores from
-    SHARED_CMA_BYTES: there the windows' extra copy (every block in and out, or for a scatter every block by
-    the root) costs less than the reads and their last round up to blocks of 1 MiB. 4 ranks on 2 cores,
-    2026-11-29, medians of 60 calls, by reads against the windows: alltoall 1 MiB a rank 190-507 us against
-    203-231, 4 MiB 1.8 ms against 1.0, 8 MiB 3.0-3.8 against 3.1-4.0, 16 MiB 4.1 against 4.2, 64 MiB 17.4
-    against 22.4; scatter 1 MiB 245 us against 88, 2 MiB 345-361 against 160-164, 4 MiB 477-500 against
-    380-387, 8 MiB 635-836 against 1,218-1,279, 16 MiB 1.25 ms against 2.64."""
+    Blocks move by single-copy reads of the senders' inputs from CMA_BYTES, but where ranks share cores only
+    where the windows would take more than SHARED_ROUNDS rounds (a window holds a 1/n-th of a block a round):
+    up to that, the windows' extra copy (every block in and out, or for a scatter every block by the root)
+    costs less than the reads and their last round. 4 ranks on 2 cores (2 MiB windows: 512 KiB a block a
+    round), 2026-11-29, medians of 60 calls, by reads against the windows: alltoall 1 MiB a rank 190-507 us
+    against 203-231 (one round), 4 MiB 1.8 ms against 1.0 (two), 8 MiB 3.0-3.8 against 3.1-4.0 (four), 16 MiB
+    4.1 against 4.2, 64 MiB 17.4 against 22.4; scatter 1 MiB 245 us against 88, 2 MiB 345-361 against 160-164,
+    4 MiB 477-500 against 380-387 (two rounds), 8 MiB 635-836 against 1,218-1,279 (four), 16 MiB 1.25 ms
+    against 2.64. 8 ranks: scatter 8 MiB (four rounds) 1.44 ms against 1.84, alltoall 4 MiB a rank (two)
+    4.4 against 3.1."""
     s = _new(rank, n, window, n)
     most = _equal([c for c in send_counts + recv_counts if root is None or c])
     senders = range(n) if root is None else [root]
     soff, roff = offsets(send_counts), offsets(recv_counts)
     sends = root is None or rank == root
-    if window.copies_once(most, CMA_BYTES if window.piece else SHARED_CMA_BYTES):
-        # my own block too is read after publishing: others read meanwhile
+    per = window.elements // n
+    if window.reads_once(most, per):     # my own block too is read after publishing: others read meanwhile
         _round(s, *((Post("in", 0, soff[-1]),) if sends else ()),
                *(Get(p, rank * most, "out", roff[p], recv_counts[p])
                  for p in sorted(senders, key=lambda p: p != rank)))
         readers = [p for p in range(n) if p != rank] if sends else []
         _round(s, *(Sync(p) for p in readers))
         return s
-    per = window.elements // n
     for a in range(0, most, per):
         _round(s, *(Copy("in", soff[q] + a, "win", q * per, _clip(send_counts[q], a, per))
                     for q in range(n) if sends),
