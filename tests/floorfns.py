@@ -315,6 +315,10 @@ def window_ways(comm, calls: int = 40):
                          f"its way of the run before, as (run, per rank): {odd[:5]}; last run {ways[:, -1]}")
         last_led = ways[0, -1]
         if (lead, rest) == (2, 2):
+            seed = onehost._native.set_window_seed(0)
+            onehost._native.set_window_seed(seed)
+            if comm.rank == 0 and costs and seed != (costs[1] < costs[0]):
+                fails.append(f"rank 0: window costs {costs}, but new calls would warm up way {seed} first")
             if comm.rank == 0 and not (min(runs) >= 3 and sum(runs) <= calls):
                 fails.append(f"rank 0 by default: {runs} timed runs plainly and streamed of {calls} calls")
             if comm.rank == 0 and not (costs and costs[0] > 0 and costs[1] > 0 and -1 <= costs[2] <= 512):
@@ -324,6 +328,35 @@ def window_ways(comm, calls: int = 40):
         elif runs != before:
             fails.append(f"settings {lead, rest}: counted {runs}, {before} before")
         before = runs
+    return fails
+
+
+def new_calls_warm_up_the_cheaper_way_first(comm):
+    """A new call copying into its windows warms up first (three runs) the way the last call that knew both
+    found the cheaper (_native.c, win_seed), on every rank (they take rank 0's): set to each way here."""
+    from pyxccl.core import onehost
+    ctx, fails = context(comm), []
+    for seed in (1, 0):
+        was = onehost._native.set_window_seed(seed)
+        try:
+            comm.barrier()
+            count = (1 << 20) // 4 + 16 * seed + 16       # (a call of a shape not seen yet)
+            x, out = np.full(count, comm.rank + 1, np.float32), np.zeros(count, np.float32)
+            ways = []
+            for _ in range(7):      # the full path, then the call's runs: three each way
+                comm.allreduce(x, out=out, algorithm=SEG)
+                fast = ctx.prepared.last.get(("allreduce", id(out)))
+                ways.append(-1 if fast is None else fast.fast.window_way())
+            every = comm.allgather(np.array(ways[1:], np.int64)).reshape(comm.size, -1)
+            lead, before = every[0], np.concatenate(([every[0, 0]], every[0, :-1]))
+            # (the others take rank 0's way, or its way of the run before where they enter first: window_ways)
+            if list(lead) != [seed] * 3 + [1 - seed] * 3 or not all(
+                    np.all((w == lead) | (w == before)) for w in every[1:]):
+                fails.append(f"new calls set to warm up way {seed} first: their runs went {every.tolist()} (per rank)")
+            if not np.all(out == sum(range(1, comm.size + 1))):
+                fails.append(f"new calls set to warm up way {seed} first: a wrong sum")
+        finally:
+            onehost._native.set_window_seed(was)
     return fails
 
 

@@ -98,6 +98,8 @@ def test_a_call_copies_into_its_windows_the_way_that_costs_less(pools):
     for cheap, costs in ((0, ([1.0] * 300, [2.0] * 300)), (1, ([2.0] * 300, [1.0] * 300))):
         got = picks(*costs)
         assert got[:6] == first
+        # warming up the other way first (a new call, where the last one found it the cheaper: win_seed)
+        assert picks(*costs, True) == [1] * 3 + [0] * 3 + got[6:]
         # twice as dear: tried every 16 * 2 * 2 runs (counted from the run after the trial's second)
         assert trials(got, cheap) == [70, 136, 202, 268], got
     assert trials(picks([1.0] * 300, [1.1] * 300), 0)[:3] == [25, 46, 67]     # 16 * 1.1 * 1.1: every 19
@@ -121,4 +123,5 @@ def test_a_call_copies_into_its_windows_the_way_that_costs_less(pools):
         finally:
             onehost._native.set_nt_windows(was)
     _ok(pools(2).run(ff.window_ways, transport="shm"))
+    _ok(pools(2).run(ff.new_calls_warm_up_the_cheaper_way_first, transport="shm"))
     _ok(pools(2).run(ff.late_rank_counts_for_neither_way, transport="shm"))

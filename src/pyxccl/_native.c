@@ -81,7 +81,8 @@ enum { B_IN, B_OUT, B_TMP, B_WIN };
  * byte plain and 0.035 streamed, so it streamed, and the root's reads of them made the call 100-104 us
  * against 58-60 with both plain. (Each rank timing its whole calls alone picked wrong in about half the
  * jobs: a call's time mixes in the peer's own choice.) nt_windows: 0 never, 1 always, 2 so (the default;
- * PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies plainly unless always. */
+ * PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies the way the last Call found the
+ * cheaper (win_seed) unless one is forced. */
 static int nt_windows = 2;
 /* The other way is tried again (for two runs, win_since) every WIN_EXPLORE runs where the two cost about the
  * same, and more rarely the dearer it was, so that trying costs at most a few percent: after WIN_EXPLORE * r * r
@@ -92,11 +93,18 @@ static int nt_windows = 2;
 #define WIN_EXPLORE 16
 #define WIN_EXPLORE_MAX 512
 #define WIN_KEPT 5          /* a way's cost: the median of its last WIN_KEPT runs' (a preempted run moves no median) */
-/* per way: recent costs, runs; next: the first of the two runs that try the other way (0: not yet set) */
-typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; } WinPick;
+/* per way: recent costs, runs; next: the first of the two runs that try the other way (0: not yet set);
+ * first: the way warmed up first */
+typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; int first; } WinPick;
+/* The way the last Call that knew both ways found the cheaper: the machine's state is the process's (and the
+ * host's), so a new Call warms that way up first (three runs) and the full path (run()) takes it. In the slow
+ * state a new 64 MiB allreduce's plain runs took 32 ms against 9 streamed (2 ranks), and its first four runs
+ * (the full path's and the three warming plain up) were plain ones: a bench's 1 warm-up and 5 timed runs
+ * timed 32 ms. */
+static int win_seed = 0;
 static double win_time(const WinPick *w, int way) {
     unsigned k = w->n[way] - 1 < WIN_KEPT ? w->n[way] - 1 : WIN_KEPT;     /* (the first run is not kept) */
-    double v[WIN_KEPT];
+    double v[WIN_KEPT] = {0};  /* (callers wait for kept runs: win_known) */
     for (unsigned i = 0; i < k; i++) {          /* insertion sort of at most WIN_KEPT */
         double x = w->t[way][i];
         unsigned j = i;
@@ -112,8 +120,8 @@ static unsigned win_since(const WinPick *w) { return w->runs - w->next; }
 static int win_explores(const WinPick *w) { return win_known(w) && win_since(w) < 2; }
 static int win_pick(const WinPick *w) {
     if (nt_windows != 2) return nt_windows;
-    if (w->n[0] < 3) return 0;
-    if (w->n[1] < 3) return 1;
+    if (w->n[w->first] < 3) return w->first;
+    if (w->n[!w->first] < 3) return !w->first;
     int best = win_time(w, 1) < win_time(w, 0);
     return win_explores(w) ? !best : best;
 }
@@ -796,7 +804,8 @@ static void fixed(Run *r, unsigned long long base, long long line, long long hdr
     r->call[1] = w0; r->call[2] = w1;
     r->spin_ns = spin; r->yields = yields; r->nap_ns = nap > 0 ? nap : 1; r->dtype = dtype; r->op = op;
     for (int b = 0; b < 3; b++) r->nt[b] = nt_for(need[b], n) && !(writes[b] & 2);
-    r->nt[B_WIN] = nt_windows == 1;      /* (a Call picks its way on each run: go()) */
+    r->nt[B_WIN] = nt_windows == 2 ? __atomic_load_n(&win_seed, __ATOMIC_RELAXED) : nt_windows;   /* (a Call picks
+                                                                                    its way on each run: go()) */
 }
 
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -1314,6 +1323,8 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
                 if (led >= 0) c->lead_way = led;
                 else if (own) win_ran(&c->pick, way, timed && r->win_bytes ? (double)r->win_ns / (double)r->win_bytes : -1.0);
             }
+            if ((c->leads || own) && win_known(&c->pick))
+                __atomic_store_n(&win_seed, win_time(&c->pick, 1) < win_time(&c->pick, 0), __ATOMIC_RELAXED);
         }
         for (int b = 0; b < 3; b++)
             if (held[b]) { PyBuffer_Release(&views[b]); held[b] = 0; }
@@ -1543,6 +1554,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->window_sized = c->win_copies || reads_peers(c->code, c->len, me);
     c->leads = me == 0 && n > 1 && c->window_sized;
     c->lead_way = -1;
+    c->pick.first = __atomic_load_n(&win_seed, __ATOMIC_RELAXED);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1; c->thread = thread;
     PyObject *ops = NULL;
     if (!PyObject_TypeCheck(ctx, &BooksType) || !PyObject_TypeCheck(tally, &CountType)) {
@@ -1959,13 +1971,23 @@ static PyObject *set_nt_windows(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(was);
 }
 
-/* window_picks(plain_costs, nt_costs) -> the ways (0 plain, 1 non-temporal) a Call's policy picks for runs
- * whose copies into the window would cost plain_costs[k] or nt_costs[k] (per byte) in run k: win_pick,
- * win_timing and win_ran alone, for tests. */
+/* set_window_seed(way) -> the one before (win_seed; for tests) */
+static PyObject *set_window_seed(PyObject *self, PyObject *arg) {
+    (void)self;
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (v < 0 || v > 1) { PyErr_SetString(PyExc_ValueError, "set_window_seed: 0 (plain) or 1 (non-temporal)"); return NULL; }
+    return PyLong_FromLong(__atomic_exchange_n(&win_seed, (int)v, __ATOMIC_RELAXED));
+}
+
+/* window_picks(plain_costs, nt_costs, first=0) -> the ways (0 plain, 1 non-temporal) a Call's policy picks for
+ * runs whose copies into the window would cost plain_costs[k] or nt_costs[k] (per byte) in run k, warming up
+ * way `first` first: win_pick, win_timing and win_ran alone, for tests. */
 static PyObject *window_picks(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *a, *b;
-    if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
+    int first = 0;
+    if (!PyArg_ParseTuple(args, "OO|p", &a, &b, &first)) return NULL;
     PyObject *costs[2] = {PySequence_Fast(a, "window_picks: plain_costs must be a sequence"), NULL};
     if (costs[0]) costs[1] = PySequence_Fast(b, "window_picks: nt_costs must be a sequence");
     PyObject *out = NULL;
@@ -1975,6 +1997,7 @@ static PyObject *window_picks(PyObject *self, PyObject *args) {
         out = PyList_New(0);
     WinPick w;
     memset(&w, 0, sizeof w);
+    w.first = first;
     for (Py_ssize_t k = 0; out && k < PySequence_Fast_GET_SIZE(costs[0]); k++) {
         int way = win_pick(&w), timed = win_timing(&w);
         double cost = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(costs[way], k));
@@ -1990,8 +2013,11 @@ static PyObject *window_picks(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"set_nt_windows", set_nt_windows, METH_O, "set_nt_windows(way) -> the one before: calls copy into their "
      "windows with plain stores (0), non-temporal ones (1), or (2, the default) prepared calls whichever cost less"},
-    {"window_picks", window_picks, METH_VARARGS, "window_picks(plain_costs, nt_costs) -> [way, ...]: what "
-     "set_nt_windows(2) picks for runs whose copies into the window would cost those (its policy alone, for tests)"},
+    {"window_picks", window_picks, METH_VARARGS, "window_picks(plain_costs, nt_costs, first=0) -> [way, ...]: what "
+     "set_nt_windows(2) picks for runs whose copies into the window would cost those, warming up way first first "
+     "(its policy alone, for tests)"},
+    {"set_window_seed", set_window_seed, METH_O, "set_window_seed(way) -> the one before: the way new calls warm up "
+     "first and the full path takes (set_nt_windows(2); each call that knows both ways sets it to its cheaper)"},
     {"nt_threshold", nt_threshold, METH_O, "nt_threshold(nbytes) -> the one before: calls made from now on copy with "
      "non-temporal stores into a buffer that on every rank of the segment together is larger than nbytes (0: never)"},
     {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},
