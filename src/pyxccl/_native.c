@@ -804,8 +804,8 @@ static void fixed(Run *r, unsigned long long base, long long line, long long hdr
     r->call[1] = w0; r->call[2] = w1;
     r->spin_ns = spin; r->yields = yields; r->nap_ns = nap > 0 ? nap : 1; r->dtype = dtype; r->op = op;
     for (int b = 0; b < 3; b++) r->nt[b] = nt_for(need[b], n) && !(writes[b] & 2);
-    r->nt[B_WIN] = nt_windows == 2 ? __atomic_load_n(&win_seed, __ATOMIC_RELAXED) : nt_windows;   /* (a Call picks
-                                                                                    its way on each run: go()) */
+    /* (a Call picks its way on each run: go()) */
+    r->nt[B_WIN] = nt_windows == 2 ? __atomic_load_n(&win_seed, __ATOMIC_RELAXED) : nt_windows;
 }
 
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
