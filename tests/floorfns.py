@@ -315,10 +315,11 @@ def window_ways(comm, calls: int = 40):
                          f"its way of the run before, as (run, per rank): {odd[:5]}; last run {ways[:, -1]}")
         last_led = ways[0, -1]
         if (lead, rest) == (2, 2):
-            seed = onehost._native.set_window_seed(0)
-            onehost._native.set_window_seed(seed)
+            seeds = onehost._native.set_window_seeds((0,) * 4)
+            onehost._native.set_window_seeds(seeds)
+            seed = seeds[fast.window_class()]
             if comm.rank == 0 and costs and seed != (costs[1] < costs[0]):
-                fails.append(f"rank 0: window costs {costs}, but new calls would warm up way {seed} first")
+                fails.append(f"rank 0: window costs {costs}, but new calls of its class would warm up way {seed} first")
             if comm.rank == 0 and not (min(runs) >= 3 and sum(runs) <= calls):
                 fails.append(f"rank 0 by default: {runs} timed runs plainly and streamed of {calls} calls")
             if comm.rank == 0 and not (costs and costs[0] > 0 and costs[1] > 0 and -1 <= costs[2] <= 512):
@@ -332,12 +333,14 @@ def window_ways(comm, calls: int = 40):
 
 
 def new_calls_warm_up_the_cheaper_way_first(comm):
-    """A new call copying into its windows warms up first (three runs) the way the last call that knew both
-    found the cheaper (_native.c, win_seed), on every rank (they take rank 0's): set to each way here."""
+    """A new call copying into its windows warms up first (three runs) the way the last call of its class of
+    window traffic that knew both found the cheaper (_native.c, win_seed), on every rank (they take rank 0's):
+    set to each way here, the other classes to the other way (a 1 MiB allreduce on 2 ranks moves 1 MiB a run
+    through the windows: class 2, from 1 to 16 MiB)."""
     from pyxccl.core import onehost
     ctx, fails = context(comm), []
     for seed in (1, 0):
-        was = onehost._native.set_window_seed(seed)
+        was = onehost._native.set_window_seeds((1 - seed, 1 - seed, seed, 1 - seed))
         try:
             comm.barrier()
             count = (1 << 20) // 4 + 16 * seed + 16       # (a call of a shape not seen yet)
@@ -347,6 +350,8 @@ def new_calls_warm_up_the_cheaper_way_first(comm):
                 comm.allreduce(x, out=out, algorithm=SEG)
                 fast = ctx.prepared.last.get(("allreduce", id(out)))
                 ways.append(-1 if fast is None else fast.fast.window_way())
+            if fast.fast.window_class() != 2:
+                fails.append(f"a 1 MiB allreduce's window traffic of class {fast.fast.window_class()}, not 2")
             every = comm.allgather(np.array(ways[1:], np.int64)).reshape(comm.size, -1)
             lead, before = every[0], np.concatenate(([every[0, 0]], every[0, :-1]))
             # (the others take rank 0's way, or its way of the run before where they enter first: window_ways)
@@ -356,7 +361,7 @@ def new_calls_warm_up_the_cheaper_way_first(comm):
             if not np.all(out == sum(range(1, comm.size + 1))):
                 fails.append(f"new calls set to warm up way {seed} first: a wrong sum")
         finally:
-            onehost._native.set_window_seed(was)
+            onehost._native.set_window_seeds(was)
     return fails
 
 

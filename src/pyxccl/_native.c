@@ -96,12 +96,15 @@ static int nt_windows = 2;
 /* per way: recent costs, runs; next: the first of the two runs that try the other way (0: not yet set);
  * first: the way warmed up first */
 typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; int first; } WinPick;
-/* The way the last Call that knew both ways found the cheaper: the machine's state is the process's (and the
- * host's), so a new Call warms that way up first (three runs) and the full path (run()) takes it. In the slow
- * state a new 64 MiB allreduce's plain runs took 32 ms against 9 streamed (2 ranks), and its first four runs
- * (the full path's and the three warming plain up) were plain ones: a bench's 1 warm-up and 5 timed runs
- * timed 32 ms. */
-static int win_seed = 0;
+/* Per class of a call's window traffic (seed_class), the way the last Call of the class that knew both ways
+ * found the cheaper: the machine's state is the process's (and the host's), so a new Call warms that way up
+ * first (three runs) and the full path (run()) takes it. In the slow state a new 64 MiB allreduce's plain runs
+ * took 32 ms against 9 streamed (2 ranks), and its first four runs (the full path's and the three warming plain
+ * up) were plain ones: a bench's 1 warm-up and 5 timed runs timed 32 ms. By class, since in one state calls
+ * of other sizes may find the other way cheaper: one seed for all, a 64 MiB reduce after 1 MiB calls that
+ * found plain the cheaper timed 28.7 ms against 9.4. */
+#define SEED_CLASSES 4
+static int win_seed[SEED_CLASSES];
 static double win_time(const WinPick *w, int way) {
     unsigned k = w->n[way] - 1 < WIN_KEPT ? w->n[way] - 1 : WIN_KEPT;     /* (the first run is not kept) */
     double v[WIN_KEPT] = {0};  /* (callers wait for kept runs: win_known) */
@@ -165,6 +168,17 @@ static int copies_into_window(const int64_t *code, Py_ssize_t len) {
         if ((i[0] == I_COPY || i[0] == I_GET) && timed_into_window(i)) return 1;
     }
     return 0;
+}
+/* A program's window traffic a run: the bytes it copies into its window (not reducing) or reads from the others'
+ * in pieces that streaming stores would take; its class for win_seed: < 64 KiB, < 1 MiB, < 16 MiB, more. */
+static int seed_class(const int64_t *code, Py_ssize_t len, int64_t me) {
+    int64_t bytes = 0;
+    for (Py_ssize_t pc = 0; pc < len; pc++) {
+        const int64_t *i = code + WIDTH * pc;
+        if (((i[0] == I_COPY || i[0] == I_GET) && timed_into_window(i)) || (i[0] == I_GET && i[1] != me && i[5] >= NT_MIN_PIECE))
+            bytes += i[5];
+    }
+    return bytes < (64 << 10) ? 0 : bytes < (1 << 20) ? 1 : bytes < (16 << 20) ? 2 : 3;
 }
 /* run()'s outcomes; BUFFER: a buffer the program uses is missing, read-only where it writes, or too
  * small (peer: the buffer id, err: the bytes it needs), found before anything runs */
@@ -804,8 +818,7 @@ static void fixed(Run *r, unsigned long long base, long long line, long long hdr
     r->call[1] = w0; r->call[2] = w1;
     r->spin_ns = spin; r->yields = yields; r->nap_ns = nap > 0 ? nap : 1; r->dtype = dtype; r->op = op;
     for (int b = 0; b < 3; b++) r->nt[b] = nt_for(need[b], n) && !(writes[b] & 2);
-    /* (a Call picks its way on each run: go()) */
-    r->nt[B_WIN] = nt_windows == 2 ? __atomic_load_n(&win_seed, __ATOMIC_RELAXED) : nt_windows;
+    r->nt[B_WIN] = nt_windows == 1;      /* (run() takes its class's win_seed; a Call picks on each run: go()) */
 }
 
 static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
@@ -882,6 +895,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
     }
     fixed(r, base, line, hdr_at, head, area, pids_at, me, n, s1, s2, spin, yields, nap, dtype, op, need, writes);
+    if (nt_windows == 2) r->nt[B_WIN] = __atomic_load_n(&win_seed[seed_class(code, len, me)], __ATOMIC_RELAXED);
     r->parity = r->round & 1;
     r->call[0] = s0;
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
@@ -1181,6 +1195,7 @@ typedef struct {
     int lead_way;               /* (the others) the way rank 0 took on the last run it was seen on (-1: none) */
     int last_way;               /* the way of its last run */
     WinPick pick;               /* (nt_windows) how its runs went with plain and with non-temporal stores */
+    int seed_class;             /* its class of window traffic (seed_class): which win_seed it takes and sets */
 } CallObject;
 
 static double clock_s(clockid_t id) {       /* as time.time() and time.monotonic() give it */
@@ -1324,7 +1339,7 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
                 else if (own) win_ran(&c->pick, way, timed && r->win_bytes ? (double)r->win_ns / (double)r->win_bytes : -1.0);
             }
             if ((c->leads || own) && win_known(&c->pick))
-                __atomic_store_n(&win_seed, win_time(&c->pick, 1) < win_time(&c->pick, 0), __ATOMIC_RELAXED);
+                __atomic_store_n(&win_seed[c->seed_class], win_time(&c->pick, 1) < win_time(&c->pick, 0), __ATOMIC_RELAXED);
         }
         for (int b = 0; b < 3; b++)
             if (held[b]) { PyBuffer_Release(&views[b]); held[b] = 0; }
@@ -1494,6 +1509,11 @@ static PyObject *call_window_way(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(((CallObject *)self)->last_way);
 }
 
+static PyObject *call_window_class(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLong(((CallObject *)self)->seed_class);
+}
+
 static PyMethodDef call_methods[] = {
     {"again", (PyCFunction)(void (*)(void))call_again, METH_FASTCALL,
      "again(in, out, root, op, algorithm, timeout): the call on a repeat's arrays and objects, or None"},
@@ -1506,6 +1526,8 @@ static PyMethodDef call_methods[] = {
      "cost lately (the median of its last timed runs: ns a run where it leads, on rank 0, else ns a byte of its "
      "copies into its window), and in how many runs it tries the way it does not take (< 0: trying it); None "
      "before it has three runs each way (set_nt_windows(2))"},
+    {"window_class", call_window_class, METH_NOARGS, "window_class() -> its class of window traffic a run (0: < 64 "
+     "KiB, 1: < 1 MiB, 2: < 16 MiB, 3: more), whose seed way its first runs take (set_window_seeds)"},
     {"window_way", call_window_way, METH_NOARGS, "window_way() -> 1 where its last run wrote its window by "
      "non-temporal stores, 0 where not or where it copies into none"},
     {NULL, NULL, 0, NULL},
@@ -1554,7 +1576,8 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->window_sized = c->win_copies || reads_peers(c->code, c->len, me);
     c->leads = me == 0 && n > 1 && c->window_sized;
     c->lead_way = -1;
-    c->pick.first = __atomic_load_n(&win_seed, __ATOMIC_RELAXED);
+    c->seed_class = seed_class(c->code, c->len, me);
+    c->pick.first = __atomic_load_n(&win_seed[c->seed_class], __ATOMIC_RELAXED);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1; c->thread = thread;
     PyObject *ops = NULL;
     if (!PyObject_TypeCheck(ctx, &BooksType) || !PyObject_TypeCheck(tally, &CountType)) {
@@ -1971,13 +1994,15 @@ static PyObject *set_nt_windows(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(was);
 }
 
-/* set_window_seed(way) -> the one before (win_seed; for tests) */
-static PyObject *set_window_seed(PyObject *self, PyObject *arg) {
+/* set_window_seeds(ways) -> the ones before (win_seed, a way per class; for tests) */
+static PyObject *set_window_seeds(PyObject *self, PyObject *arg) {
     (void)self;
-    long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred()) return NULL;
-    if (v < 0 || v > 1) { PyErr_SetString(PyExc_ValueError, "set_window_seed: 0 (plain) or 1 (non-temporal)"); return NULL; }
-    return PyLong_FromLong(__atomic_exchange_n(&win_seed, (int)v, __ATOMIC_RELAXED));
+    int v[SEED_CLASSES];
+    if (!PyArg_ParseTuple(arg, "pppp", &v[0], &v[1], &v[2], &v[3])) return NULL;
+    PyObject *was = PyTuple_New(SEED_CLASSES);
+    for (int k = 0; was && k < SEED_CLASSES; k++)
+        PyTuple_SET_ITEM(was, k, PyLong_FromLong(__atomic_exchange_n(&win_seed[k], v[k], __ATOMIC_RELAXED)));
+    return was;
 }
 
 /* window_picks(plain_costs, nt_costs, first=0) -> the ways (0 plain, 1 non-temporal) a Call's policy picks for
@@ -2016,8 +2041,9 @@ static PyMethodDef methods[] = {
     {"window_picks", window_picks, METH_VARARGS, "window_picks(plain_costs, nt_costs, first=0) -> [way, ...]: what "
      "set_nt_windows(2) picks for runs whose copies into the window would cost those, warming up way first first "
      "(its policy alone, for tests)"},
-    {"set_window_seed", set_window_seed, METH_O, "set_window_seed(way) -> the one before: the way new calls warm up "
-     "first and the full path takes (set_nt_windows(2); each call that knows both ways sets it to its cheaper)"},
+    {"set_window_seeds", set_window_seeds, METH_O, "set_window_seeds((way, way, way, way)) -> the ones before: per "
+     "class of window traffic a run (< 64 KiB, < 1 MiB, < 16 MiB, more), the way new calls warm up first and the full "
+     "path takes (set_nt_windows(2); each call that knows both ways sets its class's to its cheaper)"},
     {"nt_threshold", nt_threshold, METH_O, "nt_threshold(nbytes) -> the one before: calls made from now on copy with "
      "non-temporal stores into a buffer that on every rank of the segment together is larger than nbytes (0: never)"},
     {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},
