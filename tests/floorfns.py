@@ -336,14 +336,15 @@ def new_calls_warm_up_the_cheaper_way_first(comm):
     """A new call copying into its windows warms up first (three runs) the way the last call of its class of
     window traffic that knew both found the cheaper (_native.c, win_seed), on every rank (they take rank 0's):
     set to each way here, the other classes to the other way (a 1 MiB allreduce on 2 ranks moves 1 MiB a run
-    through the windows: class 2, from 1 to 16 MiB)."""
+    through the windows: class 2, from 1 to 16 MiB); where its class has none yet, the nearest class's (the
+    larger first)."""
     from pyxccl.core import onehost
     ctx, fails = context(comm), []
-    for seed in (1, 0):
-        was = onehost._native.set_window_seeds((1 - seed, 1 - seed, seed, 1 - seed))
+    for k, (seeds, seed) in enumerate((((0, 0, 1, 0), 1), ((1, 1, 0, 1), 0), ((0, -1, -1, 1), 1), ((1, 0, -1, -1), 0))):
+        was = onehost._native.set_window_seeds(seeds)
         try:
             comm.barrier()
-            count = (1 << 20) // 4 + 16 * seed + 16       # (a call of a shape not seen yet)
+            count = (1 << 20) // 4 + 16 * k + 16       # (a call of a shape not seen yet)
             x, out = np.full(count, comm.rank + 1, np.float32), np.zeros(count, np.float32)
             ways = []
             for _ in range(7):      # the full path, then the call's runs: three each way
@@ -357,7 +358,7 @@ def new_calls_warm_up_the_cheaper_way_first(comm):
             # (the others take rank 0's way, or its way of the run before where they enter first: window_ways)
             if list(lead) != [seed] * 3 + [1 - seed] * 3 or not all(
                     np.all((w == lead) | (w == before)) for w in every[1:]):
-                fails.append(f"new calls set to warm up way {seed} first: their runs went {every.tolist()} (per rank)")
+                fails.append(f"new calls with seeds {seeds}: their runs went {every.tolist()} (per rank)")
             if not np.all(out == sum(range(1, comm.size + 1))):
                 fails.append(f"new calls set to warm up way {seed} first: a wrong sum")
         finally:

@@ -96,15 +96,24 @@ static int nt_windows = 2;
 /* per way: recent costs, runs; next: the first of the two runs that try the other way (0: not yet set);
  * first: the way warmed up first */
 typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; int first; } WinPick;
-/* Per class of a call's window traffic (seed_class), the way the last Call of the class that knew both ways
- * found the cheaper: the machine's state is the process's (and the host's), so a new Call warms that way up
- * first (three runs) and the full path (run()) takes it. In the slow state a new 64 MiB allreduce's plain runs
+/* Per class of a call's window traffic (seed_class), the way the last Call of the class that had run both ways
+ * found the cheaper (-1: none yet; then the nearest class's): the machine's state is the process's (and the
+ * host's), so a new Call warms that way up first (three runs) and the full path (run()) takes it. In the slow state a new 64 MiB allreduce's plain runs
  * took 32 ms against 9 streamed (2 ranks), and its first four runs (the full path's and the three warming plain
  * up) were plain ones: a bench's 1 warm-up and 5 timed runs timed 32 ms. By class, since in one state calls
  * of other sizes may find the other way cheaper: one seed for all, a 64 MiB reduce after 1 MiB calls that
- * found plain the cheaper timed 28.7 ms against 9.4. */
+ * found plain the cheaper timed 28.7 ms against 9.4. Set once a Call has a kept run each way, not only once it
+ * knows both (three each): a bench's 64 MiB cases run 6 times each, which left the large class unset. */
 #define SEED_CLASSES 4
-static int win_seed[SEED_CLASSES];
+static int win_seed[SEED_CLASSES] = {-1, -1, -1, -1};
+static int seed_for(int cls) {      /* its class's, else the nearest class's that has one (the larger first), else plain */
+    for (int d = 0; d < SEED_CLASSES; d++)
+        for (int e = 0, k = cls + d; e < 2; e++, k = cls - d) {
+            int v = k >= 0 && k < SEED_CLASSES ? __atomic_load_n(&win_seed[k], __ATOMIC_RELAXED) : -1;
+            if (v >= 0) return v;
+        }
+    return 0;
+}
 static double win_time(const WinPick *w, int way) {
     unsigned k = w->n[way] - 1 < WIN_KEPT ? w->n[way] - 1 : WIN_KEPT;     /* (the first run is not kept) */
     double v[WIN_KEPT] = {0};  /* (callers wait for kept runs: win_known) */
@@ -895,7 +904,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
     }
     fixed(r, base, line, hdr_at, head, area, pids_at, me, n, s1, s2, spin, yields, nap, dtype, op, need, writes);
-    if (nt_windows == 2) r->nt[B_WIN] = __atomic_load_n(&win_seed[seed_class(code, len, me)], __ATOMIC_RELAXED);
+    if (nt_windows == 2) r->nt[B_WIN] = seed_for(seed_class(code, len, me));
     r->parity = r->round & 1;
     r->call[0] = s0;
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
@@ -1338,7 +1347,7 @@ static PyObject *go(CallObject *c, PyObject *const *args, int exact) {
                 if (led >= 0) c->lead_way = led;
                 else if (own) win_ran(&c->pick, way, timed && r->win_bytes ? (double)r->win_ns / (double)r->win_bytes : -1.0);
             }
-            if ((c->leads || own) && win_known(&c->pick))
+            if ((c->leads || own) && c->pick.n[0] >= 2 && c->pick.n[1] >= 2)     /* (a kept run each way) */
                 __atomic_store_n(&win_seed[c->seed_class], win_time(&c->pick, 1) < win_time(&c->pick, 0), __ATOMIC_RELAXED);
         }
         for (int b = 0; b < 3; b++)
@@ -1577,7 +1586,7 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     c->leads = me == 0 && n > 1 && c->window_sized;
     c->lead_way = -1;
     c->seed_class = seed_class(c->code, c->len, me);
-    c->pick.first = __atomic_load_n(&win_seed[c->seed_class], __ATOMIC_RELAXED);
+    c->pick.first = seed_for(c->seed_class);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1; c->thread = thread;
     PyObject *ops = NULL;
     if (!PyObject_TypeCheck(ctx, &BooksType) || !PyObject_TypeCheck(tally, &CountType)) {
@@ -1994,11 +2003,13 @@ static PyObject *set_nt_windows(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(was);
 }
 
-/* set_window_seeds(ways) -> the ones before (win_seed, a way per class; for tests) */
+/* set_window_seeds(ways) -> the ones before (win_seed, a way or -1 per class; for tests) */
 static PyObject *set_window_seeds(PyObject *self, PyObject *arg) {
     (void)self;
     int v[SEED_CLASSES];
-    if (!PyArg_ParseTuple(arg, "pppp", &v[0], &v[1], &v[2], &v[3])) return NULL;
+    if (!PyArg_ParseTuple(arg, "iiii", &v[0], &v[1], &v[2], &v[3])) return NULL;
+    for (int k = 0; k < SEED_CLASSES; k++)
+        if (v[k] < -1 || v[k] > 1) { PyErr_SetString(PyExc_ValueError, "set_window_seeds: 0, 1 or -1 (none) a class"); return NULL; }
     PyObject *was = PyTuple_New(SEED_CLASSES);
     for (int k = 0; was && k < SEED_CLASSES; k++)
         PyTuple_SET_ITEM(was, k, PyLong_FromLong(__atomic_exchange_n(&win_seed[k], v[k], __ATOMIC_RELAXED)));
@@ -2043,7 +2054,8 @@ static PyMethodDef methods[] = {
      "(its policy alone, for tests)"},
     {"set_window_seeds", set_window_seeds, METH_O, "set_window_seeds((way, way, way, way)) -> the ones before: per "
      "class of window traffic a run (< 64 KiB, < 1 MiB, < 16 MiB, more), the way new calls warm up first and the full "
-     "path takes (set_nt_windows(2); each call that knows both ways sets its class's to its cheaper)"},
+     "path takes (-1: none, then the nearest class's; set_nt_windows(2); each call that has run both ways sets its "
+     "class's to its cheaper)"},
     {"nt_threshold", nt_threshold, METH_O, "nt_threshold(nbytes) -> the one before: calls made from now on copy with "
      "non-temporal stores into a buffer that on every rank of the segment together is larger than nbytes (0: never)"},
     {"tables", tables, METH_NOARGS, "tables() -> dict: the codes and layout this executor assumes (see core/onehost.py)"},
