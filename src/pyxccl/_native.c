@@ -81,8 +81,8 @@ enum { B_IN, B_OUT, B_TMP, B_WIN };
  * byte plain and 0.035 streamed, so it streamed, and the root's reads of them made the call 100-104 us
  * against 58-60 with both plain. (Each rank timing its whole calls alone picked wrong in about half the
  * jobs: a call's time mixes in the peer's own choice.) nt_windows: 0 never, 1 always, 2 so (the default;
- * PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies the way the last Call found the
- * cheaper (win_seed) unless one is forced. */
+ * PYXCCL_NT_WINDOWS, through set_nt_windows()); run() (the full path) copies the way the last Call of its class
+ * found the cheaper (win_seed) unless one is forced. */
 static int nt_windows = 2;
 /* The other way is tried again (for two runs, win_since) every WIN_EXPLORE runs where the two cost about the
  * same, and more rarely the dearer it was, so that trying costs at most a few percent: after WIN_EXPLORE * r * r
@@ -98,12 +98,13 @@ static int nt_windows = 2;
 typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; int first; } WinPick;
 /* Per class of a call's window traffic (seed_class), the way the last Call of the class that had run both ways
  * found the cheaper (-1: none yet; then the nearest class's): the machine's state is the process's (and the
- * host's), so a new Call warms that way up first (three runs) and the full path (run()) takes it. In the slow state a new 64 MiB allreduce's plain runs
- * took 32 ms against 9 streamed (2 ranks), and its first four runs (the full path's and the three warming plain
- * up) were plain ones: a bench's 1 warm-up and 5 timed runs timed 32 ms. By class, since in one state calls
- * of other sizes may find the other way cheaper: one seed for all, a 64 MiB reduce after 1 MiB calls that
- * found plain the cheaper timed 28.7 ms against 9.4. Set once a Call has a kept run each way, not only once it
- * knows both (three each): a bench's 64 MiB cases run 6 times each, which left the large class unset. */
+ * host's), so a new Call warms that way up first (three runs) and the full path (run()) takes it. In the slow
+ * state a new 64 MiB allreduce's plain runs took 32 ms against 9 streamed (2 ranks), and its first four runs
+ * (the full path's and the three warming plain up) were plain ones: a bench's 1 warm-up and 5 timed runs timed
+ * 32 ms. By class, since in one state calls of other sizes may find the other way cheaper: one seed for all,
+ * a 64 MiB reduce after 1 MiB calls that found plain the cheaper timed 28.7 ms against 9.4. Set once a Call
+ * has a kept run each way, not only once it knows both (three each): a bench's 64 MiB cases run 6 times each,
+ * which left the large class unset. */
 #define SEED_CLASSES 4
 static int win_seed[SEED_CLASSES] = {-1, -1, -1, -1};
 static int seed_for(int cls) {      /* its class's, else the nearest class's that has one (the larger first), else plain */
