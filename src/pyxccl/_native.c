@@ -162,34 +162,29 @@ static void win_ran(WinPick *w, int way, double cost) {
 /* Is instruction i (a COPY or a GET) a copy into my window (not a reduce) that streaming stores would take? */
 static inline int timed_into_window(const int64_t *i) { return i[3] == B_WIN && !i[6] && i[5] >= NT_MIN_PIECE; }
 
-/* Does the program read a peer's window or posted buffer in pieces that streaming stores would take? */
-static int reads_peers(const int64_t *code, Py_ssize_t len, int64_t me) {
-    for (Py_ssize_t pc = 0; pc < len; pc++) {
-        const int64_t *i = code + WIDTH * pc;
-        if (i[0] == I_GET && i[1] != me && i[5] >= NT_MIN_PIECE) return 1;
-    }
-    return 0;
-}
+/* Is instruction i a COPY or GET into my window (not a reduce), or a GET of a peer's window or posted buffer,
+ * in a piece that streaming stores would take? */
+static inline int into_window(const int64_t *i) { return (i[0] == I_COPY || i[0] == I_GET) && timed_into_window(i); }
+static inline int reads_peer(const int64_t *i, int64_t me) { return i[0] == I_GET && i[1] != me && i[5] >= NT_MIN_PIECE; }
 
 /* Does the program copy into its window (not reducing) in pieces that streaming stores would take? */
 static int copies_into_window(const int64_t *code, Py_ssize_t len) {
-    for (Py_ssize_t pc = 0; pc < len; pc++) {
-        const int64_t *i = code + WIDTH * pc;
-        if ((i[0] == I_COPY || i[0] == I_GET) && timed_into_window(i)) return 1;
-    }
+    for (Py_ssize_t pc = 0; pc < len; pc++)
+        if (into_window(code + WIDTH * pc)) return 1;
     return 0;
 }
 /* A program's window traffic a run: the bytes it copies into its window (not reducing) or reads from the others'
- * in pieces that streaming stores would take; its class for win_seed: < 64 KiB, < 1 MiB, < 16 MiB, more. */
-static int seed_class(const int64_t *code, Py_ssize_t len, int64_t me) {
+ * in pieces that streaming stores would take (0: none, no way to pick or follow) */
+static int64_t window_traffic(const int64_t *code, Py_ssize_t len, int64_t me) {
     int64_t bytes = 0;
     for (Py_ssize_t pc = 0; pc < len; pc++) {
         const int64_t *i = code + WIDTH * pc;
-        if (((i[0] == I_COPY || i[0] == I_GET) && timed_into_window(i)) || (i[0] == I_GET && i[1] != me && i[5] >= NT_MIN_PIECE))
-            bytes += i[5];
+        if (into_window(i) || reads_peer(i, me)) bytes += i[5];
     }
-    return bytes < (64 << 10) ? 0 : bytes < (1 << 20) ? 1 : bytes < (16 << 20) ? 2 : 3;
+    return bytes;
 }
+/* Its class for win_seed: < 64 KiB, < 1 MiB, < 16 MiB, more */
+static int seed_class(int64_t bytes) { return bytes < (64 << 10) ? 0 : bytes < (1 << 20) ? 1 : bytes < (16 << 20) ? 2 : 3; }
 /* run()'s outcomes; BUFFER: a buffer the program uses is missing, read-only where it writes, or too
  * small (peer: the buffer id, err: the bytes it needs), found before anything runs */
 enum { DONE = 0, NAPPED, MISMATCH, BOUNDS, CMA_FAILED, UNSUPPORTED, BUFFER };
@@ -905,7 +900,7 @@ static PyObject *run(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         return Py_BuildValue("inkLL", status, pc, (unsigned long)r->round, (long long)r->peer, (long long)r->err);
     }
     fixed(r, base, line, hdr_at, head, area, pids_at, me, n, s1, s2, spin, yields, nap, dtype, op, need, writes);
-    if (nt_windows == 2) r->nt[B_WIN] = seed_for(seed_class(code, len, me));
+    if (nt_windows == 2) r->nt[B_WIN] = seed_for(seed_class(window_traffic(code, len, me)));
     r->parity = r->round & 1;
     r->call[0] = s0;
     if (pc > 0) {       /* resumed: what I posted this round, if anything, is in my header */
@@ -1583,10 +1578,11 @@ static PyObject *call_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     }
     fixed(&c->fixed, base, line, hdr_at, head, area, pids_at, me, n, w0, w1, spin, yields, nap, dtype, op, c->need, c->writes);
     c->win_copies = copies_into_window(c->code, c->len);
-    c->window_sized = c->win_copies || reads_peers(c->code, c->len, me);
+    int64_t traffic = window_traffic(c->code, c->len, me);
+    c->window_sized = traffic > 0;
     c->leads = me == 0 && n > 1 && c->window_sized;
     c->lead_way = -1;
-    c->seed_class = seed_class(c->code, c->len, me);
+    c->seed_class = seed_class(traffic);
     c->pick.first = seed_for(c->seed_class);
     c->out_writes = writes; c->finish = finish; c->recent_mask = recent - 1; c->thread = thread;
     PyObject *ops = NULL;
