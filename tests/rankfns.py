@@ -908,26 +908,33 @@ def _checks_made(calls, reps: int) -> int:
     return len(made)
 
 
+def _repeated_forms(comm, x, out, other) -> list:
+    """The call forms full_path_calls repeats, in its order, each as a function of no arguments."""
+    n, r = comm.size, comm.rank
+    return [lambda: comm.allreduce(x),
+            lambda: comm.allreduce(x, out=out[:4]),
+            lambda: comm.broadcast(x, 0),
+            lambda: comm.reduce(x, n - 1),
+            lambda: comm.allgather(x, out),
+            lambda: comm.reduce_scatter(out, x),
+            lambda: comm.alltoall(out, other),
+            lambda: comm.gather(x, out if r == 0 else None, 0),
+            lambda: comm.gather(x, None, 0),                # the root allocates
+            lambda: comm.allgather(x),                      # allocates
+            lambda: comm.scatter(out if r == 0 else None, x, 0),
+            lambda: comm.allreduce(x, async_op=True).wait(),
+            lambda: comm.barrier()]
+
+
 def full_path_calls(comm, reps: int = 5) -> int:
     """Argument checks run by ``reps`` repeated blocking calls of each primitive after a warm-up:
     0 when every repeat ran prepared (core/prepared.py): allocating forms and async calls too."""
-    n, r = comm.size, comm.rank
-    x, out, other = np.ones(4, np.float32), np.empty(4 * n, np.float32), np.empty(4 * n, np.float32)
+    n = comm.size
+    forms = _repeated_forms(comm, np.ones(4, np.float32), np.empty(4 * n, np.float32), np.empty(4 * n, np.float32))
 
     def calls():
-        comm.allreduce(x)
-        comm.allreduce(x, out=out[:4])
-        comm.broadcast(x, 0)
-        comm.reduce(x, n - 1)
-        comm.allgather(x, out)
-        comm.reduce_scatter(out, x)
-        comm.alltoall(out, other)
-        comm.gather(x, out if r == 0 else None, 0)
-        comm.gather(x, None, 0)                 # the root allocates
-        comm.allgather(x)                       # allocates
-        comm.scatter(out if r == 0 else None, x, 0)
-        comm.allreduce(x, async_op=True).wait()
-        comm.barrier()
+        for call in forms:
+            call()
     return _checks_made(calls, reps)
 
 
@@ -940,17 +947,13 @@ def full_path_calls_in_a_full_cache(comm) -> int:
     from pyxccl.core.prepared import _KEPT
     sub = comm.dup()                        # (its kept calls: none yet)
     try:
-        n, r = sub.size, sub.rank
-        x, out, other = np.ones(4, np.float32), np.empty(4 * n, np.float32), np.empty(4 * n, np.float32)
-        sub.gather(x, None, 0)              # kept first: the oldest
-        sub.allreduce(x)                    # the forms the loop calls before that gather, kept next
-        sub.allreduce(x, out=out[:4])
-        sub.broadcast(x, 0)
-        sub.reduce(x, n - 1)
-        sub.allgather(x, out)
-        sub.reduce_scatter(out, x)
-        sub.alltoall(out, other)
-        sub.gather(x, out if r == 0 else None, 0)
+        n = sub.size
+        forms = _repeated_forms(sub, np.ones(4, np.float32), np.empty(4 * n, np.float32),
+                                np.empty(4 * n, np.float32))
+        gather_allocating = 8               # (its place in the loop)
+        forms[gather_allocating]()          # kept first: the oldest
+        for call in forms[:gather_allocating]:
+            call()                          # the forms the loop calls before that gather, kept next
         fill = np.array([_KEPT - len(context(sub).prepared)], np.int64)
         sub.broadcast(fill, 0)              # (rank 0's count: every rank makes the same calls)
         for k in range(int(fill[0])):
