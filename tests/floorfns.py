@@ -267,6 +267,15 @@ def thread_words(comm):
     return fails
 
 
+def _off_lead(ways, before_first) -> list:
+    """Runs (index, ways per rank) where a rank's way (0 plain, 1 streamed) is neither rank 0's nor rank 0's of
+    the run before (``before_first``: before the first): a rank that enters a run before rank 0 has said its way
+    takes that one (_native.c, lead); ``ways``: a row per rank."""
+    before = np.concatenate(([before_first], ways[0, :-1]))
+    return [(i, [int(w) for w in ways[:, i]]) for i in range(ways.shape[1])
+            if not np.all((ways[1:, i] == ways[0, i]) | (ways[1:, i] == before[i]))]
+
+
 def window_ways(comm, calls: int = 40):
     """A repeated call that copies into its window (a 1 MiB allreduce) picks its way each run (_native.c,
     nt_windows): by default rank 0 times both ways (each at least three runs: the first of each warms up)
@@ -307,9 +316,7 @@ def window_ways(comm, calls: int = 40):
         fast = ctx.prepared.last[("allreduce", id(out))].fast
         runs, costs = fast.window_runs(), fast.window_costs()
         ways = comm.allgather(mine).reshape(n, calls)
-        led = np.concatenate(([last_led], ways[0, :-1]))      # rank 0's way on the run before
-        odd = [(i, [int(w) for w in ways[:, i]]) for i in range(calls)
-               if not all(w == ways[0, i] or (w == led[i] != ways[0, i]) for w in ways[1:, i])]
+        odd = _off_lead(ways, last_led)
         if odd or (lead != 2 and ways[0, -1] != lead):
             fails.append(f"settings {lead, rest}: runs whose ways (0 plain, 1 streamed) are neither rank 0's nor "
                          f"its way of the run before, as (run, per rank): {odd[:5]}; last run {ways[:, -1]}")
@@ -354,10 +361,7 @@ def new_calls_warm_up_the_cheaper_way_first(comm):
             if fast.fast.window_class() != 2:
                 fails.append(f"a 1 MiB allreduce's window traffic of class {fast.fast.window_class()}, not 2")
             every = comm.allgather(np.array(ways[1:], np.int64)).reshape(comm.size, -1)
-            lead, before = every[0], np.concatenate(([every[0, 0]], every[0, :-1]))
-            # (the others take rank 0's way, or its way of the run before where they enter first: window_ways)
-            if list(lead) != [seed] * 3 + [1 - seed] * 3 or not all(
-                    np.all((w == lead) | (w == before)) for w in every[1:]):
+            if list(every[0]) != [seed] * 3 + [1 - seed] * 3 or _off_lead(every, every[0, 0]):
                 fails.append(f"new calls with seeds {seeds}: their runs went {every.tolist()} (per rank)")
             if not np.all(out == sum(range(1, comm.size + 1))):
                 fails.append(f"new calls set to warm up way {seed} first: a wrong sum")
