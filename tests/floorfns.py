@@ -344,22 +344,25 @@ def new_calls_warm_up_the_cheaper_way_first(comm):
     window traffic that knew both found the cheaper (_native.c, win_seed), on every rank (they take rank 0's):
     set to each way here, the other classes to the other way (a 1 MiB allreduce on 2 ranks moves 1 MiB a run
     through the windows: class 2, from 1 to 16 MiB); where its class has none yet, the nearest class's (the
-    larger first)."""
+    larger first), and where no class has one, streamed from 16 MiB a run (class 3), else plain."""
     from pyxccl.core import onehost
     ctx, fails = context(comm), []
-    for k, (seeds, seed) in enumerate((((0, 0, 1, 0), 1), ((1, 1, 0, 1), 0), ((0, -1, -1, 1), 1), ((1, 0, -1, -1), 0))):
+    none = (-1,) * 4
+    for k, (seeds, seed, cls) in enumerate((((0, 0, 1, 0), 1, 2), ((1, 1, 0, 1), 0, 2), ((0, -1, -1, 1), 1, 2),
+                                            ((1, 0, -1, -1), 0, 2), (none, 0, 2), (none, 1, 3))):
         was = onehost._native.set_window_seeds(seeds)
         try:
             comm.barrier()
-            count = (1 << 20) // 4 + 16 * k + 16       # (a call of a shape not seen yet)
+            count = (1 << 20) // 4 * (16 if cls == 3 else 1) + 16 * k + 16       # (a call of a shape not seen yet)
             x, out = np.full(count, comm.rank + 1, np.float32), np.zeros(count, np.float32)
             ways = []
             for _ in range(7):      # the full path, then the call's runs: three each way
                 comm.allreduce(x, out=out, algorithm=SEG)
                 fast = ctx.prepared.last.get(("allreduce", id(out)))
                 ways.append(-1 if fast is None else fast.fast.window_way())
-            if fast.fast.window_class() != 2:
-                fails.append(f"a 1 MiB allreduce's window traffic of class {fast.fast.window_class()}, not 2")
+            if fast.fast.window_class() != cls:
+                fails.append(f"a {count * 4 >> 20} MiB allreduce's window traffic of class {fast.fast.window_class()}, "
+                             f"not {cls}")
             every = comm.allgather(np.array(ways[1:], np.int64)).reshape(comm.size, -1)
             if list(every[0]) != [seed] * 3 + [1 - seed] * 3 or _off_lead(every, every[0, 0]):
                 fails.append(f"new calls with seeds {seeds}: their runs went {every.tolist()} (per rank)")

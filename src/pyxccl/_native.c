@@ -107,13 +107,20 @@ typedef struct { double t[2][WIN_KEPT]; unsigned n[2], runs, next; int first; } 
  * which left the large class unset. */
 #define SEED_CLASSES 4
 static int win_seed[SEED_CLASSES] = {-1, -1, -1, -1};
-static int seed_for(int cls) {      /* its class's, else the nearest class's that has one (the larger first), else plain */
+/* Where no class has one yet (a job's first calls), the largest class streams and the others write plainly:
+ * from 16 MiB a run streaming costs up to 2-4x less in the slow state and about as much in the fast one (a
+ * 4 MiB allreduce, 2 ranks: 650-1150 us against 500-1000 plain), while a 1 MiB call's plain writes cost 1.6x
+ * less in the fast state and 1.35x more in the slow (67-112 us against 126-163, 309-377 against 221-262). Slow state, 2026-11-29, 64 MiB, busbw GB/s
+ * plain against streamed (`pyxccl bench` with PYXCCL_NT_WINDOWS never and always, two runs each): 2 ranks
+ * allreduce 2.1 against 7.1-8.4, reduce 2.3 against 10.3-10.8, reduce_scatter 3.8-3.9 against 11.3-11.7;
+ * 4 ranks allreduce 1.2 against 2.4-2.5, reduce_scatter 1.9 against 3.6, allgather 3.2-3.3 against 5.7-6.4. */
+static int seed_for(int cls) {      /* its class's, else the nearest class's that has one (the larger first) */
     for (int d = 0; d < SEED_CLASSES; d++)
         for (int e = 0, k = cls + d; e < 2; e++, k = cls - d) {
             int v = k >= 0 && k < SEED_CLASSES ? __atomic_load_n(&win_seed[k], __ATOMIC_RELAXED) : -1;
             if (v >= 0) return v;
         }
-    return 0;
+    return cls == SEED_CLASSES - 1;
 }
 static double win_time(const WinPick *w, int way) {
     unsigned k = w->n[way] - 1 < WIN_KEPT ? w->n[way] - 1 : WIN_KEPT;     /* (the first run is not kept) */
