@@ -1705,3 +1705,36 @@ def copies_at_short_distances(comm, counts):
                 comm.scatter(buf(count * n, ioff, np.concatenate(everyone)) if r == root else None, out, root=root)
                 _cmp(fails, f"scatter root={root} {tag}", out, everyone[r])
     return fails
+
+
+def free_rounds_in_a_mix(comm, iters: int = 150):
+    """Barriers and small calls in turn on the segment, every root, then a broadcast of several windows
+    (the others' rounds free): a free round begins without waiting for the others and writes no header
+    (walk.py), so a rank may run ahead of a peer still checking its call of two rounds before; nothing may
+    be read wrong or taken for a disagreement. Returns (the failures, whether every rank has a core (else
+    the barrier is rank 0's release), the CPUs this rank has)."""
+    from floorfns import context
+    fails, n, r = [], comm.size, comm.rank
+    ctx = context(comm)
+    big = ctx.segment.area // 4 * 3 + 5              # float32: several windows, a round each
+    for i in range(iters):
+        comm.barrier()
+        root = i % n
+        x = np.full(2, root + 1 if r == root else 0, np.float32)
+        comm.broadcast(x, root, algorithm="segment")
+        _cmp(fails, f"#{i} broadcast root={root}", x, np.full(2, root + 1, np.float32))
+        y = np.full(2, r + 1, np.float32)
+        comm.reduce(y, (root + 1) % n, algorithm="segment")
+        if r == (root + 1) % n:
+            _cmp(fails, f"#{i} reduce", y, np.full(2, n * (n + 1) / 2, np.float32))
+        got = np.zeros(n, np.int64)
+        comm.alltoall(np.arange(n, dtype=np.int64) + 10 * r, got, algorithm="segment")
+        _cmp(fails, f"#{i} alltoall", got, np.arange(n, dtype=np.int64) * 10 + r)
+        if fails:
+            break
+    for root in range(n):
+        z = data(root, big, np.float32) if r == root else np.zeros(big, np.float32)
+        comm.broadcast(z, root, algorithm="segment")
+        _cmp(fails, f"broadcast of {big} root={root}", z, data(root, big, np.float32))
+    from pyxccl.transport.topology import job_cpus
+    return fails, ctx.segment.pipelined, job_cpus()

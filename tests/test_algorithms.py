@@ -357,6 +357,39 @@ def test_alltoall_and_scatter_read_single_copies_where_the_windows_take_more_rou
                 assert not by_single_copies(prim, start - 4, own, n)
 
 
+def test_free_rounds_begin_at_once_where_nothing_read_of_the_rank_is_written(monkeypatch):
+    """walk.free (rule 1): a segment round begins without waiting for the peers' round before only where
+    it is not the call's first, writes nothing into its window, posts and puts nothing and reads no window
+    of the round before; the native programs say so in BEGIN's word 1, round by round; and every later
+    round taken as free is caught by the checker (a window of the round before read unpublished, a window
+    rewritten while a peer may still read it two rounds before)."""
+    from pyxccl import walk
+    from pyxccl.core import onehost
+    assert not walk.free(0, (Sync(1),))
+    assert all(walk.free(1, step) for step in ((Sync(1),), (Get(1, 0, "out", 0, 4),), (Copy("in", 0, "out", 0, 4),)))
+    for op in (Copy("in", 0, "win", 0, 4), Get(1, 0, "win", 0, 4), Get(1, 0, "out", 0, 4, prev=True),
+               Post("in", 0, 4), Put(1, 0, "in", 0, 4)):
+        assert not walk.free(1, (Sync(1), op)), op
+    width = onehost._native.tables()["width"]
+    cases = (("barrier", 4, Window(4, 2), {}), ("reduce", 2, Window(64, 8), dict(count=300, root=0)),
+             ("broadcast", 3, Window(4, 2), dict(count=9, root=1)),
+             ("alltoall", 3, Window(64, 8, single_copy=3), dict(send_counts=[5] * 3, recv_counts=[5] * 3)))
+    seen = set()
+    for prim, n, window, args in cases:
+        for rank in range(n):
+            s = registry.lookup(prim, "segment").schedule(rank, n, window=window, **args)
+            code = np.frombuffer(onehost.program(s, 4), np.int64).reshape(-1, width)
+            frees = [walk.free(k, step) for k, step in enumerate(s.steps)]
+            assert list(code[code[:, 0] == 1, 1]) == frees, (prim, rank)
+            seen.update(frees)
+    assert seen == {True, False}
+    monkeypatch.setattr(walk, "free", lambda k, step: k > 0)
+    with pytest.raises(CheckError, match="before rank . published it"):
+        check("reduce", "segment", 2, 300, 0, window=Window(64, 8))
+    with pytest.raises(CheckError, match="writes its window while rank . may still read it from round"):
+        check("broadcast", "segment", 3, 30, 0, window=Window(4, 2))
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", (2, 3))
 def test_broadcast_in_pieces_on_a_rank_pool(pools, n):

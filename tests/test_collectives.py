@@ -67,3 +67,15 @@ def test_several_connections_per_peer(pools, n):
     checks = [("check_p2p", (COUNTS + (rf.BIG,),)), ("check_allreduce", ((1000, rf.BIG), pairs)),
               ("check_movement", ((5000, rf.BIG // n), (np.float32, np.int8)))]
     _ok(pools(n).run(rf.on_new_comm, env, checks, timeout=120))
+
+
+@pytest.mark.parametrize("n", (3, 4))
+def test_free_rounds_on_a_rank_pool(pools, n):
+    """Real processes: barriers (rank 0's release where ranks share cores: its second round free) and small
+    calls of every root in turn, then broadcasts of several windows, both executors' rounds right and no
+    call taken for another's (rankfns.free_rounds_in_a_mix)."""
+    out = pools(n).run(rf.free_rounds_in_a_mix, transport="shm", timeout=250)
+    fails = [f"rank {r}: {f}" for r, (fs, _, _) in enumerate(out) for f in fs]
+    assert not fails, "\n".join(fails[:20])
+    cpus = min(c for *_, c in out)
+    assert [p for _, p, _ in out] == [n <= cpus] * n, out

@@ -226,6 +226,8 @@ typedef struct {
     char *scratch;              /* single-copy reads that are reduced land here first */
     int64_t scratch_bytes;
     int64_t peer, err;          /* who failed, and errno or offset */
+    int64_t free_round;         /* this round waited for nobody and writes no header (BEGIN's word 1) */
+    int64_t entered;            /* when this rank entered a call that moves nothing (see execute) */
 } Run;
 
 static inline int ge(uint32_t a, uint32_t b) { return (uint32_t)(a - b) < 0x80000000u; }
@@ -648,12 +650,14 @@ static int step(Run *r, const int64_t *i) {
     switch (i[0]) {
     case I_BEGIN: {      /* my window of this parity is free once everyone published the round before */
         uint32_t prev = r->round;
-        for (int64_t p = 0; p < r->n; p++)
-            if (p != r->me && !wait_for(r, p, prev)) { r->peer = p; return NAPPED; }
+        r->free_round = i[1];       /* (a free round writes nothing the others read: walk.py's rule 1) */
+        if (!r->free_round)
+            for (int64_t p = 0; p < r->n; p++)
+                if (p != r->me && !wait_for(r, p, prev)) { r->peer = p; return NAPPED; }
         r->round = prev + 1;
         r->parity = r->round & 1;
         r->posted = NULL;
-        header(r, r->parity, r->me)[NBYTES] = 0;
+        if (!r->free_round) header(r, r->parity, r->me)[NBYTES] = 0;
         return DONE;
     }
     case I_COPY: {
@@ -672,7 +676,7 @@ static int step(Run *r, const int64_t *i) {
     }
     case I_PUBLISH: {
         volatile uint64_t *h = header(r, r->parity, r->me);
-        h[SEQ] = r->call[0]; h[W0] = r->call[1]; h[W1] = r->call[2];
+        if (!r->free_round) { h[SEQ] = r->call[0]; h[W0] = r->call[1]; h[W1] = r->call[2]; }
         volatile uint32_t *c = counter(r, r->me);
         *my_cpu(r) = (uint32_t)sched_getcpu();
         __atomic_store_n(c, r->round, __ATOMIC_RELEASE);
@@ -790,10 +794,40 @@ static int as_int(PyObject *o, int *v) {                    /* i */
     return 1;
 }
 
+static int moves_nothing(const int64_t *code, Py_ssize_t len) {
+    for (Py_ssize_t pc = 0; pc < len; pc++)
+        if (code[WIDTH * pc] != I_BEGIN && code[WIDTH * pc] != I_PUBLISH && code[WIDTH * pc] != I_SYNC) return 0;
+    return 1;
+}
+/* At the end of a call that moves nothing (a barrier), where a rank on my CPU entered it before me and is
+ * still in it, let that one run first: of two ranks taking turns on a core, the one that came first is
+ * the one whose next call the other waits for. A barrier then a call, looped (`pyxccl bench`), at 4 ranks
+ * on 2 cores: the root's core-mate came to the barrier first in a reduce or a gather, the root in a
+ * broadcast or a scatter (docs/design.md). */
+static void yield_to_earlier_mate(Run *r) {
+    uint32_t cpu = *my_cpu(r), cseq = (uint32_t)r->call[0];
+    for (int64_t q = 0; q < r->n; q++) {
+        if (q == r->me || *word(r, q, CTL_CPU + r->n) != cpu) continue;
+        if ((int32_t)(*entry_word(r, q, cseq) - (uint32_t)r->entered) < 0
+            && !ge(__atomic_load_n(counter(r, q), __ATOMIC_ACQUIRE), r->round + 1)) {
+            sched_yield();
+            return;
+        }
+    }
+}
+
 /* The program from instruction *pc on, without the GIL; returns the status (*pc: where it stopped). */
 static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) {
     int status = DONE;
     Py_ssize_t at = *pc;
+    int still = moves_nothing(code, len);
+    volatile uint32_t *entry = entry_word(r, r->me, (uint32_t)r->call[0]);
+    if (still) {            /* (resumed: when I entered it, as I noted then) */
+        r->entered = at == 0 ? now_ns() : *entry;
+        *entry = (uint32_t)r->entered;
+    }
+    for (Py_ssize_t b = at - 1; b >= 0; b--)        /* resumed: the round I am in is free or not */
+        if (code[WIDTH * b] == I_BEGIN) { r->free_round = code[WIDTH * b + 1]; break; }
     Py_BEGIN_ALLOW_THREADS
     for (; at < len; at++) {
         const int64_t *i = code + WIDTH * at;
@@ -805,6 +839,7 @@ static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) 
         status = step(r, i);
         if (status != DONE) break;
     }
+    if (status == DONE && still) yield_to_earlier_mate(r);
     Py_END_ALLOW_THREADS
     free(r->scratch);
     r->scratch = NULL;

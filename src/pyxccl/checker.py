@@ -146,6 +146,16 @@ class _Symbolic(Semantics):
             self.fail(f"rank {a} round {k} {what} {name}[{max(lo, plo)}:{min(hi, phi)}] of rank {owner} while rank "
                       f"{w} may still put into it (round {kw}): it must wait for rank {w}'s next round")
 
+    def reuse(self, r, k) -> None:
+        """Rank ``r`` writes its window in round ``k``: the memory of its window of round ``k - 2`` (a window
+        per parity), so every rank that read that one must be done with it: ``r`` must know its round
+        ``k - 1``. (Beginning a round after everyone's round before makes it so; a free round does not
+        wait, walk.py.)"""
+        for q in self.readers.get((r, k - 2), ()):
+            if q != r and (r, k - 2) not in self.posts and self.vc[r][q] < k + 1:
+                self.fail(f"rank {r} round {k} writes its window while rank {q} may still read it from round "
+                          f"{k - 2}: it must wait for rank {q}'s round {k - 1}")
+
     def fail(self, msg: str):
         raise CheckError(f"{self.name} n={self.n} count={self.count}: {msg}")
 
@@ -162,6 +172,9 @@ class _Symbolic(Semantics):
         """Get ``o`` of rank ``r``'s round ``at`` reads the window (or posted buffer) of round ``k``."""
         if not 0 <= o.peer < self.n or k < 0:
             self.fail(f"rank {r} reads the window of rank {o.peer} of round {k}")
+        if (o.peer, k) not in self.windows:
+            self.fail(f"rank {r} round {at} reads rank {o.peer}'s window of round {k} before rank {o.peer} "
+                      f"published it")
         buf, first, size = self.windows[(o.peer, k)]
         if o.src_off < 0 or o.src_off + o.count > size:
             what = "the buffer it posted" if (o.peer, k) in self.posts else "its window"
@@ -169,16 +182,18 @@ class _Symbolic(Semantics):
                       f"{what} of {size} elements")
         src = slice(first + o.src_off, first + o.src_off + o.count)
         dst = self.region(r, o.buf, o.off, o.count)
+        if o.buf == "win":
+            self.reuse(r, at)
         late = not o.prev
         self.guard(r, at, late, o.peer, buf, src.start, src.stop, "reads")
         self.guard(r, at, late, r, dst, o.off, o.off + o.count, "writes")
         _apply(dst, o.off, buf.c[src].copy(), buf.i[src].copy(), o.reduce)
 
     # --- the walker's hooks ------------------------------------------------------
-    def begin(self, r, k):
-        if k and any(p < k - 1 for p in self.published):
+    def begin(self, r, k, free):
+        if k and not free and any(p < k - 1 for p in self.published):
             return False
-        if k:
+        if k and not free:
             for p in range(self.n):
                 self.merge(r, self.pub_vc[(p, k - 1)])
         self.bufs[r]["win"] = _Buf(self.scheds[r].window, self.n)
@@ -190,6 +205,8 @@ class _Symbolic(Semantics):
             dst = self.region(r, o.dst, o.dst_off, o.count)
             self.guard(r, k, False, r, src, o.src_off, o.src_off + o.count, "reads")
             self.guard(r, k, False, r, dst, o.dst_off, o.dst_off + o.count, "writes")
+            if o.dst == "win":
+                self.reuse(r, k)
             sl = slice(o.src_off, o.src_off + o.count)
             _apply(dst, o.dst_off, src.c[sl].copy(), src.i[sl].copy(), o.reduce)
         elif type(o) is Post:

@@ -7,7 +7,12 @@ defined here and nowhere else:
 
 1. a segment schedule's step k (a round) begins once every peer has
    published round k-1 (a window is reused every other round, so nobody may
-   still be reading the one about to be written);
+   still be reading the one about to be written), but for a *free* round
+   (:func:`free`): one that is not the call's first, writes nothing that the
+   others read of the rank in a round (nothing into its window, no ``Post``,
+   no ``Put``) and reads no window of the round before (``Get(prev=True)``,
+   which relies on that wait). It begins at once, and the executors write no
+   header in it (a peer may still be checking the one of two rounds before);
 2. local operations, in order: ``Copy``, ``Post`` and ``Get(prev=True)``;
 3. receives are posted (``Recv``; data may land from now on), then sends go out;
 4. a segment schedule's round is published;
@@ -43,8 +48,8 @@ class Semantics:
     def wakes(self, r: int) -> int:                 # the rank walked for r (timed walks)
         return r
 
-    def begin(self, r: int, k: int) -> bool:        # segment round k may start (peers published k-1)
-        return True
+    def begin(self, r: int, k: int, free: bool) -> bool:    # segment round k may start (the peers
+        return True                                          # published k-1, or it is free)
 
     def local(self, r: int, k: int, op) -> None:    # Copy, Post, Get(prev=True)
         pass
@@ -65,17 +70,24 @@ class Semantics:
         pass
 
 
-def phases(s: Schedule) -> list[tuple[tuple, tuple, tuple]]:
-    """Each step of ``s`` as (local, incoming, outgoing) operations, in the order they run.
-    Computed once per schedule (plans keep their schedules)."""
+def free(k: int, step) -> bool:
+    """Is segment round ``k`` (``step``) free (rule 1 above): begun without waiting for the peers?"""
+    return k > 0 and not any(type(o) in (Post, Put) or (type(o) is Copy and o.dst == "win")
+                             or (type(o) is Get and (o.buf == "win" or o.prev)) for o in step)
+
+
+def phases(s: Schedule) -> list[tuple[tuple, tuple, tuple, bool]]:
+    """Each step of ``s`` as (local, incoming, outgoing) operations, in the order they run, and whether
+    it is a free round (a segment schedule's, :func:`free`). Computed once per schedule (plans keep
+    their schedules)."""
     ph = s.__dict__.get("_phases")
     if ph is None:
         ph = []
-        for step in s.steps:
+        for k, step in enumerate(s.steps):
             local = tuple(o for o in step if type(o) in (Copy, Post) or (type(o) is Get and o.prev))
             incoming = tuple(o for o in step if type(o) in (Recv, Sync, Put) or (type(o) is Get and not o.prev))
             outgoing = tuple(o for o in step if type(o) is Send)
-            ph.append((local, incoming, outgoing))
+            ph.append((local, incoming, outgoing, s.segment and free(k, step)))
         s.__dict__["_phases"] = ph
     return ph
 
@@ -99,9 +111,9 @@ def walk(scheds: list[Schedule], sem: Semantics) -> list[int]:
     if len(scheds) == 1 and sem.blocking:        # the engine: its own rank, every wait blocks
         s = scheds[0]
         r, seg = s.rank, s.segment
-        for k, (local, incoming, outgoing) in enumerate(phases(s)):
+        for k, (local, incoming, outgoing, at_once) in enumerate(phases(s)):
             if seg:
-                sem.begin(r, k)
+                sem.begin(r, k, at_once)
             _start(r, k, local, incoming, outgoing, seg, sem)
             for o in incoming:
                 sem.take(r, k, o)
@@ -127,9 +139,9 @@ def _advance(i: int, s: Schedule, mine, sem: Semantics, pc, begun, taken, starte
     r, seg, moved = s.rank, s.segment, False
     while pc[i] < len(mine):
         k = pc[i]
-        local, incoming, outgoing = mine[k]
+        local, incoming, outgoing, at_once = mine[k]
         if not begun[i]:
-            if seg and not sem.begin(r, k):
+            if seg and not sem.begin(r, k, at_once):
                 return moved
             _start(r, k, local, incoming, outgoing, seg, sem)
             begun[i], taken[i], moved = True, 0, True

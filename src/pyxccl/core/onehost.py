@@ -135,14 +135,14 @@ def native_codes(dt: np.dtype, op) -> tuple[int, int] | None:
 
 class _Segment(Semantics):
     blocking = True
-    __slots__ = ("ctx", "seg", "bufs", "reduce", "dt", "me", "parity", "mine", "posted")
+    __slots__ = ("ctx", "seg", "bufs", "reduce", "dt", "me", "parity", "mine", "posted", "free")
 
     def __init__(self, ctx, bufs, reduce, mine, dt):
         self.ctx, self.seg, self.bufs, self.reduce, self.mine = ctx, ctx.segment, bufs, reduce, mine
-        self.dt, self.me, self.parity, self.posted = dt, ctx.rank, 0, None
+        self.dt, self.me, self.parity, self.posted, self.free = dt, ctx.rank, 0, None, False
 
-    def begin(self, r, k):
-        self.parity, self.posted = self.seg.begin(), None
+    def begin(self, r, k, free):
+        self.parity, self.posted, self.free = self.seg.begin(free), None, free
         self.bufs["win"] = self.seg.window(self.parity, self.me, self.dt)
         return True
 
@@ -158,7 +158,7 @@ class _Segment(Semantics):
 
     def publish(self, r, k):
         seg = self.seg
-        seg.publish(*self.mine)
+        seg.publish(*self.mine, header=not self.free)
         if k == 0:
             if self.ctx.error is not None:      # aborted meanwhile (another rank found a disagreement)
                 raise self.ctx.error
@@ -225,8 +225,8 @@ class _Compile(Semantics):
     def _add(self, *ins) -> None:
         self.code.append(ins + (0,) * (_WIDTH - len(ins)))
 
-    def begin(self, r, k):
-        self._add(_BEGIN)
+    def begin(self, r, k, free):
+        self._add(_BEGIN, int(free))
         return True
 
     def local(self, r, k, o):

@@ -181,17 +181,21 @@ class HostSegment:
         self._typed.clear()         # the map itself goes with the last reference to this object
 
     # --- one round -------------------------------------------------------------------
-    def begin(self) -> int:
-        """Start the next round: wait until my window of this parity may be reused; return the parity."""
+    def begin(self, free: bool = False) -> int:
+        """Start the next round: wait until my window of this parity may be reused; return the parity.
+        A free round (walk.py, rule 1: it writes nothing the others read) waits for nobody and leaves the
+        header alone."""
         prev = self.round
         self.round = (prev + 1) & 0xFFFFFFFF
+        parity = self.round & 1
+        if free:
+            return parity
         m, line = self._map, self.line
         for p in range(self.n):
             if p != self.rank and not _ge(_U32.unpack_from(m, p * line + 4 * _COUNTER)[0], prev):
                 self.wait(p, prev)
         if _BARRIER is not None:
             _acquire()      # the peers' reads of this parity's windows before my writes to mine
-        parity = self.round & 1
         if self.hdr[parity, self.rank, NBYTES]:
             self.hdr[parity, self.rank, NBYTES] = 0     # nothing posted this round, unless post() says so
         return parity
@@ -204,10 +208,12 @@ class HostSegment:
             v = self._typed[key] = self.data[parity, p, :self.area - self.area % dtype.itemsize].view(dtype)
         return v
 
-    def publish(self, seq: int, w0: int, w1: int) -> None:
-        """Make this round's window (and the call's fingerprint) visible: header, then counter."""
+    def publish(self, seq: int, w0: int, w1: int, header: bool = True) -> None:
+        """Make this round's window (and the call's fingerprint, unless ``header`` is false: a free
+        round's) visible: header, then counter."""
         m, at = self._map, self.rank * self.line
-        _CALL.pack_into(m, self._hdr_at + ((self.round & 1) * self.n + self.rank) * _LINE, seq, w0, w1)
+        if header:
+            _CALL.pack_into(m, self._hdr_at + ((self.round & 1) * self.n + self.rank) * _LINE, seq, w0, w1)
         if _BARRIER is not None:
             _release()      # the window and header before the counter
         _U32.pack_into(m, at + 4 * _COUNTER, self.round)

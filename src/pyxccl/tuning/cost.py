@@ -430,11 +430,11 @@ class Timing(Semantics):
                     + at_size(self.win_write, nbytes * held) * self.stretch[i])
         return t
 
-    def begin(self, r, k):
-        if k and any(p < k - 1 for p in self.published):
+    def begin(self, r, k, free):
+        if k and not free and any(p < k - 1 for p in self.published):
             return False
         i = self.index[r]
-        if k:       # (a rank not walked, like this one, published when this one did)
+        if k and not free:       # (a rank not walked, like this one, published when this one did)
             self.clock[i] = max([self.clock[i]] + [self.visible[(p, k - 1)] for p in range(len(self.clock))
                                                    if p != i or p in self.like_at])
         return True
