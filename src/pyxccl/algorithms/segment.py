@@ -375,8 +375,9 @@ def barrier(rank: int, nranks: int, window: Window) -> Schedule:
     others and then releases them (a free second round: walk.py), so that it leaves first: of two ranks
     taking turns on a core, the one running when the barrier ends is the one to leave, and an 8-byte
     broadcast or scatter from rank 0 after it waited for rank 0 to be switched in (4 ranks on 2 cores,
-    `pyxccl bench`, 2026-11-29: broadcast 11.1-12.4 us -> 1.5-1.6, scatter 12.4-13.4 -> 1.8-2.0; and with
-    the native executor's yield to an earlier core-mate, reduce 11.6 -> 2.8-3.6, gather 11.3 -> 2.9-3.2).
+    `pyxccl bench`, 2026-11-29, three runs each: broadcast 11.1-12.4 us -> 1.4-1.6, scatter 12.4-13.4 ->
+    1.5-2.0; and with the native executor's yield to an earlier core-mate, reduce 11.6 -> 2.7-3.6, gather
+    11.3 -> 2.9-3.3).
     Where every rank has a core, one round: there the release is only a hop more."""
     s = _new(rank, nranks, window)
     if window.piece or nranks == 1:
