@@ -6,7 +6,8 @@ Each batch times ``--iters`` plain calls (``comm.allreduce(x)``), then ``--iters
 a persistent request (``req()`` of ``comm.allreduce_init(x)``), after a barrier so both ranks enter
 together; rank 0 prints each batch and the medians over the batches (one batch is at the mercy of
 whatever else the machine runs). ``--profile DIR``: rank 0 also writes cProfile dumps of one more
-batch of each form, DIR/plain.prof and DIR/persistent.prof (``python -m pstats``).
+batch of each form, DIR/plain.prof and DIR/persistent.prof (``python -m pstats``). The same loops with
+Intel MPI or MPICH (mpi4py's ``Allreduce`` and ``Allreduce_init``): benchmarks/small_calls_mpi.py.
 """
 import argparse
 import os
