@@ -1714,6 +1714,8 @@ def free_rounds_in_a_mix(comm, iters: int = 150):
     be read wrong or taken for a disagreement. Returns (the failures, whether every rank has a core (else
     the barrier is rank 0's release), the CPUs this rank has)."""
     from floorfns import context
+
+    from pyxccl.transport.topology import job_cpus
     fails, n, r = [], comm.size, comm.rank
     ctx = context(comm)
     big = ctx.segment.area // 4 * 3 + 5              # float32: several windows, a round each
@@ -1736,5 +1738,4 @@ def free_rounds_in_a_mix(comm, iters: int = 150):
         z = data(root, big, np.float32) if r == root else np.zeros(big, np.float32)
         comm.broadcast(z, root, algorithm="segment")
         _cmp(fails, f"broadcast of {big} root={root}", z, data(root, big, np.float32))
-    from pyxccl.transport.topology import job_cpus
     return fails, ctx.segment.pipelined, job_cpus()

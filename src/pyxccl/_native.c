@@ -110,10 +110,11 @@ static int win_seed[SEED_CLASSES] = {-1, -1, -1, -1};
 /* Where no class has one yet (a job's first calls), the largest class streams and the others write plainly:
  * from 16 MiB a run streaming costs up to 2-4x less in the slow state and about as much in the fast one (a
  * 4 MiB allreduce, 2 ranks: 650-1150 us against 500-1000 plain), while a 1 MiB call's plain writes cost 1.6x
- * less in the fast state and 1.35x more in the slow (67-112 us against 126-163, 309-377 against 221-262). Slow state, 2026-11-29, 64 MiB, busbw GB/s
- * plain against streamed (`pyxccl bench` with PYXCCL_NT_WINDOWS never and always, two runs each): 2 ranks
- * allreduce 2.1 against 7.1-8.4, reduce 2.3 against 10.3-10.8, reduce_scatter 3.8-3.9 against 11.3-11.7;
- * 4 ranks allreduce 1.2 against 2.4-2.5, reduce_scatter 1.9 against 3.6, allgather 3.2-3.3 against 5.7-6.4. */
+ * less in the fast state and 1.35x more in the slow (67-112 us against 126-163, 309-377 against 221-262).
+ * Slow state, 2026-11-29, 64 MiB, busbw GB/s plain against streamed (`pyxccl bench` with PYXCCL_NT_WINDOWS
+ * never and always, two runs each): 2 ranks allreduce 2.1 against 7.1-8.4, reduce 2.3 against 10.3-10.8,
+ * reduce_scatter 3.8-3.9 against 11.3-11.7; 4 ranks allreduce 1.2 against 2.4-2.5, reduce_scatter 1.9
+ * against 3.6, allgather 3.2-3.3 against 5.7-6.4. */
 static int seed_for(int cls) {      /* its class's, else the nearest class's that has one (the larger first) */
     for (int d = 0; d < SEED_CLASSES; d++)
         for (int e = 0, k = cls + d; e < 2; e++, k = cls - d) {
@@ -794,6 +795,7 @@ static int as_int(PyObject *o, int *v) {                    /* i */
     return 1;
 }
 
+/* Is the program only rounds and waits (a barrier)? */
 static int moves_nothing(const int64_t *code, Py_ssize_t len) {
     for (Py_ssize_t pc = 0; pc < len; pc++)
         if (code[WIDTH * pc] != I_BEGIN && code[WIDTH * pc] != I_PUBLISH && code[WIDTH * pc] != I_SYNC) return 0;
@@ -820,9 +822,9 @@ static void yield_to_earlier_mate(Run *r) {
 static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) {
     int status = DONE;
     Py_ssize_t at = *pc;
-    int still = moves_nothing(code, len);
+    int syncs_only = moves_nothing(code, len);
     volatile uint32_t *entry = entry_word(r, r->me, (uint32_t)r->call[0]);
-    if (still) {            /* (resumed: when I entered it, as I noted then) */
+    if (syncs_only) {       /* (resumed: when I entered it, as I noted then) */
         r->entered = at == 0 ? now_ns() : *entry;
         *entry = (uint32_t)r->entered;
     }
@@ -839,7 +841,7 @@ static int execute(Run *r, const int64_t *code, Py_ssize_t len, Py_ssize_t *pc) 
         status = step(r, i);
         if (status != DONE) break;
     }
-    if (status == DONE && still) yield_to_earlier_mate(r);
+    if (status == DONE && syncs_only) yield_to_earlier_mate(r);
     Py_END_ALLOW_THREADS
     free(r->scratch);
     r->scratch = NULL;

@@ -384,5 +384,5 @@ def barrier(rank: int, nranks: int, window: Window) -> Schedule:
         _round(s, *(Sync(p) for p in range(nranks)))
         return s
     _round(s, *(Sync(p) for p in range(1, nranks) if rank == 0))
-    _round(s, *(Sync(0) for _ in range(rank > 0)))
+    _round(s, *((Sync(0),) if rank else ()))
     return s
